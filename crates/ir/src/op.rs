@@ -1,0 +1,533 @@
+//! The operations of the IR.
+//!
+//! Every op has a snake_case name and a list of named attributes; the text form prints
+//! `name[attr=value, …](inputs)`, and [`Op::from_parts`] rebuilds the op from the same pieces, so
+//! printer and parser share one description of each op.
+
+use std::fmt;
+
+use crate::{DType, IrError, Tensor};
+
+/// Elementwise binary operations, with ONNX (numpy) broadcasting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Max,
+    Min,
+    Equal,
+    Less,
+    Greater,
+    And,
+    Or,
+}
+
+/// Elementwise unary operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Sqrt,
+    Reciprocal,
+    Exp,
+    Log,
+    Erf,
+    Tanh,
+    Sigmoid,
+    Relu,
+    Not,
+}
+
+/// Reductions over a set of axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Mean,
+    Sum,
+    Max,
+    Min,
+}
+
+/// The two GELU forms found in exports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GeluApprox {
+    /// `0.5·x·(1 + erf(x/√2))`
+    Erf,
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`
+    Tanh,
+}
+
+macro_rules! name_table {
+    ($ty:ident { $($v:ident => $s:literal),* $(,)? }) => {
+        impl $ty {
+            pub const ALL: &'static [$ty] = &[$($ty::$v),*];
+            pub fn name(self) -> &'static str {
+                match self { $($ty::$v => $s),* }
+            }
+            pub fn from_name(s: &str) -> Option<$ty> {
+                match s { $($s => Some($ty::$v),)* _ => None }
+            }
+        }
+    };
+}
+name_table!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", Pow => "pow",
+    Max => "max", Min => "min", Equal => "equal", Less => "less", Greater => "greater",
+    And => "and", Or => "or" });
+name_table!(UnaryOp { Neg => "neg", Abs => "abs", Sqrt => "sqrt", Reciprocal => "reciprocal",
+    Exp => "exp", Log => "log", Erf => "erf", Tanh => "tanh", Sigmoid => "sigmoid",
+    Relu => "relu", Not => "not" });
+name_table!(ReduceOp { Mean => "reduce_mean", Sum => "reduce_sum", Max => "reduce_max",
+    Min => "reduce_min" });
+name_table!(GeluApprox { Erf => "erf", Tanh => "tanh" });
+
+/// An attribute value in the text form.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Attr {
+    Int(i64),
+    Float(f32),
+    Bool(bool),
+    Ints(Vec<i64>),
+    DType(DType),
+    Str(String),
+    Tensor(Tensor),
+}
+
+impl fmt::Display for Attr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Attr::Int(v) => write!(f, "{v}"),
+            Attr::Float(v) => write!(f, "{v:?}"),
+            Attr::Bool(v) => write!(f, "{v}"),
+            Attr::Ints(v) => {
+                let items: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+                write!(f, "[{}]", items.join(", "))
+            }
+            Attr::DType(d) => write!(f, "{d}"),
+            Attr::Str(s) => write!(f, "{}", crate::text::quote(s)),
+            Attr::Tensor(t) => f.write_str(&t.to_text(INLINE_LIMIT)),
+        }
+    }
+}
+
+/// Constants with at most this many elements are printed inline in the text form.
+pub const INLINE_LIMIT: usize = 64;
+
+/// An operation. Inputs are positional and listed with each op; optional trailing inputs may be
+/// absent.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A graph input, with its public name.
+    Input { name: String },
+    /// A constant tensor (an ONNX initializer or `Constant`).
+    Const { value: Tensor },
+    /// `(a, b)` elementwise with broadcasting.
+    Binary(BinaryOp),
+    /// `(x)` elementwise.
+    Unary(UnaryOp),
+    /// `(cond, a, b)` elementwise with broadcasting.
+    Where,
+    /// `(x)` converted to `to`.
+    Cast { to: DType },
+    /// `(x)` → i64 1-D: the dims of `x` from `start` to `end` (exclusive, `None` = rank).
+    Shape { start: i64, end: Option<i64> },
+    /// `(x, shape)` with ONNX semantics: 0 copies the input dim (unless `allowzero`), -1 infers.
+    Reshape { allowzero: bool },
+    /// `(x)` with the axes permuted.
+    Transpose { perm: Vec<i64> },
+    /// `(x)` with size-1 axes inserted at `axes` (of the output).
+    Unsqueeze { axes: Vec<i64> },
+    /// `(x)` with the size-1 `axes` removed (all size-1 axes when empty).
+    Squeeze { axes: Vec<i64> },
+    /// `(x…)` concatenated on `axis`.
+    Concat { axis: i64 },
+    /// `(data, indices)` gathered along `axis`.
+    Gather { axis: i64 },
+    /// `(data, indices)`, same-rank indices, along `axis`.
+    GatherElements { axis: i64 },
+    /// `(data, starts, ends, axes?, steps?)`.
+    Slice,
+    /// `(x, shape)` broadcast to `shape`.
+    Expand,
+    /// `(shape)` → tensor of that shape filled with `value` (a one-element tensor).
+    ConstantOfShape { value: Tensor },
+    /// `(start, limit, delta)` scalars → 1-D.
+    Range,
+    /// `(x, axis)` cumulative sum.
+    CumSum { exclusive: bool, reverse: bool },
+    /// `(x)` → 2-D `[prod(dims[..axis]), prod(dims[axis..])]`.
+    Flatten { axis: i64 },
+    /// `(x)` reduced over `axes` (all when empty).
+    Reduce {
+        op: ReduceOp,
+        axes: Vec<i64>,
+        keepdims: bool,
+    },
+    /// `(a, b)` numpy matmul.
+    MatMul,
+    /// `(a, b, c?)`: `alpha·op(a)·op(b) + beta·c`.
+    Gemm {
+        alpha: f32,
+        beta: f32,
+        trans_a: bool,
+        trans_b: bool,
+    },
+    /// `(x)` softmax over `axis`.
+    Softmax { axis: i64 },
+    /// `(x, gamma, beta?)` normalised over the axes from `axis` to the end.
+    LayerNorm { axis: i64, epsilon: f32 },
+    /// `(x, scale, zero_point?)` → u8/i8 (`to`); per-tensor or per-`axis`.
+    QuantizeLinear { axis: i64, to: DType },
+    /// `(x, scale, zero_point?)` → f32; per-tensor or per-`axis`.
+    DequantizeLinear { axis: i64 },
+    /// `(x)` → `(y: u8, scale: f32 scalar, zero_point: u8 scalar)`.
+    DynamicQuantizeLinear,
+    /// `(a, b, a_zero_point?, b_zero_point?)` → i32.
+    MatMulInteger,
+    /// `(x, weight[k, n], bias[n]?)`: `x·weight + bias` with a constant weight (recognised).
+    Linear,
+    /// `(x)` GELU (recognised from its decomposition).
+    Gelu { approx: GeluApprox },
+    /// `(q, k, v, mask_bias?)` multi-head attention (recognised): q, k, v are `[B, S, H]`, split
+    /// into `num_heads` heads; `softmax(q·kᵀ·scale + mask_bias)·v`, heads merged back to `[B, S, H]`.
+    /// `mask_bias` is an additive f32 bias broadcastable to `[B, heads, S, S]`.
+    Attention { num_heads: usize, scale: f32 },
+}
+
+impl Op {
+    /// The op's name in the text form.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input { .. } => "input",
+            Op::Const { .. } => "const",
+            Op::Binary(b) => b.name(),
+            Op::Unary(u) => u.name(),
+            Op::Where => "where",
+            Op::Cast { .. } => "cast",
+            Op::Shape { .. } => "shape",
+            Op::Reshape { .. } => "reshape",
+            Op::Transpose { .. } => "transpose",
+            Op::Unsqueeze { .. } => "unsqueeze",
+            Op::Squeeze { .. } => "squeeze",
+            Op::Concat { .. } => "concat",
+            Op::Gather { .. } => "gather",
+            Op::GatherElements { .. } => "gather_elements",
+            Op::Slice => "slice",
+            Op::Expand => "expand",
+            Op::ConstantOfShape { .. } => "constant_of_shape",
+            Op::Range => "range",
+            Op::CumSum { .. } => "cumsum",
+            Op::Flatten { .. } => "flatten",
+            Op::Reduce { op, .. } => op.name(),
+            Op::MatMul => "matmul",
+            Op::Gemm { .. } => "gemm",
+            Op::Softmax { .. } => "softmax",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::QuantizeLinear { .. } => "quantize_linear",
+            Op::DequantizeLinear { .. } => "dequantize_linear",
+            Op::DynamicQuantizeLinear => "dynamic_quantize_linear",
+            Op::MatMulInteger => "matmul_integer",
+            Op::Linear => "linear",
+            Op::Gelu { .. } => "gelu",
+            Op::Attention { .. } => "attention",
+        }
+    }
+
+    /// The allowed number of inputs, as an inclusive range (`usize::MAX` = variadic).
+    pub fn arity(&self) -> (usize, usize) {
+        match self {
+            Op::Input { .. } | Op::Const { .. } => (0, 0),
+            Op::Binary(_) => (2, 2),
+            Op::Where | Op::Range => (3, 3),
+            Op::Unary(_)
+            | Op::Cast { .. }
+            | Op::Shape { .. }
+            | Op::Transpose { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Squeeze { .. }
+            | Op::ConstantOfShape { .. }
+            | Op::Flatten { .. }
+            | Op::Reduce { .. }
+            | Op::Softmax { .. }
+            | Op::DynamicQuantizeLinear
+            | Op::Gelu { .. } => (1, 1),
+            Op::Reshape { .. }
+            | Op::Gather { .. }
+            | Op::GatherElements { .. }
+            | Op::Expand
+            | Op::CumSum { .. }
+            | Op::MatMul => (2, 2),
+            Op::Concat { .. } => (1, usize::MAX),
+            Op::Slice => (3, 5),
+            Op::Gemm { .. } | Op::LayerNorm { .. } | Op::Linear => (2, 3),
+            Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => (2, 3),
+            Op::MatMulInteger => (2, 4),
+            Op::Attention { .. } => (3, 4),
+        }
+    }
+
+    /// How many values the op produces.
+    pub fn num_outputs(&self) -> usize {
+        match self {
+            Op::DynamicQuantizeLinear => 3,
+            _ => 1,
+        }
+    }
+
+    /// The attributes, in text-form order.
+    pub fn attrs(&self) -> Vec<(&'static str, Attr)> {
+        use Attr::*;
+        match self {
+            Op::Input { name } => vec![("name", Str(name.clone()))],
+            Op::Const { value } => vec![("value", Tensor(value.clone()))],
+            Op::Cast { to } => vec![("to", DType(*to))],
+            Op::Shape { start, end } => {
+                let mut v = vec![("start", Int(*start))];
+                if let Some(e) = end {
+                    v.push(("end", Int(*e)));
+                }
+                v
+            }
+            Op::Reshape { allowzero } => vec![("allowzero", Bool(*allowzero))],
+            Op::Transpose { perm } => vec![("perm", Ints(perm.clone()))],
+            Op::Unsqueeze { axes } | Op::Squeeze { axes } => vec![("axes", Ints(axes.clone()))],
+            Op::Concat { axis }
+            | Op::Gather { axis }
+            | Op::GatherElements { axis }
+            | Op::Flatten { axis }
+            | Op::Softmax { axis }
+            | Op::DequantizeLinear { axis } => vec![("axis", Int(*axis))],
+            Op::ConstantOfShape { value } => vec![("value", Tensor(value.clone()))],
+            Op::CumSum { exclusive, reverse } => {
+                vec![("exclusive", Bool(*exclusive)), ("reverse", Bool(*reverse))]
+            }
+            Op::Reduce { axes, keepdims, .. } => {
+                vec![("axes", Ints(axes.clone())), ("keepdims", Bool(*keepdims))]
+            }
+            Op::Gemm {
+                alpha,
+                beta,
+                trans_a,
+                trans_b,
+            } => vec![
+                ("alpha", Float(*alpha)),
+                ("beta", Float(*beta)),
+                ("trans_a", Bool(*trans_a)),
+                ("trans_b", Bool(*trans_b)),
+            ],
+            Op::LayerNorm { axis, epsilon } => {
+                vec![("axis", Int(*axis)), ("epsilon", Float(*epsilon))]
+            }
+            Op::QuantizeLinear { axis, to } => vec![("axis", Int(*axis)), ("to", DType(*to))],
+            Op::Gelu { approx } => vec![("approx", Str(approx.name().to_string()))],
+            Op::Attention { num_heads, scale } => vec![
+                ("num_heads", Int(*num_heads as i64)),
+                ("scale", Float(*scale)),
+            ],
+            Op::Binary(_)
+            | Op::Unary(_)
+            | Op::Where
+            | Op::Slice
+            | Op::Expand
+            | Op::Range
+            | Op::MatMul
+            | Op::DynamicQuantizeLinear
+            | Op::MatMulInteger
+            | Op::Linear => vec![],
+        }
+    }
+
+    /// Rebuilds an op from its name and attributes (the inverse of [`Op::name`] + [`Op::attrs`]).
+    pub fn from_parts(name: &str, attrs: Vec<(String, Attr)>) -> Result<Op, IrError> {
+        let mut a = AttrReader { op: name, attrs };
+        let op = match name {
+            "input" => Op::Input {
+                name: a.str("name")?,
+            },
+            "const" => Op::Const {
+                value: a.tensor("value")?,
+            },
+            "where" => Op::Where,
+            "cast" => Op::Cast { to: a.dtype("to")? },
+            "shape" => Op::Shape {
+                start: a.int("start")?,
+                end: a.opt_int("end")?,
+            },
+            "reshape" => Op::Reshape {
+                allowzero: a.bool("allowzero")?,
+            },
+            "transpose" => Op::Transpose {
+                perm: a.ints("perm")?,
+            },
+            "unsqueeze" => Op::Unsqueeze {
+                axes: a.ints("axes")?,
+            },
+            "squeeze" => Op::Squeeze {
+                axes: a.ints("axes")?,
+            },
+            "concat" => Op::Concat {
+                axis: a.int("axis")?,
+            },
+            "gather" => Op::Gather {
+                axis: a.int("axis")?,
+            },
+            "gather_elements" => Op::GatherElements {
+                axis: a.int("axis")?,
+            },
+            "slice" => Op::Slice,
+            "expand" => Op::Expand,
+            "constant_of_shape" => Op::ConstantOfShape {
+                value: a.tensor("value")?,
+            },
+            "range" => Op::Range,
+            "cumsum" => Op::CumSum {
+                exclusive: a.bool("exclusive")?,
+                reverse: a.bool("reverse")?,
+            },
+            "flatten" => Op::Flatten {
+                axis: a.int("axis")?,
+            },
+            "matmul" => Op::MatMul,
+            "gemm" => Op::Gemm {
+                alpha: a.float("alpha")?,
+                beta: a.float("beta")?,
+                trans_a: a.bool("trans_a")?,
+                trans_b: a.bool("trans_b")?,
+            },
+            "softmax" => Op::Softmax {
+                axis: a.int("axis")?,
+            },
+            "layer_norm" => Op::LayerNorm {
+                axis: a.int("axis")?,
+                epsilon: a.float("epsilon")?,
+            },
+            "quantize_linear" => Op::QuantizeLinear {
+                axis: a.int("axis")?,
+                to: a.dtype("to")?,
+            },
+            "dequantize_linear" => Op::DequantizeLinear {
+                axis: a.int("axis")?,
+            },
+            "dynamic_quantize_linear" => Op::DynamicQuantizeLinear,
+            "matmul_integer" => Op::MatMulInteger,
+            "linear" => Op::Linear,
+            "gelu" => {
+                let s = a.str("approx")?;
+                Op::Gelu {
+                    approx: GeluApprox::from_name(&s)
+                        .ok_or_else(|| a.bad("approx", "erf or tanh"))?,
+                }
+            }
+            "attention" => Op::Attention {
+                num_heads: usize::try_from(a.int("num_heads")?)
+                    .map_err(|_| a.bad("num_heads", "a non-negative integer"))?,
+                scale: a.float("scale")?,
+            },
+            other => {
+                if let Some(b) = BinaryOp::from_name(other) {
+                    Op::Binary(b)
+                } else if let Some(u) = UnaryOp::from_name(other) {
+                    Op::Unary(u)
+                } else if let Some(r) = ReduceOp::from_name(other) {
+                    Op::Reduce {
+                        op: r,
+                        axes: a.ints("axes")?,
+                        keepdims: a.bool("keepdims")?,
+                    }
+                } else {
+                    return Err(IrError::UnknownOp(other.to_string()));
+                }
+            }
+        };
+        a.finish()?;
+        Ok(op)
+    }
+}
+
+/// Takes attributes out of a parsed list by name, with errors that name the op and attribute.
+struct AttrReader<'a> {
+    op: &'a str,
+    attrs: Vec<(String, Attr)>,
+}
+
+impl AttrReader<'_> {
+    fn bad(&self, attr: &str, expected: &str) -> IrError {
+        IrError::BadAttr {
+            op: self.op.to_string(),
+            attr: attr.to_string(),
+            message: format!("expected {expected}"),
+        }
+    }
+    fn take(&mut self, key: &str) -> Option<Attr> {
+        let pos = self.attrs.iter().position(|(k, _)| k == key)?;
+        Some(self.attrs.remove(pos).1)
+    }
+    fn need(&mut self, key: &str) -> Result<Attr, IrError> {
+        self.take(key).ok_or_else(|| IrError::BadAttr {
+            op: self.op.to_string(),
+            attr: key.to_string(),
+            message: "missing".to_string(),
+        })
+    }
+    fn int(&mut self, key: &str) -> Result<i64, IrError> {
+        match self.need(key)? {
+            Attr::Int(v) => Ok(v),
+            _ => Err(self.bad(key, "an integer")),
+        }
+    }
+    fn opt_int(&mut self, key: &str) -> Result<Option<i64>, IrError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(Attr::Int(v)) => Ok(Some(v)),
+            Some(_) => Err(self.bad(key, "an integer")),
+        }
+    }
+    fn float(&mut self, key: &str) -> Result<f32, IrError> {
+        match self.need(key)? {
+            Attr::Float(v) => Ok(v),
+            Attr::Int(v) => Ok(v as f32),
+            _ => Err(self.bad(key, "a float")),
+        }
+    }
+    fn bool(&mut self, key: &str) -> Result<bool, IrError> {
+        match self.need(key)? {
+            Attr::Bool(v) => Ok(v),
+            _ => Err(self.bad(key, "true or false")),
+        }
+    }
+    fn ints(&mut self, key: &str) -> Result<Vec<i64>, IrError> {
+        match self.need(key)? {
+            Attr::Ints(v) => Ok(v),
+            _ => Err(self.bad(key, "a list of integers")),
+        }
+    }
+    fn dtype(&mut self, key: &str) -> Result<DType, IrError> {
+        match self.need(key)? {
+            Attr::DType(v) => Ok(v),
+            _ => Err(self.bad(key, "a dtype")),
+        }
+    }
+    fn str(&mut self, key: &str) -> Result<String, IrError> {
+        match self.need(key)? {
+            Attr::Str(v) => Ok(v),
+            _ => Err(self.bad(key, "a string")),
+        }
+    }
+    fn tensor(&mut self, key: &str) -> Result<Tensor, IrError> {
+        match self.need(key)? {
+            Attr::Tensor(v) => Ok(v),
+            _ => Err(self.bad(key, "a tensor literal")),
+        }
+    }
+    fn finish(self) -> Result<(), IrError> {
+        match self.attrs.first() {
+            None => Ok(()),
+            Some((k, _)) => Err(IrError::BadAttr {
+                op: self.op.to_string(),
+                attr: k.clone(),
+                message: "unknown attribute".to_string(),
+            }),
+        }
+    }
+}

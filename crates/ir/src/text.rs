@@ -1,0 +1,414 @@
+//! The stable text form: one line per node, in a deterministic topological order.
+//!
+//! ```text
+//! %0 = input[name="input_ids"] : i64[batch,sequence]
+//! %1 = const[value=f32[1000,128]{extern}] : f32[1000,128]  # embeddings.word_embeddings.weight
+//! %2 = gather[axis=0](%1, %0) : f32[batch,sequence,128]  # /embeddings/word_embeddings/Gather
+//! %3 = dynamic_quantize_linear(%2) : (u8[batch,sequence,128], f32[], u8[])
+//! output "last_hidden_state" = %2
+//! ```
+//!
+//! Values are numbered in print order; `%3.1` is output 1 of node `%3`. Constants of at most
+//! [`crate::INLINE_LIMIT`] elements are printed inline; larger ones print as `{extern}`, and
+//! [`parse`] turns them into constants without data unless a [`ConstantSource`] supplies them
+//! (by node name). The node name after `#` is the name the node had in the source model.
+//! Printing, parsing and printing again gives the same text.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use crate::{Attr, Graph, IrError, NodeId, Op, Outlet, Tensor, TensorType};
+
+/// Prints a graph in the text form.
+///
+/// ```
+/// use ir::{text, DType, Dim, Graph, Op, TensorType, UnaryOp};
+/// let mut g = Graph::new();
+/// let t = TensorType::new(DType::F32, vec![Dim::sym("B"), Dim::fixed(4)]);
+/// let x = g.add_input("x", t.clone());
+/// let y = g.add_node(Op::Unary(UnaryOp::Erf), "e", &[x], vec![t]).unwrap();
+/// g.set_output("y", y.into());
+/// let s = text::print(&g).unwrap();
+/// assert_eq!(s, "%0 = input[name=\"x\"] : f32[B,4]  # x\n%1 = erf(%0) : f32[B,4]  # e\noutput \"y\" = %1\n");
+/// assert_eq!(text::print(&text::parse(&s, None).unwrap()).unwrap(), s);
+/// ```
+pub fn print(graph: &Graph) -> Result<String, IrError> {
+    let order = graph.topo_order()?;
+    let number: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let outlet_name = |o: Outlet| {
+        if o.slot == 0 {
+            format!("%{}", number[&o.node])
+        } else {
+            format!("%{}.{}", number[&o.node], o.slot)
+        }
+    };
+    let mut out = String::new();
+    for &id in &order {
+        let node = graph.node(id);
+        write!(out, "%{} = {}", number[&id], node.op.name()).unwrap();
+        let attrs = node.op.attrs();
+        if !attrs.is_empty() {
+            out.push('[');
+            for (i, (k, v)) in attrs.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write!(out, "{k}={v}").unwrap();
+            }
+            out.push(']');
+        }
+        let inputs = graph.node_inputs(id);
+        if !inputs.is_empty() {
+            let names: Vec<String> = inputs.iter().map(|&o| outlet_name(o)).collect();
+            write!(out, "({})", names.join(", ")).unwrap();
+        }
+        out.push_str(" : ");
+        if node.outputs.len() == 1 {
+            write!(out, "{}", node.outputs[0]).unwrap();
+        } else {
+            let tys: Vec<String> = node.outputs.iter().map(|t| t.to_string()).collect();
+            write!(out, "({})", tys.join(", ")).unwrap();
+        }
+        if !node.name.is_empty() {
+            write!(out, "  # {}", node.name.replace(['\n', '\r'], " ")).unwrap();
+        }
+        out.push('\n');
+    }
+    for (name, o) in graph.outputs() {
+        writeln!(out, "output {} = {}", quote(name), outlet_name(*o)).unwrap();
+    }
+    Ok(out)
+}
+
+/// Supplies the data of constants printed as `{extern}`, by node name.
+pub trait ConstantSource {
+    fn constant(&self, node_name: &str) -> Option<Tensor>;
+}
+
+impl ConstantSource for HashMap<String, Tensor> {
+    fn constant(&self, node_name: &str) -> Option<Tensor> {
+        self.get(node_name).cloned()
+    }
+}
+
+/// Parses the text form. Constants printed as `{extern}` get their data from `constants` when
+/// given (it must agree on dtype and shape), or stay without data.
+pub fn parse(text: &str, constants: Option<&dyn ConstantSource>) -> Result<Graph, IrError> {
+    let mut g = Graph::new();
+    let mut values: HashMap<usize, NodeId> = HashMap::new();
+    for (lineno, raw) in text.lines().enumerate() {
+        let line_no = lineno + 1;
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let err = |message: String| IrError::Parse {
+            line: line_no,
+            message,
+        };
+        let mut c = Cursor::new(line, line_no);
+        if c.eat_word("output") {
+            let name = c.string()?;
+            c.expect('=')?;
+            let o = c.outlet(&values)?;
+            c.end()?;
+            g.set_output(&name, o);
+            continue;
+        }
+        let id = c.value_id()?;
+        if values.contains_key(&id) {
+            return Err(err(format!("%{id} is defined twice")));
+        }
+        c.expect('=')?;
+        let op_name = c.ident()?;
+        let mut attrs = Vec::new();
+        if c.eat('[') {
+            loop {
+                let key = c.ident()?;
+                c.expect('=')?;
+                attrs.push((key, c.attr()?));
+                if c.eat(']') {
+                    break;
+                }
+                c.expect(',')?;
+            }
+        }
+        let mut inputs = Vec::new();
+        if c.eat('(') {
+            loop {
+                inputs.push(c.outlet(&values)?);
+                if c.eat(')') {
+                    break;
+                }
+                c.expect(',')?;
+            }
+        }
+        c.expect(':')?;
+        let mut types = Vec::new();
+        if c.eat('(') {
+            loop {
+                types.push(c.tensor_type()?);
+                if c.eat(')') {
+                    break;
+                }
+                c.expect(',')?;
+            }
+        } else {
+            types.push(c.tensor_type()?);
+        }
+        let name = if c.eat('#') {
+            c.rest().trim().to_string()
+        } else {
+            c.end()?;
+            String::new()
+        };
+        let mut op = Op::from_parts(&op_name, attrs).map_err(|e| err(e.to_string()))?;
+        if let (Op::Const { value }, Some(src)) = (&mut op, constants) {
+            if !value.has_data() {
+                if let Some(t) = src.constant(&name) {
+                    if t.dtype() != value.dtype() || t.shape() != value.shape() {
+                        return Err(err(format!(
+                            "constant `{name}` from the source is {:?}, the text says {:?}",
+                            t, value
+                        )));
+                    }
+                    *value = t;
+                }
+            }
+        }
+        let node = match op {
+            Op::Input { name: input_name } => {
+                if types.len() != 1 {
+                    return Err(err("an input has one type".into()));
+                }
+                let o = g.add_input(&input_name, types.pop().expect("one type"));
+                g.node_mut(o.node).name = name;
+                o.node
+            }
+            op => g
+                .add_node(op, &name, &inputs, types)
+                .map_err(|e| err(e.to_string()))?,
+        };
+        values.insert(id, node);
+    }
+    Ok(g)
+}
+
+/// Quotes a string for the text form.
+pub fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+struct Cursor<'a> {
+    s: &'a str,
+    pos: usize,
+    line: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(s: &'a str, line: usize) -> Self {
+        Cursor { s, pos: 0, line }
+    }
+    fn err(&self, message: impl Into<String>) -> IrError {
+        IrError::Parse {
+            line: self.line,
+            message: format!("{} (at column {})", message.into(), self.pos + 1),
+        }
+    }
+    fn skip_ws(&mut self) {
+        while self.s[self.pos..].starts_with([' ', '\t']) {
+            self.pos += 1;
+        }
+    }
+    fn peek(&mut self) -> Option<char> {
+        self.skip_ws();
+        self.s[self.pos..].chars().next()
+    }
+    fn eat(&mut self, ch: char) -> bool {
+        if self.peek() == Some(ch) {
+            self.pos += ch.len_utf8();
+            true
+        } else {
+            false
+        }
+    }
+    fn expect(&mut self, ch: char) -> Result<(), IrError> {
+        if self.eat(ch) {
+            Ok(())
+        } else {
+            Err(self.err(format!("expected `{ch}`")))
+        }
+    }
+    fn eat_word(&mut self, w: &str) -> bool {
+        self.skip_ws();
+        let rest = &self.s[self.pos..];
+        if rest.starts_with(w) && rest[w.len()..].starts_with([' ', '\t']) {
+            self.pos += w.len();
+            true
+        } else {
+            false
+        }
+    }
+    fn end(&mut self) -> Result<(), IrError> {
+        match self.peek() {
+            None => Ok(()),
+            Some(_) => Err(self.err("unexpected text at end of line")),
+        }
+    }
+    fn rest(&mut self) -> &'a str {
+        let r = &self.s[self.pos..];
+        self.pos = self.s.len();
+        r
+    }
+    fn take_while(&mut self, f: impl Fn(char) -> bool) -> &'a str {
+        self.skip_ws();
+        let start = self.pos;
+        while let Some(c) = self.s[self.pos..].chars().next() {
+            if !f(c) {
+                break;
+            }
+            self.pos += c.len_utf8();
+        }
+        &self.s[start..self.pos]
+    }
+    fn ident(&mut self) -> Result<String, IrError> {
+        let w = self.take_while(|c| c.is_ascii_alphanumeric() || c == '_');
+        if w.is_empty() {
+            return Err(self.err("expected a name"));
+        }
+        Ok(w.to_string())
+    }
+    fn number_token(&mut self) -> &'a str {
+        self.take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+'))
+    }
+    fn value_id(&mut self) -> Result<usize, IrError> {
+        self.expect('%')?;
+        let t = self.take_while(|c| c.is_ascii_digit());
+        t.parse().map_err(|_| self.err("expected a value number"))
+    }
+    fn outlet(&mut self, values: &HashMap<usize, NodeId>) -> Result<Outlet, IrError> {
+        let id = self.value_id()?;
+        let node = *values
+            .get(&id)
+            .ok_or_else(|| self.err(format!("%{id} is used before it is defined")))?;
+        let slot = if self.s[self.pos..].starts_with('.') {
+            self.pos += 1;
+            let t = self.take_while(|c| c.is_ascii_digit());
+            t.parse()
+                .map_err(|_| self.err("expected an output number"))?
+        } else {
+            0
+        };
+        Ok(Outlet::new(node, slot))
+    }
+    fn string(&mut self) -> Result<String, IrError> {
+        self.expect('"')?;
+        let mut out = String::new();
+        let mut chars = self.s[self.pos..].char_indices();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '"' => {
+                    self.pos += i + 1;
+                    return Ok(out);
+                }
+                '\\' => match chars.next() {
+                    Some((_, 'n')) => out.push('\n'),
+                    Some((_, c)) => out.push(c),
+                    None => break,
+                },
+                c => out.push(c),
+            }
+        }
+        Err(self.err("unterminated string"))
+    }
+    /// A bracketed span `open … close` (no nesting of the same kind inside), returned with the
+    /// brackets.
+    fn span_until(&mut self, close: char) -> Result<&'a str, IrError> {
+        let start = self.pos;
+        let end = self.s[self.pos..]
+            .find(close)
+            .ok_or_else(|| self.err(format!("expected `{close}`")))?;
+        self.pos += end + 1;
+        Ok(&self.s[start..self.pos])
+    }
+    fn tensor_type(&mut self) -> Result<TensorType, IrError> {
+        self.skip_ws();
+        let start = self.pos;
+        self.ident()?;
+        if !self.s[self.pos..].starts_with('[') {
+            return Err(self.err("expected `[` after the dtype"));
+        }
+        self.span_until(']')?;
+        self.s[start..self.pos]
+            .parse()
+            .map_err(|e: IrError| self.err(e.to_string()))
+    }
+    fn attr(&mut self) -> Result<Attr, IrError> {
+        match self.peek() {
+            Some('"') => Ok(Attr::Str(self.string()?)),
+            Some('[') => {
+                self.pos += 1;
+                let mut v = Vec::new();
+                if self.eat(']') {
+                    return Ok(Attr::Ints(v));
+                }
+                loop {
+                    let t = self.number_token();
+                    v.push(
+                        t.parse()
+                            .map_err(|_| self.err(format!("bad integer `{t}`")))?,
+                    );
+                    if self.eat(']') {
+                        return Ok(Attr::Ints(v));
+                    }
+                    self.expect(',')?;
+                }
+            }
+            Some(c) if c.is_ascii_alphabetic() => {
+                let start = self.pos;
+                let w = self.ident()?;
+                if self.s[self.pos..].starts_with('[') {
+                    self.span_until(']')?;
+                    if !self.s[self.pos..].starts_with('{') {
+                        return Err(self.err("expected `{` in a tensor literal"));
+                    }
+                    self.span_until('}')?;
+                    return Tensor::from_text(&self.s[start..self.pos])
+                        .map(Attr::Tensor)
+                        .map_err(|e| self.err(e.to_string()));
+                }
+                match w.as_str() {
+                    "true" => Ok(Attr::Bool(true)),
+                    "false" => Ok(Attr::Bool(false)),
+                    "inf" => Ok(Attr::Float(f32::INFINITY)),
+                    "NaN" => Ok(Attr::Float(f32::NAN)),
+                    _ => w
+                        .parse()
+                        .map(Attr::DType)
+                        .map_err(|_| self.err(format!("bad attribute value `{w}`"))),
+                }
+            }
+            _ => {
+                let t = self.number_token();
+                if let Ok(i) = t.parse::<i64>() {
+                    Ok(Attr::Int(i))
+                } else {
+                    t.parse::<f32>()
+                        .map(Attr::Float)
+                        .map_err(|_| self.err(format!("bad attribute value `{t}`")))
+                }
+            }
+        }
+    }
+}
