@@ -1,1 +1,3 @@
-//! ONNX import.
+//! ONNX import into the encore IR.
+
+pub mod proto;
