@@ -1,0 +1,1 @@
+//! Writes BERT-family ONNX models with seeded random weights.
