@@ -1,0 +1,160 @@
+//! The text form: round trips and parse errors.
+
+use ir::{text, DType, Dim, Graph, IrError, Op, Tensor, TensorType};
+
+const SAMPLE: &str = r#"%0 = input[name="input_ids"] : i64[batch,sequence]  # input_ids
+%1 = const[value=f32[4,3]{extern}] : f32[4,3]  # emb.weight
+%2 = gather[axis=0](%1, %0) : f32[batch,sequence,3]  # /emb/Gather
+%3 = const[value=i64[3]{0, 0, 3}] : i64[3]  # shape
+%4 = reshape[allowzero=false](%2, %3) : f32[batch,sequence,3]  # /Reshape
+%5 = dynamic_quantize_linear(%4) : (u8[batch,sequence,3], f32[], u8[])  # /dq
+%6 = dequantize_linear[axis=1](%5, %5.1, %5.2) : f32[batch,sequence,3]  # /deq
+%7 = gemm[alpha=1.0, beta=0.5, trans_a=false, trans_b=true](%6, %1) : f32[*]  # /Gemm
+%8 = const[value=f32[]{-3.4028235e38}] : f32[]  # big
+%9 = mul(%6, %8) : f32[batch,sequence,3]  # /mul
+%10 = constant_of_shape[value=f32[1]{0.0}](%3) : f32[0,0,3]  # /cos
+%11 = attention[num_heads=12, scale=0.125](%6, %6, %6) : f32[batch,sequence,3]  # /attn
+%12 = reduce_mean[axes=[-1], keepdims=true](%11) : f32[batch,sequence,1]  # /rm
+%13 = gelu[approx="tanh"](%12) : f32[12*batch*sequence]  # /gelu
+output "hidden" = %9
+output "other \"quoted\"" = %13
+"#;
+
+#[test]
+fn print_parse_print_is_identity() {
+    let g = text::parse(SAMPLE, None).unwrap();
+    g.verify().unwrap();
+    let printed = text::print(&g).unwrap();
+    assert_eq!(printed, SAMPLE);
+    let again = text::print(&text::parse(&printed, None).unwrap()).unwrap();
+    assert_eq!(again, printed);
+}
+
+#[test]
+fn extern_constants_bind_from_a_source() {
+    let mut src = std::collections::HashMap::new();
+    src.insert(
+        "emb.weight".to_string(),
+        Tensor::from_vec(vec![4, 3], (0..12).map(|v| v as f32).collect()),
+    );
+    let g = text::parse(SAMPLE, Some(&src)).unwrap();
+    let id = g
+        .node_ids()
+        .find(|&n| g.node(n).name == "emb.weight")
+        .unwrap();
+    assert_eq!(
+        g.const_value(id.into()).unwrap().to_vec::<f32>().unwrap()[11],
+        11.0
+    );
+
+    src.insert(
+        "emb.weight".to_string(),
+        Tensor::from_vec(vec![3, 4], vec![0f32; 12]),
+    );
+    let err = text::parse(SAMPLE, Some(&src)).unwrap_err();
+    assert!(err.to_string().contains("emb.weight"), "{err}");
+}
+
+#[test]
+fn parse_errors_name_the_line() {
+    let cases = [
+        ("%0 = frobnicate : f32[1]", "unknown op"),
+        ("%0 = erf(%3) : f32[1]", "used before it is defined"),
+        ("%0 = input[name=\"x\"] : f33[1]", "dtype"),
+        (
+            "%0 = input[name=\"x\"] : f32[1]\n%0 = erf(%0) : f32[1]",
+            "defined twice",
+        ),
+        (
+            "%0 = input[name=\"x\"] : f32[1]\n%1 = add(%0) : f32[1]",
+            "takes 2 inputs",
+        ),
+        (
+            "%0 = input[name=\"x\"] : f32[1]\n%1 = softmax[axis=1, bogus=2](%0) : f32[1]",
+            "unknown attribute",
+        ),
+        ("%0 = const[value=i64[2]{1}] : i64[2]", "element count"),
+        (
+            "%0 = input[name=\"x\"] : f32[1]\n%1 = erf(%0.1) : f32[1]",
+            "no output 1",
+        ),
+    ];
+    for (src, want) in cases {
+        let err = text::parse(src, None).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, IrError::Parse { .. }), "{src}: {msg}");
+        assert!(msg.contains(want), "{src}: `{msg}` lacks `{want}`");
+    }
+}
+
+#[test]
+fn verifier_rejects_a_constant_whose_type_disagrees() {
+    let mut g = Graph::new();
+    let c = g.add_const("c", Tensor::from_vec(vec![2], vec![1i64, 2]));
+    g.node_mut(c.node).outputs[0] = TensorType::new(DType::I64, vec![Dim::fixed(3)]);
+    g.set_output("c", c);
+    let err = g.verify().unwrap_err();
+    assert!(err.to_string().contains("declared as"), "{err}");
+}
+
+#[test]
+fn replace_uses_moves_readers_and_outputs() {
+    let mut g = Graph::new();
+    let t = TensorType::new(DType::F32, vec![Dim::sym("B")]);
+    let x = g.add_input("x", t.clone());
+    let a = g
+        .add_node(Op::Unary(ir::UnaryOp::Exp), "a", &[x], vec![t.clone()])
+        .unwrap();
+    let b = g
+        .add_node(
+            Op::Unary(ir::UnaryOp::Neg),
+            "b",
+            &[a.into()],
+            vec![t.clone()],
+        )
+        .unwrap();
+    g.set_output("y", a.into());
+    g.replace_uses(a.into(), x).unwrap();
+    assert_eq!(g.node_inputs(b), vec![x]);
+    assert_eq!(g.outputs()[0].1, x);
+    assert!(g.consumers(a.into()).is_empty());
+    g.verify().unwrap();
+}
+
+#[test]
+fn dims_multiply_and_divide_symbolically() {
+    let b = Dim::sym("batch");
+    let s = Dim::sym("sequence");
+    let bs = b.mul(&s).mul(&Dim::fixed(12));
+    assert_eq!(bs.to_string(), "12*batch*sequence");
+    assert_eq!(Dim::parse("12*batch*sequence").unwrap(), bs);
+    assert_eq!(
+        bs.div(&Dim::fixed(4)).unwrap().to_string(),
+        "3*batch*sequence"
+    );
+    assert_eq!(bs.div(&s).unwrap(), b.mul(&Dim::fixed(12)));
+    assert!(bs.div(&Dim::sym("other")).is_none());
+    assert!(bs.div(&Dim::fixed(5)).is_none());
+    let mut env = std::collections::HashMap::new();
+    env.insert("batch".to_string(), 2);
+    env.insert("sequence".to_string(), 7);
+    assert_eq!(bs.eval(&env).unwrap(), 168);
+    env.remove("sequence");
+    assert!(matches!(bs.eval(&env), Err(IrError::UnboundSymbol(s)) if s == "sequence"));
+}
+
+#[test]
+fn tensor_literals_round_trip_every_dtype() {
+    for lit in [
+        "f32[2]{1.5, -inf}",
+        "bf16[1]{0.5}",
+        "i8[2]{-128, 127}",
+        "u8[1]{255}",
+        "i32[0]{}",
+        "i64[2,1]{-9223372036854775808, 9223372036854775807}",
+        "bool[2]{true, false}",
+    ] {
+        let t = Tensor::from_text(lit).unwrap();
+        assert_eq!(t.to_text(64), lit);
+    }
+}
