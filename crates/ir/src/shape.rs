@@ -61,7 +61,7 @@ impl Dim {
 
     /// Exact division, when `other` divides `self` as a monomial.
     pub fn div(&self, other: &Dim) -> Option<Dim> {
-        if other.coeff == 0 || self.coeff % other.coeff != 0 {
+        if other.coeff == 0 || !self.coeff.is_multiple_of(other.coeff) {
             return None;
         }
         let mut syms = self.syms.clone();
