@@ -1,0 +1,120 @@
+//! A 64-byte aligned, zero-initialised buffer for packed panels and scratch tiles.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+
+/// Alignment of every packed buffer: one cache line, one zmm register.
+pub const ALIGN: usize = 64;
+
+/// Marker for plain numeric element types that are valid when all bits are zero.
+///
+/// # Safety
+/// Implementors must be `Copy`, have no drop glue, and accept the all-zero bit pattern.
+pub unsafe trait Pod: Copy + Send + Sync + 'static {}
+// SAFETY: all of these are plain integers or floats; zero bits are a valid value.
+unsafe impl Pod for f32 {}
+// SAFETY: as above.
+unsafe impl Pod for i32 {}
+// SAFETY: as above.
+unsafe impl Pod for u8 {}
+// SAFETY: as above.
+unsafe impl Pod for i8 {}
+
+/// An owned, 64-byte aligned slice of `T`, zero-initialised on creation.
+///
+/// ```
+/// use codegen::kernels::AlignedBuf;
+/// let b: AlignedBuf<f32> = AlignedBuf::zeroed(10);
+/// assert_eq!(b.len(), 10);
+/// assert_eq!(b.as_ptr() as usize % 64, 0);
+/// ```
+pub struct AlignedBuf<T: Pod> {
+    ptr: NonNull<T>,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like Vec<T>; T is Send + Sync.
+unsafe impl<T: Pod> Send for AlignedBuf<T> {}
+// SAFETY: shared access only hands out &[T]; T is Sync.
+unsafe impl<T: Pod> Sync for AlignedBuf<T> {}
+
+impl<T: Pod> AlignedBuf<T> {
+    fn layout(len: usize) -> Layout {
+        let bytes = (len * std::mem::size_of::<T>()).max(ALIGN);
+        Layout::from_size_align(bytes.next_multiple_of(ALIGN), ALIGN).expect("buffer too large")
+    }
+
+    /// Allocates `len` zeroed elements.
+    pub fn zeroed(len: usize) -> Self {
+        let layout = Self::layout(len);
+        // SAFETY: layout has non-zero size (at least ALIGN bytes).
+        let raw = unsafe { alloc_zeroed(layout) } as *mut T;
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Self { ptr, len }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the buffer holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Raw pointer to the first element (64-byte aligned).
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr.as_ptr()
+    }
+
+    /// Mutable raw pointer to the first element (64-byte aligned).
+    pub fn as_mut_ptr(&mut self) -> *mut T {
+        self.ptr.as_ptr()
+    }
+
+    /// Grows (never shrinks) to at least `len` elements; contents are not preserved.
+    pub fn ensure(&mut self, len: usize) {
+        if self.len < len {
+            *self = Self::zeroed(len);
+        }
+    }
+}
+
+impl<T: Pod> std::ops::Deref for AlignedBuf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: ptr points to `len` initialised (zeroed or written) elements owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: Pod> std::ops::DerefMut for AlignedBuf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as in deref, and &mut self guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: Pod> Clone for AlignedBuf<T> {
+    fn clone(&self) -> Self {
+        let mut b = Self::zeroed(self.len);
+        b.copy_from_slice(self);
+        b
+    }
+}
+
+impl<T: Pod> Drop for AlignedBuf<T> {
+    fn drop(&mut self) {
+        // SAFETY: ptr was allocated in `zeroed` with exactly this layout.
+        unsafe { dealloc(self.ptr.as_ptr() as *mut u8, Self::layout(self.len)) }
+    }
+}
+
+impl<T: Pod + std::fmt::Debug> std::fmt::Debug for AlignedBuf<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .finish()
+    }
+}

@@ -1,0 +1,671 @@
+//! The fused epilogue program, shared by every GEMM kernel (f32 and int8).
+//!
+//! A program is a list of [`EpilogueOp`] micro-ops run in order on each output row segment, in
+//! f32, after the K loop of a cache block finished (the block is still in L1/L2). The int8 path
+//! starts from the i32 accumulator: `Dequant` converts it (with the column-sum compensation of the
+//! activation zero point and of the internal +128 shift for s8 activations); without a `Dequant`
+//! the exact product `Σ a·b` is converted to f32. The last step stores to the [`Output`] type;
+//! `Requant` must be the last op and needs a u8/s8 output.
+//!
+//! `LayerNorm` needs a whole row. When a tile does not span the row (N split across threads or
+//! cache blocks) the drivers run the ops before the first `LayerNorm` per tile into an f32
+//! intermediate and the rest in a second, row-parallel pass; the result is the same.
+//!
+//! The row loop is compiled three times (plain, AVX2+FMA, AVX-512) from one generic body so the
+//! same IEEE operation sequence runs everywhere.
+
+use super::error::KernelError;
+use super::math;
+
+/// A per-tensor value or one value per output row (activation scale / zero point).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C, u32)]
+pub enum RowParam<'a, T> {
+    /// One value for all rows.
+    PerTensor(T),
+    /// `values[row]`, at least `m` entries.
+    PerRow(&'a [T]),
+}
+
+impl<T: Copy> RowParam<'_, T> {
+    #[inline(always)]
+    fn at(&self, row: usize) -> T {
+        match self {
+            Self::PerTensor(v) => *v,
+            Self::PerRow(v) => v[row],
+        }
+    }
+    fn len_ok(&self, m: usize) -> bool {
+        match self {
+            Self::PerTensor(_) => true,
+            Self::PerRow(v) => v.len() >= m,
+        }
+    }
+}
+
+/// Quantized output element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum QType {
+    /// u8, range [0, 255].
+    U8,
+    /// s8, range [-128, 127].
+    S8,
+}
+
+impl QType {
+    fn range(self) -> (f32, f32) {
+        match self {
+            Self::U8 => (0.0, 255.0),
+            Self::S8 => (-128.0, 127.0),
+        }
+    }
+}
+
+/// One epilogue micro-op. `#[repr(C, u32)]` so a program can be built by generated code.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C, u32)]
+pub enum EpilogueOp<'a> {
+    /// int8 only, first op: `y = (acc − zp[row]·colsum[n]) · a_scale[row] · w_scale[n]`, where
+    /// `acc` is the exact `Σ a·b` in the caller's activation type and `colsum` the weight column
+    /// sums stored with the packed weight. `w_scale` has 1 (per tensor) or `n` entries.
+    Dequant {
+        /// Activation scale, per tensor or per row.
+        a_scale: RowParam<'a, f32>,
+        /// Activation zero point (in the activation's own type), per tensor or per row.
+        a_zero: RowParam<'a, i32>,
+        /// Weight scale, 1 or `n` values.
+        w_scale: &'a [f32],
+    },
+    /// `y *= s`.
+    Scale(f32),
+    /// `y += bias[n]`.
+    Bias(&'a [f32]),
+    /// `y *= s[n]`.
+    MulCol(&'a [f32]),
+    /// `y = max(y, 0)`.
+    Relu,
+    /// `y = gelu(y)`, erf form (see [`math::gelu_erf`]).
+    GeluErf,
+    /// `y = gelu(y)`, tanh form (see [`math::gelu_tanh`]).
+    GeluTanh,
+    /// `y += data[row·ld + n]`.
+    AddResidual {
+        /// Residual matrix, f32.
+        data: &'a [f32],
+        /// Its row stride.
+        ld: usize,
+    },
+    /// Row-wise LayerNorm over all `n` columns: `(y − mean)/sqrt(var + eps)·gamma[n] + beta[n]`.
+    LayerNorm {
+        /// Scale, `n` values.
+        gamma: &'a [f32],
+        /// Shift, `n` values.
+        beta: &'a [f32],
+        /// Variance epsilon.
+        eps: f32,
+    },
+    /// Last op: `y = clamp(round_half_even(y · inv_scale) + zero_point, qmin, qmax)`; the output
+    /// must be of type `ty`.
+    Requant {
+        /// 1 / output scale.
+        inv_scale: f32,
+        /// Output zero point.
+        zero_point: i32,
+        /// Output type.
+        ty: QType,
+    },
+}
+
+/// An epilogue program. `Epilogue::none()` just stores.
+///
+/// ```
+/// use codegen::kernels::{Epilogue, EpilogueOp};
+/// let bias = vec![0.5f32; 8];
+/// let ep = Epilogue::bias_gelu(&bias);
+/// assert_eq!(ep.ops(), &[EpilogueOp::Bias(&bias), EpilogueOp::GeluErf]);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Epilogue<'a> {
+    ops: Vec<EpilogueOp<'a>>,
+}
+
+/// The f32 GEMM epilogue is the same program type.
+pub type EpilogueF32<'a> = Epilogue<'a>;
+
+/// Where a GEMM result goes: element type, buffer and row stride.
+#[derive(Debug)]
+pub enum Output<'a> {
+    /// f32.
+    F32 {
+        /// Buffer, at least `(m−1)·ldc + n` elements.
+        c: &'a mut [f32],
+        /// Row stride.
+        ldc: usize,
+    },
+    /// bf16 bits (round to nearest even).
+    Bf16 {
+        /// Buffer.
+        c: &'a mut [u16],
+        /// Row stride.
+        ldc: usize,
+    },
+    /// u8 (needs a final `Requant { ty: U8 }`).
+    U8 {
+        /// Buffer.
+        c: &'a mut [u8],
+        /// Row stride.
+        ldc: usize,
+    },
+    /// s8 (needs a final `Requant { ty: S8 }`).
+    S8 {
+        /// Buffer.
+        c: &'a mut [i8],
+        /// Row stride.
+        ldc: usize,
+    },
+    /// The exact i32 product `Σ a·b` (int8 GEMM only, empty program only).
+    I32 {
+        /// Buffer.
+        c: &'a mut [i32],
+        /// Row stride.
+        ldc: usize,
+    },
+}
+
+impl Output<'_> {
+    fn len_ld(&self) -> (usize, usize) {
+        match self {
+            Output::F32 { c, ldc } => (c.len(), *ldc),
+            Output::Bf16 { c, ldc } => (c.len(), *ldc),
+            Output::U8 { c, ldc } => (c.len(), *ldc),
+            Output::S8 { c, ldc } => (c.len(), *ldc),
+            Output::I32 { c, ldc } => (c.len(), *ldc),
+        }
+    }
+
+    pub(crate) fn ptr(&mut self) -> OutPtr {
+        match self {
+            Output::F32 { c, ldc } => OutPtr::F32(c.as_mut_ptr(), *ldc),
+            Output::Bf16 { c, ldc } => OutPtr::Bf16(c.as_mut_ptr(), *ldc),
+            Output::U8 { c, ldc } => OutPtr::U8(c.as_mut_ptr(), *ldc),
+            Output::S8 { c, ldc } => OutPtr::S8(c.as_mut_ptr(), *ldc),
+            Output::I32 { c, ldc } => OutPtr::I32(c.as_mut_ptr(), *ldc),
+        }
+    }
+}
+
+/// Raw output pointer (absolute row/column addressing) shared by the worker threads, which
+/// write disjoint tiles.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OutPtr {
+    F32(*mut f32, usize),
+    Bf16(*mut u16, usize),
+    U8(*mut u8, usize),
+    S8(*mut i8, usize),
+    I32(*mut i32, usize),
+}
+// SAFETY: the drivers hand each thread a disjoint set of output elements.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// Source of a block: the i32 accumulator scratch or an f32 matrix (relative addressing: `ptr`
+/// is element (row0, col0) of the block).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Src {
+    I32(*const i32, usize),
+    F32(*const f32, usize),
+}
+
+/// Per-block context for int8 sources.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Int8Ctx<'c> {
+    /// Column sums of the weight, indexed by absolute column.
+    pub colsum: &'c [i32],
+    /// 128 when the activations were s8 (shifted to u8 inside the kernel), else 0.
+    pub shift: i32,
+}
+
+impl<'a> Epilogue<'a> {
+    /// Just store the result.
+    pub fn none() -> Self {
+        Self { ops: Vec::new() }
+    }
+
+    /// A program from micro-ops.
+    pub fn new(ops: Vec<EpilogueOp<'a>>) -> Self {
+        Self { ops }
+    }
+
+    /// `y + bias[n]`.
+    pub fn bias(bias: &'a [f32]) -> Self {
+        Self::new(vec![EpilogueOp::Bias(bias)])
+    }
+
+    /// `gelu_erf(y + bias[n])`.
+    pub fn bias_gelu(bias: &'a [f32]) -> Self {
+        Self::new(vec![EpilogueOp::Bias(bias), EpilogueOp::GeluErf])
+    }
+
+    /// `y + bias[n] + residual[row·ld + n]`.
+    pub fn bias_residual(bias: &'a [f32], residual: &'a [f32], ld: usize) -> Self {
+        Self::new(vec![
+            EpilogueOp::Bias(bias),
+            EpilogueOp::AddResidual { data: residual, ld },
+        ])
+    }
+
+    /// Appends one op.
+    pub fn then(mut self, op: EpilogueOp<'a>) -> Self {
+        self.ops.push(op);
+        self
+    }
+
+    /// The micro-ops.
+    pub fn ops(&self) -> &[EpilogueOp<'a>] {
+        &self.ops
+    }
+
+    /// Index of the first `LayerNorm`: ops before it can run per tile, the rest need whole rows.
+    pub(crate) fn row_split(&self) -> usize {
+        self.ops
+            .iter()
+            .position(|o| matches!(o, EpilogueOp::LayerNorm { .. }))
+            .unwrap_or(self.ops.len())
+    }
+
+    /// Checks the program against an `m × n` problem, the output and the GEMM kind.
+    pub fn validate(
+        &self,
+        m: usize,
+        n: usize,
+        out: &Output<'_>,
+        int8: bool,
+    ) -> Result<(), KernelError> {
+        let bad = |s: String| Err(KernelError::BadEpilogue(s));
+        let (len, ldc) = out.len_ld();
+        if m > 0 && n > 0 && (ldc < n || len < (m - 1) * ldc + n) {
+            return Err(KernelError::BadArgs(format!(
+                "output buffer {len} too small for {m}x{n} with ldc {ldc}"
+            )));
+        }
+        if matches!(out, Output::I32 { .. }) && (!int8 || !self.ops.is_empty()) {
+            return bad("i32 output is only for int8 GEMM with an empty program".into());
+        }
+        for (i, op) in self.ops.iter().enumerate() {
+            let last = i + 1 == self.ops.len();
+            match op {
+                EpilogueOp::Dequant {
+                    a_scale,
+                    a_zero,
+                    w_scale,
+                } => {
+                    if !int8 || i != 0 {
+                        return bad("Dequant must be the first op of an int8 program".into());
+                    }
+                    if !a_scale.len_ok(m) || !a_zero.len_ok(m) {
+                        return bad("per-row activation parameters shorter than m".into());
+                    }
+                    if w_scale.len() != 1 && w_scale.len() < n {
+                        return bad(format!(
+                            "w_scale has {} values, need 1 or {n}",
+                            w_scale.len()
+                        ));
+                    }
+                }
+                EpilogueOp::Bias(v) | EpilogueOp::MulCol(v) if v.len() < n => {
+                    return bad(format!(
+                        "per-column vector has {} values, need {n}",
+                        v.len()
+                    ));
+                }
+                EpilogueOp::AddResidual { data, ld } => {
+                    if m > 0 && n > 0 && (*ld < n || data.len() < (m - 1) * ld + n) {
+                        return bad("residual too small".into());
+                    }
+                }
+                EpilogueOp::LayerNorm { gamma, beta, .. } if gamma.len() < n || beta.len() < n => {
+                    return bad("LayerNorm gamma/beta shorter than n".into());
+                }
+                EpilogueOp::Requant { ty, .. } => {
+                    let ok = matches!(
+                        (ty, out),
+                        (QType::U8, Output::U8 { .. }) | (QType::S8, Output::S8 { .. })
+                    );
+                    if !last || !ok {
+                        return bad("Requant must be last and match a u8/s8 output".into());
+                    }
+                }
+                _ => {}
+            }
+        }
+        let ends_requant = matches!(self.ops.last(), Some(EpilogueOp::Requant { .. }));
+        if matches!(out, Output::U8 { .. } | Output::S8 { .. }) && !ends_requant {
+            return bad("u8/s8 output needs a final Requant".into());
+        }
+        Ok(())
+    }
+}
+
+/// Runs `ops` on the block `rows × cols` from `src` to `out`. `tmp` is scratch (grown as needed).
+///
+/// # Safety
+/// `src` must address `rows.len()` rows of `cols.len()` readable elements; `out` must address
+/// the absolute elements `rows × cols` writable and not concurrently accessed elsewhere; the
+/// program must have been validated for a problem that contains this block; `LayerNorm` ops
+/// require `cols` to be the full row.
+pub(crate) unsafe fn run_block(
+    ops: &[EpilogueOp<'_>],
+    int8: Option<Int8Ctx<'_>>,
+    src: Src,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    out: OutPtr,
+    tmp: &mut Vec<f32>,
+) {
+    if tmp.len() < cols.len() {
+        tmp.resize(cols.len(), 0.0);
+    }
+    let f = super::select::cpu_features();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if f.avx512 {
+            // SAFETY: the CPU supports AVX-512F/BW/VL and FMA (checked); caller upholds the rest.
+            return unsafe { run_block_avx512(ops, int8, src, rows, cols, out, tmp) };
+        }
+        if f.avx2_fma {
+            // SAFETY: the CPU supports AVX2 and FMA (checked); caller upholds the rest.
+            return unsafe { run_block_avx2(ops, int8, src, rows, cols, out, tmp) };
+        }
+    }
+    let _ = f;
+    // SAFETY: forwarded caller contract.
+    unsafe { run_block_generic(ops, int8, src, rows, cols, out, tmp) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn run_block_avx512(
+    ops: &[EpilogueOp<'_>],
+    int8: Option<Int8Ctx<'_>>,
+    src: Src,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    out: OutPtr,
+    tmp: &mut [f32],
+) {
+    // SAFETY: forwarded caller contract.
+    unsafe { run_block_generic(ops, int8, src, rows, cols, out, tmp) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn run_block_avx2(
+    ops: &[EpilogueOp<'_>],
+    int8: Option<Int8Ctx<'_>>,
+    src: Src,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    out: OutPtr,
+    tmp: &mut [f32],
+) {
+    // SAFETY: forwarded caller contract.
+    unsafe { run_block_generic(ops, int8, src, rows, cols, out, tmp) }
+}
+
+#[inline(always)]
+unsafe fn run_block_generic(
+    ops: &[EpilogueOp<'_>],
+    int8: Option<Int8Ctx<'_>>,
+    src: Src,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    out: OutPtr,
+    tmp: &mut [f32],
+) {
+    let w = cols.len();
+    let c0 = cols.start;
+    let y = &mut tmp[..w];
+    for (i, r) in rows.enumerate() {
+        let mut ops = ops;
+        match src {
+            Src::I32(p, ld) => {
+                // SAFETY: caller guarantees `w` readable i32 at row i of the block.
+                let acc = unsafe { std::slice::from_raw_parts(p.add(i * ld), w) };
+                let ctx = int8.expect("int8 source needs an Int8Ctx");
+                let cs = &ctx.colsum[c0..c0 + w];
+                if let OutPtr::I32(o, ldc) = out {
+                    // SAFETY: caller guarantees the output block is writable.
+                    let o = unsafe { std::slice::from_raw_parts_mut(o.add(r * ldc + c0), w) };
+                    for ((o, &a), &s) in o.iter_mut().zip(acc).zip(cs) {
+                        *o = a.wrapping_sub(ctx.shift.wrapping_mul(s));
+                    }
+                    continue;
+                }
+                if let Some(EpilogueOp::Dequant {
+                    a_scale,
+                    a_zero,
+                    w_scale,
+                }) = ops.first()
+                {
+                    let zp = ctx.shift + a_zero.at(r);
+                    let s = a_scale.at(r);
+                    if w_scale.len() == 1 {
+                        let s = s * w_scale[0];
+                        for ((y, &a), &c) in y.iter_mut().zip(acc).zip(cs) {
+                            *y = (a.wrapping_sub(zp.wrapping_mul(c))) as f32 * s;
+                        }
+                    } else {
+                        let ws = &w_scale[c0..c0 + w];
+                        for (((y, &a), &c), &ws) in y.iter_mut().zip(acc).zip(cs).zip(ws) {
+                            *y = (a.wrapping_sub(zp.wrapping_mul(c))) as f32 * (s * ws);
+                        }
+                    }
+                    ops = &ops[1..];
+                } else {
+                    for ((y, &a), &c) in y.iter_mut().zip(acc).zip(cs) {
+                        *y = a.wrapping_sub(ctx.shift.wrapping_mul(c)) as f32;
+                    }
+                }
+            }
+            Src::F32(p, ld) => {
+                // SAFETY: caller guarantees `w` readable f32 at row i of the block.
+                let s = unsafe { std::slice::from_raw_parts(p.add(i * ld), w) };
+                y.copy_from_slice(s);
+            }
+        }
+        for op in ops {
+            apply_op(op, r, c0, y);
+        }
+        // SAFETY: caller guarantees the output block is writable and exclusive to us.
+        unsafe { store_row(out, r, c0, y) };
+    }
+}
+
+#[inline(always)]
+fn apply_op(op: &EpilogueOp<'_>, r: usize, c0: usize, y: &mut [f32]) {
+    let w = y.len();
+    match *op {
+        EpilogueOp::Dequant { .. } => unreachable!("validated: Dequant only first on int8"),
+        EpilogueOp::Scale(s) => y.iter_mut().for_each(|v| *v *= s),
+        EpilogueOp::Bias(b) => y.iter_mut().zip(&b[c0..c0 + w]).for_each(|(v, b)| *v += b),
+        EpilogueOp::MulCol(s) => y.iter_mut().zip(&s[c0..c0 + w]).for_each(|(v, s)| *v *= s),
+        EpilogueOp::Relu => y.iter_mut().for_each(|v| *v = v.max(0.0)),
+        EpilogueOp::GeluErf => y.iter_mut().for_each(|v| *v = math::gelu_erf(*v)),
+        EpilogueOp::GeluTanh => y.iter_mut().for_each(|v| *v = math::gelu_tanh(*v)),
+        EpilogueOp::AddResidual { data, ld } => {
+            let row = &data[r * ld + c0..r * ld + c0 + w];
+            y.iter_mut().zip(row).for_each(|(v, x)| *v += x);
+        }
+        EpilogueOp::LayerNorm { gamma, beta, eps } => {
+            debug_assert_eq!(c0, 0);
+            let mean = sum_f32(y) / w as f32;
+            y.iter_mut().for_each(|v| *v -= mean);
+            let var = sum_sq_f32(y) / w as f32;
+            let inv = 1.0 / (var + eps).sqrt();
+            for ((v, g), b) in y.iter_mut().zip(&gamma[..w]).zip(&beta[..w]) {
+                *v = (*v * inv).mul_add(*g, *b);
+            }
+        }
+        EpilogueOp::Requant {
+            inv_scale,
+            zero_point,
+            ty,
+        } => {
+            let (lo, hi) = ty.range();
+            let zp = zero_point as f32;
+            y.iter_mut()
+                .for_each(|v| *v = ((*v * inv_scale).round_ties_even() + zp).clamp(lo, hi));
+        }
+    }
+}
+
+/// Sum with 16 independent lanes (vectorisable, deterministic order).
+#[inline(always)]
+pub(crate) fn sum_f32(y: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut ch = y.chunks_exact(16);
+    for c in &mut ch {
+        for j in 0..16 {
+            acc[j] += c[j];
+        }
+    }
+    for (j, v) in ch.remainder().iter().enumerate() {
+        acc[j] += v;
+    }
+    acc.iter().sum()
+}
+
+#[inline(always)]
+fn sum_sq_f32(y: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut ch = y.chunks_exact(16);
+    for c in &mut ch {
+        for j in 0..16 {
+            acc[j] = c[j].mul_add(c[j], acc[j]);
+        }
+    }
+    for (j, v) in ch.remainder().iter().enumerate() {
+        acc[j] = v.mul_add(*v, acc[j]);
+    }
+    acc.iter().sum()
+}
+
+#[inline(always)]
+unsafe fn store_row(out: OutPtr, r: usize, c0: usize, y: &[f32]) {
+    let w = y.len();
+    // SAFETY (all arms): the caller guarantees the w elements at (r, c0) are writable.
+    match out {
+        OutPtr::F32(p, ld) => {
+            unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) }.copy_from_slice(y)
+        }
+        OutPtr::Bf16(p, ld) => {
+            let o = unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) };
+            o.iter_mut()
+                .zip(y)
+                .for_each(|(o, v)| *o = math::f32_to_bf16(*v));
+        }
+        OutPtr::U8(p, ld) => {
+            let o = unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) };
+            o.iter_mut().zip(y).for_each(|(o, v)| *o = *v as u8);
+        }
+        OutPtr::S8(p, ld) => {
+            let o = unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) };
+            o.iter_mut().zip(y).for_each(|(o, v)| *o = *v as i8);
+        }
+        OutPtr::I32(p, ld) => {
+            let o = unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) };
+            o.iter_mut().zip(y).for_each(|(o, v)| *o = *v as i32);
+        }
+    }
+}
+
+/// Reference evaluation of a program on one value (f64 where it matters), for tests: `acc` is
+/// the exact integer product for int8 (with `colsum` of the column) or the f32 GEMM value.
+pub fn reference_eval(
+    ops: &[EpilogueOp<'_>],
+    row: usize,
+    col: usize,
+    acc: f64,
+    colsum: i32,
+    row_vals: Option<&[f64]>,
+) -> f64 {
+    let mut y = acc;
+    for op in ops {
+        y = match *op {
+            EpilogueOp::Dequant {
+                a_scale,
+                a_zero,
+                w_scale,
+            } => {
+                let ws = if w_scale.len() == 1 {
+                    w_scale[0]
+                } else {
+                    w_scale[col]
+                };
+                (acc - a_zero.at(row) as f64 * colsum as f64) * (a_scale.at(row) as f64 * ws as f64)
+            }
+            EpilogueOp::Scale(s) => y * s as f64,
+            EpilogueOp::Bias(b) => y + b[col] as f64,
+            EpilogueOp::MulCol(s) => y * s[col] as f64,
+            EpilogueOp::Relu => y.max(0.0),
+            EpilogueOp::GeluErf => 0.5 * y * erfc_f64(-y / std::f64::consts::SQRT_2),
+            EpilogueOp::GeluTanh => {
+                let u = (2.0 / std::f64::consts::PI).sqrt() * (y + 0.044715 * y * y * y);
+                0.5 * y * (1.0 + u.tanh())
+            }
+            EpilogueOp::AddResidual { data, ld } => y + data[row * ld + col] as f64,
+            EpilogueOp::LayerNorm { gamma, beta, eps } => {
+                let v = row_vals.expect("LayerNorm reference needs the whole row");
+                let n = v.len() as f64;
+                let mean = v.iter().sum::<f64>() / n;
+                let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n;
+                (y - mean) / (var + eps as f64).sqrt() * gamma[col] as f64 + beta[col] as f64
+            }
+            EpilogueOp::Requant {
+                inv_scale,
+                zero_point,
+                ty,
+            } => {
+                let (lo, hi) = ty.range();
+                ((y as f32 * inv_scale).round_ties_even() as f64 + zero_point as f64)
+                    .clamp(lo as f64, hi as f64)
+            }
+        };
+    }
+    y
+}
+
+/// erfc in f64 (W. J. Cody's rational approximations via the continued fraction is overkill here;
+/// this uses erfc = 1 − erf for small |x| and a Lentz continued fraction for large |x|), accurate
+/// to ~1e-15 relative; used only as the test oracle.
+pub fn erfc_f64(x: f64) -> f64 {
+    if x < 0.0 {
+        return 2.0 - erfc_f64(-x);
+    }
+    if x < 2.0 {
+        // Maclaurin series of erf.
+        let mut sum = x;
+        let mut term = x;
+        let x2 = x * x;
+        let mut n = 0.0;
+        loop {
+            n += 1.0;
+            term *= -x2 / n;
+            let t = term / (2.0 * n + 1.0);
+            sum += t;
+            if t.abs() < 1e-17 * sum.abs() {
+                break;
+            }
+        }
+        1.0 - sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        // Continued fraction: erfc(x) = exp(-x²)/√π · 1/(x + 1/2/(x + 1/(x + 3/2/(x + ...)))).
+        let mut f = x;
+        for k in (1..200).rev() {
+            f = x + (k as f64 / 2.0) / f;
+        }
+        (-x * x).exp() / std::f64::consts::PI.sqrt() / f
+    }
+}

@@ -1,0 +1,435 @@
+//! FP32 GEMM: `C = A·B` then an [`Epilogue`], with B prepacked once ([`PackedF32`]) and A packed
+//! on the fly per cache block.
+//!
+//! Data path: `A[m×k]` → packed `MR`-row micro-panels (per `mc×kc` block, thread-local buffer) →
+//! microkernel (`avx512` 12×32, `avx2` 6×16, `scalar` 4×16) with B micro-panels `kc×NR` →
+//! `C` (accumulated across `kc` blocks) → epilogue on each `mc×nc` block while it is in cache.
+//!
+//! Threads: the packed panels of N are split into `threads` contiguous slices and part `t`
+//! always computes slice `t` (weight-stationary). When N has fewer panels than threads, M is split.
+
+pub mod avx2;
+pub mod avx512;
+pub mod scalar;
+
+use super::buf::AlignedBuf;
+use super::epilogue::{run_block, Epilogue, EpilogueOp, OutPtr, Output, Src};
+use super::pool::{max_threads, parallel_for, split_range};
+use super::select::{cache_sizes, pick_f32, F32Kernel};
+use std::cell::RefCell;
+
+type UKernel = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, usize, usize, bool);
+
+struct KernelInfo {
+    mr: usize,
+    nr: usize,
+    run: UKernel,
+}
+
+fn info(k: F32Kernel) -> KernelInfo {
+    match k {
+        #[cfg(target_arch = "x86_64")]
+        F32Kernel::Avx512 => KernelInfo {
+            mr: avx512::MR,
+            nr: avx512::NR,
+            run: avx512::ukernel,
+        },
+        #[cfg(target_arch = "x86_64")]
+        F32Kernel::Avx2 => KernelInfo {
+            mr: avx2::MR,
+            nr: avx2::NR,
+            run: avx2::ukernel,
+        },
+        _ => KernelInfo {
+            mr: scalar::MR,
+            nr: scalar::NR,
+            run: scalar::ukernel,
+        },
+    }
+}
+
+/// Weight `B` packed for one f32 kernel: panels of `NR` columns, each `k × NR` row-major
+/// (k-major), zero-padded past `n`, 64-byte aligned.
+///
+/// ```
+/// use codegen::kernels::{gemm_f32, EpilogueF32, PackedF32};
+/// // A = [[1, 2]], B = [[1, 0, 2], [0, 1, 3]] (k = 2, n = 3)
+/// let b = PackedF32::pack(&[1., 0., 2., 0., 1., 3.], 2, 3, false);
+/// let mut c = [0f32; 3];
+/// gemm_f32(1, &[1., 2.], 2, &b, &mut c, 3, &EpilogueF32::none(), 1);
+/// assert_eq!(c, [1., 2., 8.]);
+/// ```
+#[derive(Debug, Clone)]
+pub struct PackedF32 {
+    k: usize,
+    n: usize,
+    kernel: F32Kernel,
+    nr: usize,
+    data: AlignedBuf<f32>,
+}
+
+impl PackedF32 {
+    /// Packs B, which is `[k, n]` row-major (`b_is_transposed == false`) or `[n, k]` row-major
+    /// (`true`, as in Gemm transB / nn.Linear weights), for the kernel [`pick_f32`] chooses.
+    ///
+    /// Panics if `b` is shorter than `k·n`.
+    pub fn pack(b: &[f32], k: usize, n: usize, b_is_transposed: bool) -> PackedF32 {
+        let ld = if b_is_transposed { k } else { n };
+        Self::pack_strided(pick_f32(), b, k, n, ld, b_is_transposed)
+    }
+
+    /// Packs for an explicit kernel with an explicit row stride `ldb` of the source.
+    ///
+    /// Panics if `b` is too short for the shape and stride, or the CPU lacks the kernel.
+    pub fn pack_strided(
+        kernel: F32Kernel,
+        b: &[f32],
+        k: usize,
+        n: usize,
+        ldb: usize,
+        b_is_transposed: bool,
+    ) -> PackedF32 {
+        assert!(
+            kernel.is_supported(),
+            "f32 kernel {} not supported on this CPU",
+            kernel.name()
+        );
+        let (rows, cols) = if b_is_transposed { (n, k) } else { (k, n) };
+        assert!(ldb >= cols, "ldb {ldb} < row length {cols}");
+        if rows > 0 && cols > 0 {
+            assert!(b.len() >= (rows - 1) * ldb + cols, "B slice too short");
+        }
+        let nr = info(kernel).nr;
+        let panels = n.div_ceil(nr);
+        let mut data = AlignedBuf::zeroed(panels * k * nr);
+        for p in 0..panels {
+            let dst = &mut data[p * k * nr..(p + 1) * k * nr];
+            let jn = nr.min(n - p * nr);
+            for kk in 0..k {
+                let row = &mut dst[kk * nr..kk * nr + jn];
+                for (j, d) in row.iter_mut().enumerate() {
+                    let col = p * nr + j;
+                    *d = if b_is_transposed {
+                        b[col * ldb + kk]
+                    } else {
+                        b[kk * ldb + col]
+                    };
+                }
+            }
+        }
+        PackedF32 {
+            k,
+            n,
+            kernel,
+            nr,
+            data,
+        }
+    }
+
+    /// Depth (rows of B).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Output columns.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// The kernel this packing is for.
+    pub fn kernel(&self) -> F32Kernel {
+        self.kernel
+    }
+}
+
+/// Cache blocking for one kernel.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Blocking {
+    pub kc: usize,
+    pub mc: usize,
+    pub nc_panels: usize,
+}
+
+fn blocking(mr: usize, nr: usize, elem: usize) -> Blocking {
+    let c = cache_sizes();
+    // B micro-panel (kc×NR) in half of L1, A block (mc×kc) in a quarter of L2, B block
+    // (kc×nc) in half of L2.
+    let kc = ((c.l1d / 2) / (nr * elem)).clamp(64, 1024) / 16 * 16;
+    let mc = ((c.l2 / 4) / (kc * elem)).clamp(mr, 4096) / mr * mr;
+    let nc_panels = ((c.l2 / 2) / (kc * nr * elem)).max(1);
+    Blocking { kc, mc, nc_panels }
+}
+
+thread_local! {
+    static APACK: RefCell<AlignedBuf<f32>> = RefCell::new(AlignedBuf::zeroed(0));
+    static EPI_TMP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: the driver gives each part a disjoint set of C elements.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+/// C[m×n] (row stride ldc) = A[m×k] (row stride lda) × B, then the epilogue (bias etc).
+/// `threads` = how many threads may be used (1 or more; capped at the machine's parallelism).
+///
+/// Numerics: each C element is an FMA chain over k in blocks of `kc` (the block sums are added
+/// in order), so results match a naive f32 dot product to about `k·2⁻²⁴·Σ|a·b|`.
+///
+/// Panics if a slice is too short, `lda < k`, `ldc < n`, or the epilogue is invalid for f32
+/// (a `Dequant` or `Requant` op).
+///
+/// ```
+/// use codegen::kernels::{gemm_f32, EpilogueF32, PackedF32};
+/// let (m, k, n) = (3, 4, 5);
+/// let a = vec![1.0f32; m * k];
+/// let w = vec![0.5f32; n * k]; // [n, k], like nn.Linear
+/// let b = PackedF32::pack(&w, k, n, true);
+/// let bias = vec![1.0f32; n];
+/// let mut c = vec![0f32; m * n];
+/// gemm_f32(m, &a, k, &b, &mut c, n, &EpilogueF32::bias(&bias), 2);
+/// assert!(c.iter().all(|&v| v == 3.0));
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedF32,
+    c: &mut [f32],
+    ldc: usize,
+    epilogue: &Epilogue<'_>,
+    threads: usize,
+) {
+    let (k, n) = (b.k, b.n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        lda >= k && (k == 0 || a.len() >= (m - 1) * lda + k),
+        "A too short for {m}x{k} (lda {lda})"
+    );
+    let out = Output::F32 { c, ldc };
+    if let Err(e) = epilogue.validate(m, n, &out, false) {
+        panic!("gemm_f32: {e}");
+    }
+    let Output::F32 { c, .. } = out else {
+        unreachable!()
+    };
+    let ki = info(b.kernel);
+    let (mr, nr) = (ki.mr, ki.nr);
+    let panels = n.div_ceil(nr);
+    let threads = threads.clamp(1, max_threads());
+    let split_n = panels >= threads;
+    let parts = if split_n {
+        threads
+    } else {
+        threads.min(m.div_ceil(mr))
+    };
+    let blk = blocking(mr, nr, 4);
+    let ops = epilogue.ops();
+    let split = epilogue.row_split();
+    let tile_spans_row = (parts == 1 || !split_n) && blk.nc_panels >= panels;
+    let tile_ops: &[EpilogueOp<'_>] = if tile_spans_row { ops } else { &ops[..split] };
+    let cp = SendPtr(c.as_mut_ptr());
+    let body = |t: usize| {
+        let (rows, pans) = if split_n {
+            (0..m, split_range(panels, parts, t))
+        } else {
+            let r = split_range(m.div_ceil(mr), parts, t);
+            (r.start * mr..(r.end * mr).min(m), 0..panels)
+        };
+        APACK.with_borrow_mut(|apack| {
+            EPI_TMP.with_borrow_mut(|tmp| {
+                // SAFETY: rows × pans is this part's disjoint region of C; A and B bounds were
+                // checked above; the kernel is supported (checked at pack time).
+                unsafe {
+                    compute_part(
+                        &ki,
+                        &blk,
+                        k,
+                        n,
+                        a.as_ptr(),
+                        lda,
+                        b,
+                        cp,
+                        ldc,
+                        rows,
+                        pans,
+                        tile_ops,
+                        apack,
+                        tmp,
+                    )
+                }
+            })
+        });
+    };
+    parallel_for(parts, &body);
+    if !tile_spans_row && split < ops.len() {
+        let row_ops = &ops[split..];
+        let parts = threads.min(m);
+        parallel_for(parts, &|t| {
+            let rows = split_range(m, parts, t);
+            let cp = cp;
+            EPI_TMP.with_borrow_mut(|tmp| {
+                // SAFETY: each part owns whole rows `rows` of C, which were fully computed.
+                unsafe {
+                    run_block(
+                        row_ops,
+                        None,
+                        Src::F32(cp.0.add(rows.start * ldc), ldc),
+                        rows,
+                        0..n,
+                        OutPtr::F32(cp.0, ldc),
+                        tmp,
+                    )
+                }
+            });
+        });
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn compute_part(
+    ki: &KernelInfo,
+    blk: &Blocking,
+    k: usize,
+    n: usize,
+    a: *const f32,
+    lda: usize,
+    b: &PackedF32,
+    c: SendPtr,
+    ldc: usize,
+    rows: std::ops::Range<usize>,
+    pans: std::ops::Range<usize>,
+    tile_ops: &[EpilogueOp<'_>],
+    apack: &mut AlignedBuf<f32>,
+    tmp: &mut Vec<f32>,
+) {
+    let (mr, nr) = (ki.mr, ki.nr);
+    if rows.is_empty() || pans.is_empty() {
+        return;
+    }
+    let kc_max = blk.kc.min(k.max(1));
+    let mc_max = blk.mc.min(rows.len().div_ceil(mr) * mr);
+    apack.ensure(mc_max * kc_max);
+    let k_blocks = k.div_ceil(kc_max).max(1);
+    let mut pn0 = pans.start;
+    while pn0 < pans.end {
+        let pn1 = (pn0 + blk.nc_panels).min(pans.end);
+        for kb in 0..k_blocks {
+            let k0 = kb * kc_max;
+            let kcl = kc_max.min(k - k0.min(k));
+            let mut m0 = rows.start;
+            while m0 < rows.end {
+                let mcl = mc_max.min(rows.end - m0);
+                let mpan = mcl.div_ceil(mr);
+                // Pack A[m0.., k0..] into MR-row micro-panels, k-major, zero rows past m.
+                for ip in 0..mpan {
+                    let dst = &mut apack[ip * mr * kcl..(ip + 1) * mr * kcl];
+                    for i in 0..mr {
+                        let r = m0 + ip * mr + i;
+                        if r < m0 + mcl {
+                            // SAFETY: r < m and k0 + kcl ≤ k, inside A (checked by the caller).
+                            let src =
+                                unsafe { std::slice::from_raw_parts(a.add(r * lda + k0), kcl) };
+                            for (kk, v) in src.iter().enumerate() {
+                                dst[kk * mr + i] = *v;
+                            }
+                        } else {
+                            for kk in 0..kcl {
+                                dst[kk * mr + i] = 0.0;
+                            }
+                        }
+                    }
+                }
+                for p in pn0..pn1 {
+                    let nv = nr.min(n - p * nr);
+                    // SAFETY: the panel holds k·nr floats; k0 + kcl ≤ k.
+                    let bp = unsafe { b.data.as_ptr().add(p * k * nr + k0 * nr) };
+                    for ip in 0..mpan {
+                        let mv = mr.min(mcl - ip * mr);
+                        // SAFETY: A micro-panel has mr·kcl floats, B micro-panel kcl·nr; the C
+                        // tile (mv × nv at row m0+ip·mr, column p·nr) is inside this part's region.
+                        unsafe {
+                            (ki.run)(
+                                kcl,
+                                apack.as_ptr().add(ip * mr * kcl),
+                                bp,
+                                c.0.add((m0 + ip * mr) * ldc + p * nr),
+                                ldc,
+                                mv,
+                                nv,
+                                kb > 0,
+                            )
+                        };
+                    }
+                }
+                if kb + 1 == k_blocks && !tile_ops.is_empty() {
+                    let cols = pn0 * nr..(pn1 * nr).min(n);
+                    // SAFETY: this block of C is finished and owned by this part.
+                    unsafe {
+                        run_block(
+                            tile_ops,
+                            None,
+                            Src::F32(c.0.add(m0 * ldc + cols.start), ldc),
+                            m0..m0 + mcl,
+                            cols,
+                            OutPtr::F32(c.0, ldc),
+                            tmp,
+                        )
+                    };
+                }
+                m0 += mcl;
+            }
+        }
+        pn0 = pn1;
+    }
+}
+
+/// For B that is not a constant (e.g. attention Q·Kᵀ, P·V): strides given, packs internally.
+/// `C = alpha · A·B`. B is `[k, n]` with row stride `ldb`, or `[n, k]` with row stride `ldb`
+/// when `b_is_transposed`.
+///
+/// ```
+/// use codegen::kernels::gemm_f32_unpacked;
+/// // Q·Kᵀ with Q = [[1, 0]], K = [[1, 0], [0, 1], [2, 2]] → [[1, 0, 2]] · 0.5
+/// let mut c = [0f32; 3];
+/// gemm_f32_unpacked(1, 3, 2, &[1., 0.], 2, &[1., 0., 0., 1., 2., 2.], 2, true, &mut c, 3, 0.5, 1);
+/// assert_eq!(c, [0.5, 0.0, 1.0]);
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32_unpacked(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    b_is_transposed: bool,
+    c: &mut [f32],
+    ldc: usize,
+    alpha: f32,
+    threads: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let packed = PackedF32::pack_strided(pick_f32(), b, k, n, ldb, b_is_transposed);
+    let ep = if alpha == 1.0 {
+        Epilogue::none()
+    } else {
+        Epilogue::new(vec![EpilogueOp::Scale(alpha)])
+    };
+    gemm_f32(m, a, lda, &packed, c, ldc, &ep, threads);
+}
+
+/// [`gemm_f32`] with a given kernel (re-packs nothing: `b` must have been packed for `kernel`).
+/// Used by tests and `hwbench`.
+#[doc(hidden)]
+pub fn kernel_of(b: &PackedF32) -> F32Kernel {
+    b.kernel
+}

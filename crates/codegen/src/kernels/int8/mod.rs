@@ -1,0 +1,3 @@
+//! INT8 GEMM (u8 × s8 → i32).
+
+pub mod amx;

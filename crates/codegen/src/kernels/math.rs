@@ -1,0 +1,133 @@
+//! Branch-free f32 elementary functions for the epilogue.
+//!
+//! They are written as plain scalar code with `mul_add` and selects so that LLVM vectorises the
+//! epilogue loops that call them (the loops are compiled once per ISA with `#[target_feature]`);
+//! the scalar and vector results are therefore computed by the same sequence of IEEE operations.
+//!
+//! Accuracy (tested against f64 in `tests/epilogue.rs`):
+//! * [`exp`]: ≤ 2 ulp on [-87, 88].
+//! * [`gelu_erf`]: relative error ≤ 1e-6 wherever the result is a normal f32 (|gelu(x)| ≥ 1e-30,
+//!   i.e. x ≥ -13); it uses `erfc` for both signs so there is no cancellation in `1 + erf`.
+//! * [`gelu_tanh`]: relative error ≤ 1e-6 for x ≥ -5 and ≤ 2e-5 below (the f32 rounding of the
+//!   cubic argument is amplified by exp there), absolute error ≤ 1e-30 everywhere.
+
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+/// ln 2 split so that `n * LN2_HI` is exact for |n| < 2^15 (Cody–Waite).
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+
+/// `2^n` for integral `n` in [-126, 127] given as f32.
+#[inline(always)]
+fn pow2i(n: f32) -> f32 {
+    f32::from_bits((((n as i32) + 127) as u32) << 23)
+}
+
+/// `exp(a + b)` where `a` is exact and may be large and `b` is small (|b| ≲ 2); the reduction
+/// subtracts `n·ln2` from `a` before adding `b`, so the rounding of `a + b` does not leak into
+/// the result. Returns 0 below about -87.3 and +inf above 88.7.
+#[inline(always)]
+pub fn exp_sum(a: f32, b: f32) -> f32 {
+    let x = a + b;
+    let n = (x * LOG2E).round_ties_even().clamp(-126.0, 127.0);
+    let r = ((a - n * LN2_HI) - n * LN2_LO) + b;
+    let r2 = r * r;
+    let mut p = 1.987_569_1e-4f32;
+    p = p.mul_add(r, 1.398_199_9e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 5.000_000_1e-1);
+    let e = p.mul_add(r2, r) + 1.0;
+    let y = e * pow2i(n);
+    let y = if x < -87.336_55 { 0.0 } else { y };
+    if x > 88.722_83 {
+        f32::INFINITY
+    } else {
+        y
+    }
+}
+
+/// `exp(x)`, ≤ 2 ulp on the normal range.
+///
+/// ```
+/// let e = codegen::kernels::math::exp(1.0);
+/// assert!((e - std::f32::consts::E).abs() < 1e-6);
+/// ```
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    exp_sum(x, 0.0)
+}
+
+/// GELU with the exact (erf) formulation, `x · Φ(x) = x/2 · erfc(-x/√2)`.
+///
+/// `erfc(z) = t·exp(-z² + P(t))`, `t = 1/(1 + z/2)` (Numerical Recipes' Chebyshev fit, relative
+/// error 1.2e-7), with `z² = x²/2` split into an exact head and tail by an FMA.
+///
+/// ```
+/// let g = codegen::kernels::math::gelu_erf(1.0);
+/// assert!((g - 0.841_344_7).abs() < 1e-6);
+/// ```
+#[inline(always)]
+pub fn gelu_erf(x: f32) -> f32 {
+    let ax = x.abs();
+    let z = ax * std::f32::consts::FRAC_1_SQRT_2;
+    let t = 1.0 / (0.5f32).mul_add(z, 1.0);
+    let mut p = 0.170_872_77f32;
+    p = p.mul_add(t, -0.822_152_23);
+    p = p.mul_add(t, 1.488_515_87);
+    p = p.mul_add(t, -1.135_203_98);
+    p = p.mul_add(t, 0.278_868_07);
+    p = p.mul_add(t, -0.186_288_06);
+    p = p.mul_add(t, 0.096_784_18);
+    p = p.mul_add(t, 0.374_091_96);
+    p = p.mul_add(t, 1.000_023_68);
+    p = p.mul_add(t, -1.265_512_23);
+    let hi = ax * ax;
+    let lo = ax.mul_add(ax, -hi);
+    let erfc = t * exp_sum(-0.5 * hi, p - 0.5 * lo);
+    let half = 0.5 * erfc;
+    let phi = if x < 0.0 { half } else { 1.0 - half };
+    x * phi
+}
+
+/// GELU with the tanh approximation, `x/2 · (1 + tanh(√(2/π)(x + 0.044715x³)))`, computed as
+/// `x / (1 + exp(-2u))` (no cancellation for negative x).
+///
+/// ```
+/// let g = codegen::kernels::math::gelu_tanh(1.0);
+/// assert!((g - 0.841_192).abs() < 1e-5);
+/// ```
+#[inline(always)]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const C: f32 = 0.797_884_6; // sqrt(2/pi)
+    let x2 = x * x;
+    let u = C * x * (0.044_715f32).mul_add(x2, 1.0);
+    let e = exp(-2.0 * u);
+    let y = x / (1.0 + e);
+    if e == f32::INFINITY {
+        0.0 * x
+    } else {
+        y
+    }
+}
+
+/// f32 → bf16 bits, round to nearest even; NaN stays NaN.
+///
+/// ```
+/// assert_eq!(codegen::kernels::math::f32_to_bf16(1.0), 0x3f80);
+/// ```
+#[inline(always)]
+pub fn f32_to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let r = b.wrapping_add(0x7fff + ((b >> 16) & 1));
+    if x.is_nan() {
+        ((b >> 16) as u16) | 0x40
+    } else {
+        (r >> 16) as u16
+    }
+}
+
+/// bf16 bits → f32 (exact).
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}

@@ -1,0 +1,211 @@
+//! A persistent thread pool for the GEMM drivers.
+//!
+//! Worker `t` (1-based; the calling thread is part 0) is a long-lived OS thread. The drivers
+//! give part `t` the same column slice of a weight on every call ("weight-stationary"), so the
+//! slice a worker touched last time is still in its private L2 the next time.
+//!
+//! Workers spin for a short while after each job (GEMMs in an encoder come back to back), then
+//! park. Set `ENCORE_PIN=1` to pin worker `t` to CPU `t` (the caller is left unpinned).
+
+use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+type Job = *const (dyn Fn(usize) + Sync);
+
+struct Slot {
+    seq: AtomicU64,
+    done: AtomicU64,
+    sleeping: AtomicBool,
+    panicked: AtomicBool,
+    job: UnsafeCell<Option<Job>>,
+}
+
+// SAFETY: `job` is written only by the dispatcher while it holds the pool lock and before it
+// publishes `seq` (Release); the worker reads it only after observing the new `seq` (Acquire)
+// and the dispatcher does not touch it again until the worker publishes `done`.
+unsafe impl Sync for Slot {}
+// SAFETY: see above; the raw job pointer is only dereferenced under that protocol.
+unsafe impl Send for Slot {}
+
+struct Worker {
+    slot: Arc<Slot>,
+    thread: Thread,
+}
+
+/// The process-wide pool. Use [`parallel_for`].
+struct Pool {
+    workers: Mutex<Vec<Worker>>,
+}
+
+const SPIN: Duration = Duration::from_micros(200);
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| Pool {
+        workers: Mutex::new(Vec::new()),
+    })
+}
+
+/// The most threads worth using: the machine's available parallelism.
+pub fn max_threads() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    })
+}
+
+fn pin_to_cpu(cpu: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it; sched_setaffinity(0, ...)
+        // only affects the calling thread and reads the set we pass by pointer.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu % libc::CPU_SETSIZE as usize, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cpu;
+}
+
+fn worker_main(index: usize, slot: Arc<Slot>) {
+    if std::env::var("ENCORE_PIN").is_ok_and(|v| v == "1") {
+        pin_to_cpu(index);
+    }
+    let mut seen = 0u64;
+    loop {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let s = slot.seq.load(Ordering::Acquire);
+            if s != seen {
+                seen = s;
+                break;
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 256 != 0 || start.elapsed() < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            slot.sleeping.store(true, Ordering::SeqCst);
+            if slot.seq.load(Ordering::SeqCst) == seen {
+                std::thread::park();
+            }
+            slot.sleeping.store(false, Ordering::SeqCst);
+        }
+        // SAFETY: we observed the new seq with Acquire, so the dispatcher's write of `job`
+        // happened before; the dispatcher keeps the closure alive until we publish `done`.
+        let job = unsafe { (*slot.job.get()).expect("job published with seq") };
+        // SAFETY: as above: the pointee outlives this call (the dispatcher waits for `done`).
+        let f = unsafe { &*job };
+        if catch_unwind(AssertUnwindSafe(|| f(index))).is_err() {
+            slot.panicked.store(true, Ordering::Release);
+        }
+        slot.done.store(seen, Ordering::Release);
+    }
+}
+
+fn spawn_worker(index: usize) -> Worker {
+    let slot = Arc::new(Slot {
+        seq: AtomicU64::new(0),
+        done: AtomicU64::new(0),
+        sleeping: AtomicBool::new(false),
+        panicked: AtomicBool::new(false),
+        job: UnsafeCell::new(None),
+    });
+    let s2 = slot.clone();
+    let handle = std::thread::Builder::new()
+        .name(format!("encore-gemm-{index}"))
+        .spawn(move || worker_main(index, s2))
+        .expect("spawning a GEMM worker thread");
+    Worker {
+        slot,
+        thread: handle.thread().clone(),
+    }
+}
+
+/// Runs `f(0)`, `f(1)`, …, `f(parts - 1)`, part 0 on the calling thread and part `t` on
+/// persistent worker `t`, and returns when all are done. A panic in any part is re-raised here.
+///
+/// If the pool is busy (another thread is dispatching, or this is a nested call from inside a
+/// part), all parts run one after another on the calling thread; the result is the same.
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// let sum = AtomicUsize::new(0);
+/// codegen::kernels::pool::parallel_for(2, &|t| { sum.fetch_add(t + 1, Ordering::Relaxed); });
+/// assert_eq!(sum.load(Ordering::Relaxed), 3);
+/// ```
+pub fn parallel_for(parts: usize, f: &(dyn Fn(usize) + Sync)) {
+    if parts <= 1 {
+        if parts == 1 {
+            f(0);
+        }
+        return;
+    }
+    let Ok(mut workers) = pool().workers.try_lock() else {
+        (0..parts).for_each(f);
+        return;
+    };
+    while workers.len() < parts - 1 {
+        let w = spawn_worker(workers.len() + 1);
+        workers.push(w);
+    }
+    // SAFETY: erasing the lifetime is sound because we wait below (even if part 0 panics) until
+    // every worker has published `done` for this job, so no worker uses `f` after we return.
+    let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(f) };
+    let mut seqs = Vec::with_capacity(parts - 1);
+    for w in &workers[..parts - 1] {
+        // SAFETY: the worker is idle (its done == seq from the previous round, which we waited
+        // for), and we hold the pool lock, so nobody else reads or writes `job` now.
+        unsafe { *w.slot.job.get() = Some(job) };
+        let s = w.slot.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        if w.slot.sleeping.load(Ordering::SeqCst) {
+            w.thread.unpark();
+        }
+        seqs.push(s);
+    }
+    let r0 = catch_unwind(AssertUnwindSafe(|| f(0)));
+    let mut panicked = false;
+    for (w, s) in workers[..parts - 1].iter().zip(seqs) {
+        let mut spins = 0u32;
+        while w.slot.done.load(Ordering::Acquire) != s {
+            spins = spins.wrapping_add(1);
+            if spins < 1 << 16 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        panicked |= w.slot.panicked.swap(false, Ordering::AcqRel);
+    }
+    drop(workers);
+    if let Err(p) = r0 {
+        resume_unwind(p);
+    }
+    if panicked {
+        panic!("a GEMM worker thread panicked");
+    }
+}
+
+/// Splits `0..total` units into `parts` contiguous ranges, as even as possible; part `t` always
+/// gets the same range for the same `(total, parts)`.
+///
+/// ```
+/// assert_eq!(codegen::kernels::pool::split_range(10, 3, 0), 0..4);
+/// assert_eq!(codegen::kernels::pool::split_range(10, 3, 2), 7..10);
+/// ```
+pub fn split_range(total: usize, parts: usize, t: usize) -> std::ops::Range<usize> {
+    let base = total / parts;
+    let rem = total % parts;
+    let start = t * base + t.min(rem);
+    let len = base + usize::from(t < rem);
+    start..start + len
+}
