@@ -1,3 +1,163 @@
 //! ONNX import into the encore IR.
+//!
+//! [`import_path`] memory-maps a `.onnx` file and turns it into an [`ir::Graph`]; the weights are
+//! not copied: every initializer stored as `raw_data` (or in an external data file) becomes an
+//! [`ir::Tensor`] whose bytes are a slice of the mapping.
+//!
+//! ```no_run
+//! let graph = frontend_onnx::import_path("model.onnx")?;
+//! graph.verify()?;
+//! println!("{}", ir::text::print(&graph)?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! What is imported: the default ONNX domain (`""` or `ai.onnx`) at opsets 11 to 21, and the ops a
+//! BERT-family encoder exported by torch or optimum contains (see the match in `ops.rs`). Anything
+//! else is an [`ImportError::UnsupportedOp`] naming the node, op, domain and opset, never a
+//! silently different graph. Output dtypes are computed per the ONNX rules; output shapes are
+//! taken from the model's `value_info` and graph outputs where present, otherwise left unknown
+//! for shape inference (a pass) to fill in.
+//!
+//! # Why prost, and not `onnx-protobuf` or generated code
+//!
+//! The messages in [`proto`] are written out with `#[derive(prost::Message)]`, so there is no
+//! `protoc`, no build script and no generated file to keep in sync, and the crate builds offline
+//! anywhere. More importantly, prost can type `bytes` fields as [`bytes::Bytes`]: decoding from a
+//! `Bytes` that owns a memory map makes `TensorProto.raw_data` a slice of that map instead of a
+//! fresh `Vec<u8>`. The `onnx-protobuf` crate (rust-protobuf) decodes into `Vec<u8>` fields, which
+//! copies every weight (90 MB for MiniLM) at load time; tract made the same choice of prost for its
+//! ONNX importer.
 
+mod import;
+mod ops;
 pub mod proto;
+mod tensor;
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use prost::Message;
+
+pub use tensor::onnx_dtype_name;
+
+/// Errors of ONNX import. Every variant names what went wrong and where (node, op, value).
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("cannot read `{}`: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("not a valid ONNX protobuf: {source}")]
+    Decode { source: prost::DecodeError },
+    #[error("the model has no graph")]
+    MissingGraph,
+    #[error("opset {version} of domain `{domain}` is not supported (the default domain needs opset 11 to 21)")]
+    UnsupportedOpset { domain: String, version: i64 },
+    #[error("node `{node}`: op `{op_type}` (domain `{domain}`, opset {opset}) is not supported")]
+    UnsupportedOp {
+        node: String,
+        op_type: String,
+        domain: String,
+        opset: i64,
+    },
+    #[error("node `{node}` reads `{input}`, which no graph input, initializer or node produces")]
+    DanglingInput { node: String, input: String },
+    #[error("value `{name}` is produced twice: by {first} and by {second}")]
+    DuplicateProducer {
+        name: String,
+        first: String,
+        second: String,
+    },
+    #[error("graph output `{name}` is produced by no node, input or initializer")]
+    MissingOutput { name: String },
+    #[error("the nodes form a cycle through node `{node}`")]
+    Cycle { node: String },
+    #[error(
+        "tensor `{name}`: its dtype and dims need {expected} bytes of data, it holds {actual}"
+    )]
+    InitializerSize {
+        name: String,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("tensor `{name}`: {message}")]
+    BadTensor { name: String, message: String },
+    #[error("{what}: ONNX data type {} ({data_type}) is not supported", onnx_dtype_name(*data_type))]
+    UnsupportedDType { what: String, data_type: i32 },
+    #[error("node `{node}` ({op_type}), attribute `{attr}`: {message}")]
+    BadAttribute {
+        node: String,
+        op_type: String,
+        attr: String,
+        message: String,
+    },
+    #[error("node `{node}`: input `{input}` must be a constant: {why}")]
+    NonConstantInput {
+        node: String,
+        input: String,
+        why: String,
+    },
+    #[error("node `{node}` ({op_type}): {message}")]
+    BadNode {
+        node: String,
+        op_type: String,
+        message: String,
+    },
+    #[error("value `{name}`: the model declares {declared}, the op produces {computed}")]
+    TypeMismatch {
+        name: String,
+        declared: String,
+        computed: String,
+    },
+    #[error("tensor `{tensor}`, external data: {message}")]
+    ExternalData { tensor: String, message: String },
+    #[error(transparent)]
+    Ir(#[from] ir::IrError),
+}
+
+/// Memory-maps the model at `path` and imports it. Constants point into the mapping; external
+/// data files (`TensorProto.data_location = EXTERNAL`) are found relative to the model's folder
+/// and mapped too.
+///
+/// The file must not be modified while the graph (or any tensor taken from it) is alive: the
+/// mapping is shared with the file, as in every mmap-based model loader.
+///
+/// ```no_run
+/// let g = frontend_onnx::import_path("../shared/models/tiny/bert/model.onnx")?;
+/// assert_eq!(g.inputs().len(), 3);
+/// # Ok::<(), frontend_onnx::ImportError>(())
+/// ```
+pub fn import_path(path: impl AsRef<Path>) -> Result<ir::Graph, ImportError> {
+    let path = path.as_ref();
+    let bytes = tensor::map_file(path)?;
+    let base = path.parent().unwrap_or_else(|| Path::new("."));
+    import_bytes(bytes, Some(base))
+}
+
+/// Imports a model from bytes already in memory. Tensors stored as `raw_data` share `bytes`.
+/// External data is resolved relative to `base_dir`; without one, a model with external data is an
+/// [`ImportError::ExternalData`] error.
+///
+/// ```
+/// use frontend_onnx::{import_bytes, ImportError};
+/// let err = import_bytes(bytes::Bytes::from_static(b"\xff\xff\xff"), None).unwrap_err();
+/// assert!(matches!(err, ImportError::Decode { .. }));
+/// ```
+pub fn import_bytes(bytes: Bytes, base_dir: Option<&Path>) -> Result<ir::Graph, ImportError> {
+    let model = decode_model(bytes)?;
+    import::import_model(&model, base_dir)
+}
+
+/// Decodes an ONNX `ModelProto` without importing it. Byte fields share `bytes`.
+///
+/// ```
+/// use prost::Message;
+/// use frontend_onnx::proto::ModelProto;
+/// let m = ModelProto { ir_version: 8, ..Default::default() };
+/// let back = frontend_onnx::decode_model(m.encode_to_vec().into()).unwrap();
+/// assert_eq!(back.ir_version, 8);
+/// ```
+pub fn decode_model(bytes: Bytes) -> Result<proto::ModelProto, ImportError> {
+    proto::ModelProto::decode(bytes).map_err(|source| ImportError::Decode { source })
+}

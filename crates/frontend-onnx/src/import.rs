@@ -1,0 +1,436 @@
+//! The model-level part of import: opsets, consistency checks, node order, graph inputs,
+//! initializers, declared types and graph outputs. Individual ops are in `ops.rs`.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::Path;
+
+use ir::{DType, Dim, Graph, NodeId, Op, Outlet, Shape, TensorType};
+
+use crate::proto::{
+    tensor_shape_proto::dimension, type_proto, GraphProto, ModelProto, NodeProto, ValueInfoProto,
+};
+use crate::tensor::{self, ExternalData};
+use crate::ImportError;
+
+/// The opsets of the default domain that the importer understands.
+pub(crate) const OPSETS: std::ops::RangeInclusive<i64> = 11..=21;
+
+/// The name a node goes by in messages: its own name, else its first output's.
+pub(crate) fn node_label(n: &NodeProto) -> String {
+    if !n.name.is_empty() {
+        n.name.clone()
+    } else if let Some(o) = n.output.iter().find(|o| !o.is_empty()) {
+        o.clone()
+    } else {
+        format!("<unnamed {}>", n.op_type)
+    }
+}
+
+fn is_default_domain(d: &str) -> bool {
+    d.is_empty() || d == "ai.onnx"
+}
+
+/// Gives each dimension a symbol: `dim_param`s sanitized into identifiers, missing dims fresh
+/// `unk<N>` symbols that collide with no `dim_param` of the model.
+struct DimNamer {
+    taken: HashSet<String>,
+    next: usize,
+}
+
+impl DimNamer {
+    fn new(g: &GraphProto) -> DimNamer {
+        let mut taken = HashSet::new();
+        for vi in g.input.iter().chain(&g.output).chain(&g.value_info) {
+            if let Some(shape) = tensor_type_of(vi).and_then(|t| t.shape.as_ref()) {
+                for d in &shape.dim {
+                    if let Some(dimension::Value::DimParam(p)) = &d.value {
+                        taken.insert(sanitize(p));
+                    }
+                }
+            }
+        }
+        DimNamer { taken, next: 0 }
+    }
+
+    fn fresh(&mut self) -> Dim {
+        loop {
+            let name = format!("unk{}", self.next);
+            self.next += 1;
+            if !self.taken.contains(&name) {
+                return Dim::sym(&name);
+            }
+        }
+    }
+}
+
+/// Makes a `dim_param` an identifier of the text form: other characters become `_`, and a
+/// leading digit gets a `_` in front.
+fn sanitize(p: &str) -> String {
+    let mut s: String = p
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if s.starts_with(|c: char| c.is_ascii_digit()) {
+        s.insert(0, '_');
+    }
+    s
+}
+
+fn tensor_type_of(vi: &ValueInfoProto) -> Option<&type_proto::Tensor> {
+    match vi.r#type.as_ref()?.value.as_ref()? {
+        type_proto::Value::TensorType(t) => Some(t),
+    }
+}
+
+/// Import state shared by the op mappings.
+pub(crate) struct Importer<'m> {
+    pub(crate) graph: Graph,
+    /// The default domain's opset version.
+    pub(crate) opset: i64,
+    /// Every imported domain's version, with `ai.onnx` spelled `""`.
+    pub(crate) domains: HashMap<String, i64>,
+    /// ONNX value name to the outlet carrying it.
+    pub(crate) values: HashMap<&'m str, Outlet>,
+    /// How often each value is read by nodes and graph outputs.
+    pub(crate) uses: HashMap<&'m str, usize>,
+    /// Types the model declares (`value_info`, graph outputs).
+    declared: HashMap<&'m str, &'m ValueInfoProto>,
+    names: HashSet<String>,
+    dims: DimNamer,
+    pub(crate) ext: ExternalData,
+}
+
+impl<'m> Importer<'m> {
+    /// A node name not used yet, `base` when possible. Unique names let
+    /// [`ir::text::ConstantSource`] find constants by name.
+    pub(crate) fn unique_name(&mut self, base: &str) -> String {
+        let mut name = base.to_string();
+        let mut k = 1;
+        while self.names.contains(&name) {
+            name = format!("{base}~{k}");
+            k += 1;
+        }
+        self.names.insert(name.clone());
+        name
+    }
+
+    fn convert_shape(&mut self, t: &type_proto::Tensor) -> Result<Option<Shape>, ImportError> {
+        let Some(shape) = &t.shape else {
+            return Ok(None);
+        };
+        let mut dims = Vec::with_capacity(shape.dim.len());
+        for d in &shape.dim {
+            dims.push(match &d.value {
+                Some(dimension::Value::DimValue(v)) if *v >= 0 => Dim::fixed(*v as usize),
+                Some(dimension::Value::DimParam(p)) if !p.is_empty() => Dim::sym(&sanitize(p)),
+                _ => self.dims.fresh(),
+            });
+        }
+        Ok(Some(dims))
+    }
+
+    /// The type of value `name` as produced by an op computing `dtype`: the declared shape when
+    /// the model has one, checked against the declared element type.
+    pub(crate) fn output_type(
+        &mut self,
+        name: &str,
+        dtype: DType,
+    ) -> Result<TensorType, ImportError> {
+        let Some(vi) = self.declared.get(name).copied() else {
+            return Ok(TensorType::unknown_shape(dtype));
+        };
+        let Some(t) = tensor_type_of(vi) else {
+            return Ok(TensorType::unknown_shape(dtype));
+        };
+        if t.elem_type != 0 {
+            let declared = tensor::value_dtype(t.elem_type, String::new)
+                .map(|d| d.to_string())
+                .unwrap_or_else(|_| tensor::onnx_dtype_name(t.elem_type).to_string());
+            if declared != dtype.name() {
+                return Err(ImportError::TypeMismatch {
+                    name: name.to_string(),
+                    declared,
+                    computed: dtype.to_string(),
+                });
+            }
+        }
+        Ok(TensorType {
+            dtype,
+            shape: self.convert_shape(t)?,
+        })
+    }
+
+    /// Whether ONNX value `name` is read by anything (an empty name is an absent output).
+    pub(crate) fn is_used(&self, name: &str) -> bool {
+        !name.is_empty() && self.uses.get(name).copied().unwrap_or(0) > 0
+    }
+
+    /// Adds `op` as the node for ONNX node `n` and binds its outputs to `n`'s output names.
+    pub(crate) fn emit(
+        &mut self,
+        n: &'m NodeProto,
+        op: Op,
+        inputs: &[Outlet],
+        dtypes: &[DType],
+    ) -> Result<NodeId, ImportError> {
+        for (i, out) in n.output.iter().enumerate().skip(dtypes.len()) {
+            if self.is_used(out) {
+                return Err(ImportError::BadNode {
+                    node: node_label(n),
+                    op_type: n.op_type.clone(),
+                    message: format!(
+                        "output {i} (`{out}`) is used; encore supports only the first {}",
+                        dtypes.len()
+                    ),
+                });
+            }
+        }
+        let mut types = Vec::with_capacity(dtypes.len());
+        for (i, &d) in dtypes.iter().enumerate() {
+            types.push(match n.output.get(i) {
+                Some(o) if !o.is_empty() => self.output_type(o, d)?,
+                _ => TensorType::unknown_shape(d),
+            });
+        }
+        let name = self.unique_name(&node_label(n));
+        let id = self.graph.add_node(op, &name, inputs, types)?;
+        for (slot, o) in n.output.iter().enumerate().take(dtypes.len()) {
+            if !o.is_empty() {
+                self.values.insert(o.as_str(), Outlet::new(id, slot));
+            }
+        }
+        Ok(id)
+    }
+
+    /// Adds a helper node that an ONNX node expands into, named after it.
+    pub(crate) fn emit_aux(
+        &mut self,
+        n: &NodeProto,
+        suffix: &str,
+        op: Op,
+        inputs: &[Outlet],
+        dtype: DType,
+    ) -> Result<Outlet, ImportError> {
+        let name = self.unique_name(&format!("{}/{suffix}", node_label(n)));
+        let id = self
+            .graph
+            .add_node(op, &name, inputs, vec![TensorType::unknown_shape(dtype)])?;
+        Ok(id.into())
+    }
+}
+
+/// Imports a decoded model.
+pub(crate) fn import_model(model: &ModelProto, base: Option<&Path>) -> Result<Graph, ImportError> {
+    let g = model.graph.as_ref().ok_or(ImportError::MissingGraph)?;
+
+    let mut domains: HashMap<String, i64> = HashMap::new();
+    for o in &model.opset_import {
+        let d = if is_default_domain(&o.domain) {
+            String::new()
+        } else {
+            o.domain.clone()
+        };
+        if let Some(&v) = domains.get(&d) {
+            if v != o.version {
+                return Err(ImportError::UnsupportedOpset {
+                    domain: o.domain.clone(),
+                    version: o.version,
+                });
+            }
+        }
+        domains.insert(d, o.version);
+    }
+    // Only the default domain is imported; other domains matter only if a node uses one, and then
+    // that node is reported as unsupported.
+    let opset = domains.get("").copied().unwrap_or(0);
+    if g.node.iter().any(|n| is_default_domain(&n.domain)) && !OPSETS.contains(&opset) {
+        return Err(ImportError::UnsupportedOpset {
+            domain: String::new(),
+            version: opset,
+        });
+    }
+
+    let initializers: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    let order = check_and_order(g, &initializers)?;
+
+    let mut uses: HashMap<&str, usize> = HashMap::new();
+    for n in &g.node {
+        for i in n.input.iter().filter(|i| !i.is_empty()) {
+            *uses.entry(i.as_str()).or_default() += 1;
+        }
+    }
+    for o in &g.output {
+        *uses.entry(o.name.as_str()).or_default() += 1;
+    }
+    let mut declared = HashMap::new();
+    for vi in g.value_info.iter().chain(&g.output) {
+        declared.insert(vi.name.as_str(), vi);
+    }
+
+    let mut imp = Importer {
+        graph: Graph::new(),
+        opset,
+        domains,
+        values: HashMap::new(),
+        uses,
+        declared,
+        names: HashSet::new(),
+        dims: DimNamer::new(g),
+        ext: ExternalData::new(base),
+    };
+
+    // Old exporters list initializers among the graph inputs too; those are constants.
+    for vi in g
+        .input
+        .iter()
+        .filter(|vi| !initializers.contains(vi.name.as_str()))
+    {
+        let what = || format!("graph input `{}`", vi.name);
+        let t = tensor_type_of(vi).ok_or_else(|| ImportError::UnsupportedDType {
+            what: format!("{} (not a tensor)", what()),
+            data_type: 0,
+        })?;
+        let ty = TensorType {
+            dtype: tensor::value_dtype(t.elem_type, what)?,
+            shape: imp.convert_shape(t)?,
+        };
+        let name = imp.unique_name(&vi.name);
+        let o = imp.graph.add_input(&vi.name, ty);
+        imp.graph.node_mut(o.node).name = name;
+        imp.values.insert(vi.name.as_str(), o);
+    }
+    for t in &g.initializer {
+        let value = tensor::tensor_from_proto(t, &mut imp.ext)?;
+        let name = imp.unique_name(&t.name);
+        let o = imp.graph.add_const(&name, value);
+        imp.values.insert(t.name.as_str(), o);
+    }
+    for i in order {
+        imp.import_node(&g.node[i])?;
+    }
+    for o in &g.output {
+        let outlet =
+            *imp.values
+                .get(o.name.as_str())
+                .ok_or_else(|| ImportError::MissingOutput {
+                    name: o.name.clone(),
+                })?;
+        imp.graph.set_output(&o.name, outlet);
+    }
+
+    let mut graph = imp.graph;
+    remove_dead_constants(&mut graph);
+    graph.verify()?;
+    Ok(graph)
+}
+
+/// Checks names (every input produced, nothing produced twice, every graph output produced) and
+/// returns the node indices in a topological order: the file's order when it already is one.
+fn check_and_order(
+    g: &GraphProto,
+    initializers: &HashSet<&str>,
+) -> Result<Vec<usize>, ImportError> {
+    // Value name to its producer: None for graph inputs and initializers, Some(i) for node i.
+    let mut producer: HashMap<&str, Option<usize>> = HashMap::new();
+    let mut what: HashMap<&str, String> = HashMap::new();
+    for t in &g.initializer {
+        if let Some(first) = what.get(t.name.as_str()) {
+            return Err(ImportError::DuplicateProducer {
+                name: t.name.clone(),
+                first: first.clone(),
+                second: format!("initializer `{}`", t.name),
+            });
+        }
+        producer.insert(&t.name, None);
+        what.insert(&t.name, format!("initializer `{}`", t.name));
+    }
+    for vi in &g.input {
+        if initializers.contains(vi.name.as_str()) {
+            continue;
+        }
+        if let Some(first) = what.get(vi.name.as_str()) {
+            return Err(ImportError::DuplicateProducer {
+                name: vi.name.clone(),
+                first: first.clone(),
+                second: format!("graph input `{}`", vi.name),
+            });
+        }
+        producer.insert(&vi.name, None);
+        what.insert(&vi.name, format!("graph input `{}`", vi.name));
+    }
+    for (i, n) in g.node.iter().enumerate() {
+        for o in n.output.iter().filter(|o| !o.is_empty()) {
+            let desc = format!("node `{}`", node_label(n));
+            if let Some(first) = what.get(o.as_str()) {
+                return Err(ImportError::DuplicateProducer {
+                    name: o.clone(),
+                    first: first.clone(),
+                    second: desc,
+                });
+            }
+            producer.insert(o, Some(i));
+            what.insert(o, desc);
+        }
+    }
+    let mut pending = vec![0usize; g.node.len()];
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); g.node.len()];
+    for (i, n) in g.node.iter().enumerate() {
+        for input in n.input.iter().filter(|s| !s.is_empty()) {
+            match producer.get(input.as_str()) {
+                None => {
+                    return Err(ImportError::DanglingInput {
+                        node: node_label(n),
+                        input: input.clone(),
+                    })
+                }
+                Some(Some(p)) => {
+                    pending[i] += 1;
+                    readers[*p].push(i);
+                }
+                Some(None) => {}
+            }
+        }
+    }
+    for o in &g.output {
+        if !producer.contains_key(o.name.as_str()) {
+            return Err(ImportError::MissingOutput {
+                name: o.name.clone(),
+            });
+        }
+    }
+    let mut ready: BTreeSet<usize> = (0..g.node.len()).filter(|&i| pending[i] == 0).collect();
+    let mut order = Vec::with_capacity(g.node.len());
+    while let Some(i) = ready.pop_first() {
+        order.push(i);
+        for &r in &readers[i] {
+            pending[r] -= 1;
+            if pending[r] == 0 {
+                ready.insert(r);
+            }
+        }
+    }
+    if order.len() != g.node.len() {
+        let stuck = (0..g.node.len())
+            .find(|&i| pending[i] > 0)
+            .expect("a node is left when the order is short");
+        return Err(ImportError::Cycle {
+            node: node_label(&g.node[stuck]),
+        });
+    }
+    Ok(order)
+}
+
+/// Removes constants nothing reads, such as the axes of an `Unsqueeze` that became an attribute.
+fn remove_dead_constants(g: &mut Graph) {
+    let dead: Vec<NodeId> = g
+        .node_ids()
+        .filter(|&id| {
+            matches!(g.node(id).op, Op::Const { .. })
+                && g.consumers(id.into()).is_empty()
+                && !g.is_graph_output(id.into())
+        })
+        .collect();
+    for id in dead {
+        g.remove_node(id);
+    }
+}

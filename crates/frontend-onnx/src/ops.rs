@@ -1,0 +1,776 @@
+//! The mapping of each ONNX op (default domain, opsets 11 to 21) onto IR ops, with the ONNX rule
+//! for each output dtype.
+
+use ir::{BinaryOp, DType, GeluApprox, Op, Outlet, ReduceOp, Tensor, UnaryOp};
+
+use crate::import::{node_label, Importer};
+use crate::proto::{AttributeProto, AttributeType, NodeProto, TensorProto};
+use crate::tensor;
+use crate::ImportError;
+
+/// One ONNX node being imported: its inputs resolved to outlets (absent ones `None`, trailing
+/// absent ones dropped) and typed access to its attributes.
+struct NodeCtx<'m> {
+    n: &'m NodeProto,
+    label: String,
+    ins: Vec<Option<Outlet>>,
+}
+
+fn type_name(t: i32) -> String {
+    match AttributeType::try_from(t) {
+        Ok(t) => format!("{t:?}").to_uppercase(),
+        Err(_) => format!("type {t}"),
+    }
+}
+
+impl<'m> NodeCtx<'m> {
+    fn op_type(&self) -> &'m str {
+        &self.n.op_type
+    }
+
+    fn bad(&self, message: impl Into<String>) -> ImportError {
+        ImportError::BadNode {
+            node: self.label.clone(),
+            op_type: self.n.op_type.clone(),
+            message: message.into(),
+        }
+    }
+
+    fn bad_attr(&self, attr: &str, message: impl Into<String>) -> ImportError {
+        ImportError::BadAttribute {
+            node: self.label.clone(),
+            op_type: self.n.op_type.clone(),
+            attr: attr.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// The attribute `name` when present, checked to be of type `ty`. Attributes written without
+    /// a type (very old exporters) are read by field.
+    fn attr(
+        &self,
+        name: &str,
+        ty: AttributeType,
+    ) -> Result<Option<&'m AttributeProto>, ImportError> {
+        let Some(a) = self.n.attribute.iter().find(|a| a.name == name) else {
+            return Ok(None);
+        };
+        if !a.ref_attr_name.is_empty() {
+            return Err(self.bad_attr(
+                name,
+                "refers to a function attribute, which only functions have",
+            ));
+        }
+        if a.r#type != ty as i32 && a.r#type != AttributeType::Undefined as i32 {
+            return Err(self.bad_attr(
+                name,
+                format!(
+                    "expected {}, got {}",
+                    type_name(ty as i32),
+                    type_name(a.r#type)
+                ),
+            ));
+        }
+        Ok(Some(a))
+    }
+
+    fn int(&self, name: &str, default: i64) -> Result<i64, ImportError> {
+        Ok(self.opt_int(name)?.unwrap_or(default))
+    }
+
+    fn opt_int(&self, name: &str) -> Result<Option<i64>, ImportError> {
+        Ok(self.attr(name, AttributeType::Int)?.map(|a| a.i))
+    }
+
+    fn flag(&self, name: &str) -> Result<bool, ImportError> {
+        match self.int(name, 0)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(self.bad_attr(name, format!("expected 0 or 1, got {v}"))),
+        }
+    }
+
+    fn float(&self, name: &str, default: f32) -> Result<f32, ImportError> {
+        Ok(self
+            .attr(name, AttributeType::Float)?
+            .map_or(default, |a| a.f))
+    }
+
+    fn ints(&self, name: &str) -> Result<Option<Vec<i64>>, ImportError> {
+        Ok(self
+            .attr(name, AttributeType::Ints)?
+            .map(|a| a.ints.clone()))
+    }
+
+    fn string(&self, name: &str) -> Result<Option<String>, ImportError> {
+        match self.attr(name, AttributeType::String)? {
+            None => Ok(None),
+            Some(a) => String::from_utf8(a.s.to_vec())
+                .map(Some)
+                .map_err(|_| self.bad_attr(name, "not UTF-8")),
+        }
+    }
+
+    fn tensor(&self, name: &str) -> Result<Option<&'m TensorProto>, ImportError> {
+        match self.attr(name, AttributeType::Tensor)? {
+            None => Ok(None),
+            Some(a) => {
+                a.t.as_ref()
+                    .map(Some)
+                    .ok_or_else(|| self.bad_attr(name, "the tensor is missing"))
+            }
+        }
+    }
+
+    /// Checks the number of inputs (absent trailing ones not counted).
+    fn arity(&self, lo: usize, hi: usize) -> Result<(), ImportError> {
+        let n = self.ins.len();
+        if n < lo || n > hi {
+            let want = if lo == hi {
+                lo.to_string()
+            } else if hi == usize::MAX {
+                format!("at least {lo}")
+            } else {
+                format!("{lo} to {hi}")
+            };
+            return Err(self.bad(format!("takes {want} inputs, has {n}")));
+        }
+        Ok(())
+    }
+
+    fn input(&self, i: usize) -> Result<Outlet, ImportError> {
+        self.opt(i)
+            .ok_or_else(|| self.bad(format!("input {i} is required")))
+    }
+
+    fn opt(&self, i: usize) -> Option<Outlet> {
+        self.ins.get(i).copied().flatten()
+    }
+
+    fn input_name(&self, i: usize) -> String {
+        self.n.input.get(i).cloned().unwrap_or_default()
+    }
+}
+
+impl<'m> Importer<'m> {
+    fn dtype(&self, o: Outlet) -> DType {
+        self.graph.outlet_type(o).dtype
+    }
+
+    /// The integer values of constant input `i` (an initializer or a `Constant`).
+    fn const_ints(&self, x: &NodeCtx, i: usize, why: &str) -> Result<Vec<i64>, ImportError> {
+        let o = x.input(i)?;
+        let t = self
+            .graph
+            .const_value(o)
+            .ok_or_else(|| ImportError::NonConstantInput {
+                node: x.label.clone(),
+                input: x.input_name(i),
+                why: why.to_string(),
+            })?;
+        t.to_i64_vec()
+            .map_err(|e| x.bad(format!("input `{}`: {e}", x.input_name(i))))
+    }
+
+    fn aux_const(&mut self, x: &NodeCtx, suffix: &str, t: Tensor) -> Outlet {
+        let name = self.unique_name(&format!("{}/{suffix}", x.label));
+        self.graph.add_const(&name, t)
+    }
+
+    fn same_dtypes(&self, x: &NodeCtx, ins: &[Outlet]) -> Result<DType, ImportError> {
+        let d = self.dtype(ins[0]);
+        for &o in &ins[1..] {
+            if self.dtype(o) != d {
+                let all: Vec<String> = ins.iter().map(|&o| self.dtype(o).to_string()).collect();
+                return Err(x.bad(format!(
+                    "inputs must share one dtype, they are {}",
+                    all.join(", ")
+                )));
+            }
+        }
+        Ok(d)
+    }
+
+    fn require_dtype(
+        &self,
+        x: &NodeCtx,
+        i: usize,
+        allowed: &[DType],
+    ) -> Result<DType, ImportError> {
+        let d = self.dtype(x.input(i)?);
+        if !allowed.contains(&d) {
+            let names: Vec<&str> = allowed.iter().map(|d| d.name()).collect();
+            return Err(x.bad(format!(
+                "input {i} (`{}`) is {d}, expected one of {}",
+                x.input_name(i),
+                names.join(", ")
+            )));
+        }
+        Ok(d)
+    }
+
+    /// Binds the node's output 0 to `o` without a node (Identity, inference-time Dropout).
+    fn alias(&mut self, x: &NodeCtx<'m>, o: Outlet) -> Result<(), ImportError> {
+        for (i, out) in x.n.output.iter().enumerate().skip(1) {
+            if self.is_used(out) {
+                return Err(x.bad(format!(
+                    "output {i} (`{out}`) is used; only output 0 is supported at inference"
+                )));
+            }
+        }
+        if let Some(out) = x.n.output.first().filter(|o| !o.is_empty()) {
+            self.values.insert(out.as_str(), o);
+        }
+        Ok(())
+    }
+
+    /// Imports one node of the default domain (others are unsupported).
+    pub(crate) fn import_node(&mut self, n: &'m NodeProto) -> Result<(), ImportError> {
+        let label = node_label(n);
+        let unsupported = |imp: &Importer| ImportError::UnsupportedOp {
+            node: label.clone(),
+            op_type: n.op_type.clone(),
+            domain: n.domain.clone(),
+            opset: if n.domain.is_empty() || n.domain == "ai.onnx" {
+                imp.opset
+            } else {
+                imp.domains.get(&n.domain).copied().unwrap_or(0)
+            },
+        };
+        if !(n.domain.is_empty() || n.domain == "ai.onnx") {
+            return Err(unsupported(self));
+        }
+        let mut ins = Vec::with_capacity(n.input.len());
+        for i in &n.input {
+            ins.push(if i.is_empty() {
+                None
+            } else {
+                Some(
+                    *self
+                        .values
+                        .get(i.as_str())
+                        .ok_or_else(|| ImportError::DanglingInput {
+                            node: label.clone(),
+                            input: i.clone(),
+                        })?,
+                )
+            });
+        }
+        while ins.last() == Some(&None) {
+            ins.pop();
+        }
+        let x = NodeCtx {
+            n,
+            label: label.clone(),
+            ins,
+        };
+        let opset = self.opset;
+        match x.op_type() {
+            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater" | "And" | "Or" => {
+                x.arity(2, 2)?;
+                let (a, b) = (x.input(0)?, x.input(1)?);
+                let op = BinaryOp::from_name(&x.op_type().to_lowercase()).expect("listed above");
+                let out = match op {
+                    BinaryOp::Pow => self.dtype(a),
+                    BinaryOp::And | BinaryOp::Or => {
+                        self.require_dtype(&x, 0, &[DType::Bool])?;
+                        self.require_dtype(&x, 1, &[DType::Bool])?;
+                        DType::Bool
+                    }
+                    BinaryOp::Equal | BinaryOp::Less | BinaryOp::Greater => {
+                        self.same_dtypes(&x, &[a, b])?;
+                        DType::Bool
+                    }
+                    _ => self.same_dtypes(&x, &[a, b])?,
+                };
+                self.emit(n, Op::Binary(op), &[a, b], &[out])?;
+            }
+            "Max" | "Min" | "Sum" => {
+                x.arity(1, usize::MAX)?;
+                let ins: Vec<Outlet> = (0..x.ins.len())
+                    .map(|i| x.input(i))
+                    .collect::<Result<_, _>>()?;
+                let d = self.same_dtypes(&x, &ins)?;
+                let op = match x.op_type() {
+                    "Max" => BinaryOp::Max,
+                    "Min" => BinaryOp::Min,
+                    _ => BinaryOp::Add,
+                };
+                if ins.len() == 1 {
+                    self.alias(&x, ins[0])?;
+                } else {
+                    let mut acc = ins[0];
+                    for (k, &o) in ins[1..ins.len() - 1].iter().enumerate() {
+                        acc = self.emit_aux(
+                            n,
+                            &format!("{}{k}", op.name()),
+                            Op::Binary(op),
+                            &[acc, o],
+                            d,
+                        )?;
+                    }
+                    self.emit(n, Op::Binary(op), &[acc, ins[ins.len() - 1]], &[d])?;
+                }
+            }
+            "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Erf" | "Tanh" | "Sigmoid"
+            | "Relu" | "Not" => {
+                x.arity(1, 1)?;
+                let a = x.input(0)?;
+                let op = UnaryOp::from_name(&x.op_type().to_lowercase()).expect("listed above");
+                let d = if op == UnaryOp::Not {
+                    self.require_dtype(&x, 0, &[DType::Bool])?
+                } else {
+                    self.dtype(a)
+                };
+                self.emit(n, Op::Unary(op), &[a], &[d])?;
+            }
+            "Gelu" if opset >= 20 => {
+                x.arity(1, 1)?;
+                let approx = match x.string("approximate")?.as_deref() {
+                    None | Some("none") => GeluApprox::Erf,
+                    Some("tanh") => GeluApprox::Tanh,
+                    Some(other) => {
+                        return Err(x.bad_attr(
+                            "approximate",
+                            format!("expected none or tanh, got `{other}`"),
+                        ))
+                    }
+                };
+                let a = x.input(0)?;
+                let d = self.dtype(a);
+                self.emit(n, Op::Gelu { approx }, &[a], &[d])?;
+            }
+            "Where" => {
+                x.arity(3, 3)?;
+                self.require_dtype(&x, 0, &[DType::Bool])?;
+                let ins = [x.input(0)?, x.input(1)?, x.input(2)?];
+                let d = self.same_dtypes(&x, &ins[1..])?;
+                self.emit(n, Op::Where, &ins, &[d])?;
+            }
+            "Cast" => {
+                x.arity(1, 1)?;
+                let to = x
+                    .opt_int("to")?
+                    .ok_or_else(|| x.bad_attr("to", "missing"))?;
+                let to = tensor::value_dtype(to as i32, || {
+                    format!("node `{}` (Cast), target type", x.label)
+                })?;
+                self.emit(n, Op::Cast { to }, &[x.input(0)?], &[to])?;
+            }
+            "Shape" => {
+                x.arity(1, 1)?;
+                let op = Op::Shape {
+                    start: x.int("start", 0)?,
+                    end: x.opt_int("end")?,
+                };
+                self.emit(n, op, &[x.input(0)?], &[DType::I64])?;
+            }
+            "Reshape" => {
+                x.arity(2, 2)?;
+                let a = x.input(0)?;
+                self.require_dtype(&x, 1, &[DType::I64])?;
+                let op = Op::Reshape {
+                    allowzero: x.flag("allowzero")?,
+                };
+                let d = self.dtype(a);
+                self.emit(n, op, &[a, x.input(1)?], &[d])?;
+            }
+            "Transpose" => {
+                x.arity(1, 1)?;
+                let a = x.input(0)?;
+                let perm = match x.ints("perm")? {
+                    Some(p) => p,
+                    None => {
+                        let rank = self.graph.outlet_type(a).rank().ok_or_else(|| {
+                            x.bad_attr("perm", "absent, and the input's rank is not declared")
+                        })?;
+                        (0..rank as i64).rev().collect()
+                    }
+                };
+                let d = self.dtype(a);
+                self.emit(n, Op::Transpose { perm }, &[a], &[d])?;
+            }
+            "Unsqueeze" | "Squeeze" => {
+                let a;
+                let axes = if opset < 13 {
+                    x.arity(1, 1)?;
+                    a = x.input(0)?;
+                    x.ints("axes")?
+                } else {
+                    x.arity(1, 2)?;
+                    a = x.input(0)?;
+                    match x.opt(1) {
+                        None => None,
+                        Some(_) => {
+                            Some(self.const_ints(&x, 1, "encore needs the axes when importing")?)
+                        }
+                    }
+                };
+                let d = self.dtype(a);
+                let op = if x.op_type() == "Unsqueeze" {
+                    Op::Unsqueeze {
+                        axes: axes.ok_or_else(|| x.bad("the axes are required"))?,
+                    }
+                } else {
+                    Op::Squeeze {
+                        axes: axes.unwrap_or_default(),
+                    }
+                };
+                self.emit(n, op, &[a], &[d])?;
+            }
+            "Concat" => {
+                x.arity(1, usize::MAX)?;
+                let axis = x
+                    .opt_int("axis")?
+                    .ok_or_else(|| x.bad_attr("axis", "missing"))?;
+                let ins: Vec<Outlet> = (0..x.ins.len())
+                    .map(|i| x.input(i))
+                    .collect::<Result<_, _>>()?;
+                let d = self.same_dtypes(&x, &ins)?;
+                self.emit(n, Op::Concat { axis }, &ins, &[d])?;
+            }
+            "Gather" | "GatherElements" => {
+                x.arity(2, 2)?;
+                let (a, idx) = (x.input(0)?, x.input(1)?);
+                self.require_dtype(&x, 1, &[DType::I32, DType::I64])?;
+                let axis = x.int("axis", 0)?;
+                let op = if x.op_type() == "Gather" {
+                    Op::Gather { axis }
+                } else {
+                    Op::GatherElements { axis }
+                };
+                let d = self.dtype(a);
+                self.emit(n, op, &[a, idx], &[d])?;
+            }
+            "Slice" => {
+                x.arity(3, 5)?;
+                let mut ins = vec![x.input(0)?, x.input(1)?, x.input(2)?];
+                for i in 1..x.ins.len() {
+                    if x.opt(i).is_some() {
+                        self.require_dtype(&x, i, &[DType::I32, DType::I64])?;
+                    }
+                }
+                if x.ins.len() == 5 {
+                    let axes = match x.opt(3) {
+                        Some(o) => o,
+                        // Steps without axes: the default axes are 0..len(starts).
+                        None => {
+                            let k = self
+                                .const_ints(&x, 1, "steps are given without axes, which then depend on the length of starts")?
+                                .len();
+                            self.aux_const(
+                                &x,
+                                "axes",
+                                Tensor::from_vec(vec![k], (0..k as i64).collect()),
+                            )
+                        }
+                    };
+                    ins.push(axes);
+                    ins.push(x.input(4)?);
+                } else if x.ins.len() == 4 {
+                    ins.push(x.input(3)?);
+                }
+                let d = self.dtype(ins[0]);
+                self.emit(n, Op::Slice, &ins, &[d])?;
+            }
+            "Expand" => {
+                x.arity(2, 2)?;
+                let a = x.input(0)?;
+                self.require_dtype(&x, 1, &[DType::I64])?;
+                let d = self.dtype(a);
+                self.emit(n, Op::Expand, &[a, x.input(1)?], &[d])?;
+            }
+            "ConstantOfShape" => {
+                x.arity(1, 1)?;
+                self.require_dtype(&x, 0, &[DType::I64])?;
+                let value = match x.tensor("value")? {
+                    Some(t) => {
+                        let v = tensor::tensor_from_proto(t, &mut self.ext)?;
+                        if v.len() != 1 {
+                            return Err(x.bad_attr(
+                                "value",
+                                format!("must hold one element, holds {}", v.len()),
+                            ));
+                        }
+                        v
+                    }
+                    None => Tensor::from_vec(vec![1], vec![0.0f32]),
+                };
+                let d = value.dtype();
+                self.emit(n, Op::ConstantOfShape { value }, &[x.input(0)?], &[d])?;
+            }
+            "Range" => {
+                x.arity(3, 3)?;
+                let ins = [x.input(0)?, x.input(1)?, x.input(2)?];
+                let d = self.same_dtypes(&x, &ins)?;
+                self.emit(n, Op::Range, &ins, &[d])?;
+            }
+            "CumSum" => {
+                x.arity(2, 2)?;
+                let a = x.input(0)?;
+                self.require_dtype(&x, 1, &[DType::I32, DType::I64])?;
+                let op = Op::CumSum {
+                    exclusive: x.flag("exclusive")?,
+                    reverse: x.flag("reverse")?,
+                };
+                let d = self.dtype(a);
+                self.emit(n, op, &[a, x.input(1)?], &[d])?;
+            }
+            "Flatten" => {
+                x.arity(1, 1)?;
+                let a = x.input(0)?;
+                let d = self.dtype(a);
+                self.emit(
+                    n,
+                    Op::Flatten {
+                        axis: x.int("axis", 1)?,
+                    },
+                    &[a],
+                    &[d],
+                )?;
+            }
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" => {
+                let op = match x.op_type() {
+                    "ReduceMean" => ReduceOp::Mean,
+                    "ReduceSum" => ReduceOp::Sum,
+                    "ReduceMax" => ReduceOp::Max,
+                    _ => ReduceOp::Min,
+                };
+                // ReduceSum took its axes as an input from opset 13, the others from opset 18.
+                let axes_as_input = opset >= if op == ReduceOp::Sum { 13 } else { 18 };
+                let a;
+                let axes = if axes_as_input {
+                    x.arity(1, 2)?;
+                    a = x.input(0)?;
+                    match x.opt(1) {
+                        None => vec![],
+                        Some(_) => {
+                            self.const_ints(&x, 1, "encore needs the reduced axes when importing")?
+                        }
+                    }
+                } else {
+                    x.arity(1, 1)?;
+                    a = x.input(0)?;
+                    x.ints("axes")?.unwrap_or_default()
+                };
+                let d = self.dtype(a);
+                if axes.is_empty() && axes_as_input && x.flag("noop_with_empty_axes")? {
+                    self.alias(&x, a)?;
+                } else {
+                    let keepdims = x.int("keepdims", 1)? != 0;
+                    self.emit(n, Op::Reduce { op, axes, keepdims }, &[a], &[d])?;
+                }
+            }
+            "MatMul" => {
+                x.arity(2, 2)?;
+                let ins = [x.input(0)?, x.input(1)?];
+                let d = self.same_dtypes(&x, &ins)?;
+                self.emit(n, Op::MatMul, &ins, &[d])?;
+            }
+            "Gemm" => {
+                x.arity(2, 3)?;
+                let ins: Vec<Outlet> = (0..x.ins.len())
+                    .map(|i| x.input(i))
+                    .collect::<Result<_, _>>()?;
+                let d = self.same_dtypes(&x, &ins)?;
+                let op = Op::Gemm {
+                    alpha: x.float("alpha", 1.0)?,
+                    beta: x.float("beta", 1.0)?,
+                    trans_a: x.flag("transA")?,
+                    trans_b: x.flag("transB")?,
+                };
+                self.emit(n, op, &ins, &[d])?;
+            }
+            "Softmax" => {
+                x.arity(1, 1)?;
+                let a = x.input(0)?;
+                let d = self.dtype(a);
+                if opset >= 13 {
+                    self.emit(
+                        n,
+                        Op::Softmax {
+                            axis: x.int("axis", -1)?,
+                        },
+                        &[a],
+                        &[d],
+                    )?;
+                } else {
+                    // Before opset 13 Softmax flattens the input to 2-D at `axis` and normalises
+                    // each row, which equals a softmax over one axis only when `axis` is the last.
+                    let axis = x.int("axis", 1)?;
+                    let rank = self.graph.outlet_type(a).rank();
+                    let last = axis == -1 || rank.is_some_and(|r| r > 0 && axis == r as i64 - 1);
+                    if last {
+                        self.emit(n, Op::Softmax { axis: -1 }, &[a], &[d])?;
+                    } else {
+                        let shape = self.emit_aux(
+                            n,
+                            "shape",
+                            Op::Shape {
+                                start: 0,
+                                end: None,
+                            },
+                            &[a],
+                            DType::I64,
+                        )?;
+                        let flat = self.emit_aux(n, "flatten", Op::Flatten { axis }, &[a], d)?;
+                        let sm =
+                            self.emit_aux(n, "softmax", Op::Softmax { axis: 1 }, &[flat], d)?;
+                        self.emit(n, Op::Reshape { allowzero: true }, &[sm, shape], &[d])?;
+                    }
+                }
+            }
+            "LayerNormalization" if opset >= 17 => {
+                x.arity(2, 3)?;
+                let ins: Vec<Outlet> = (0..x.ins.len())
+                    .map(|i| x.input(i))
+                    .collect::<Result<_, _>>()?;
+                let d = self.dtype(ins[0]);
+                let op = Op::LayerNorm {
+                    axis: x.int("axis", -1)?,
+                    epsilon: x.float("epsilon", 1e-5)?,
+                };
+                self.emit(n, op, &ins, &[d])?;
+            }
+            "QuantizeLinear" => {
+                x.arity(2, 3)?;
+                if x.int("block_size", 0)? != 0 {
+                    return Err(x.bad_attr("block_size", "blocked quantization is not supported"));
+                }
+                let mut to = x.opt(2).map(|zp| self.dtype(zp));
+                let declared = x.int("output_dtype", 0)?;
+                if declared != 0 {
+                    let d = tensor::value_dtype(declared as i32, || {
+                        format!("node `{}` (QuantizeLinear), output_dtype", x.label)
+                    })?;
+                    if to.is_some_and(|z| z != d) {
+                        return Err(x.bad_attr(
+                            "output_dtype",
+                            format!("is {d}, the zero point is {}", to.expect("checked")),
+                        ));
+                    }
+                    to = Some(d);
+                }
+                let to = to.unwrap_or(DType::U8);
+                if !matches!(to, DType::U8 | DType::I8) {
+                    return Err(x.bad(format!(
+                        "quantizing to {to} is not supported, only to u8 and i8"
+                    )));
+                }
+                let ins: Vec<Outlet> = (0..x.ins.len())
+                    .map(|i| x.input(i))
+                    .collect::<Result<_, _>>()?;
+                let op = Op::QuantizeLinear {
+                    axis: x.int("axis", 1)?,
+                    to,
+                };
+                self.emit(n, op, &ins, &[to])?;
+            }
+            "DequantizeLinear" => {
+                x.arity(2, 3)?;
+                if x.int("block_size", 0)? != 0 {
+                    return Err(x.bad_attr("block_size", "blocked quantization is not supported"));
+                }
+                self.require_dtype(&x, 0, &[DType::U8, DType::I8, DType::I32])?;
+                let ins: Vec<Outlet> = (0..x.ins.len())
+                    .map(|i| x.input(i))
+                    .collect::<Result<_, _>>()?;
+                let d = self.dtype(ins[1]);
+                self.emit(
+                    n,
+                    Op::DequantizeLinear {
+                        axis: x.int("axis", 1)?,
+                    },
+                    &ins,
+                    &[d],
+                )?;
+            }
+            "DynamicQuantizeLinear" => {
+                x.arity(1, 1)?;
+                self.require_dtype(&x, 0, &[DType::F32])?;
+                self.emit(
+                    n,
+                    Op::DynamicQuantizeLinear,
+                    &[x.input(0)?],
+                    &[DType::U8, DType::F32, DType::U8],
+                )?;
+            }
+            "MatMulInteger" => {
+                x.arity(2, 4)?;
+                let mut ins = vec![x.input(0)?, x.input(1)?];
+                for i in 0..2 {
+                    self.require_dtype(&x, i, &[DType::U8, DType::I8])?;
+                }
+                if x.ins.len() == 4 {
+                    // b's zero point without a's: a's defaults to 0.
+                    let azp = match x.opt(2) {
+                        Some(o) => o,
+                        None => {
+                            let t = match self.dtype(ins[0]) {
+                                DType::I8 => Tensor::scalar(0i8),
+                                _ => Tensor::scalar(0u8),
+                            };
+                            self.aux_const(&x, "a_zero_point", t)
+                        }
+                    };
+                    ins.push(azp);
+                    ins.push(x.input(3)?);
+                } else if x.ins.len() == 3 {
+                    ins.push(x.input(2)?);
+                }
+                self.emit(n, Op::MatMulInteger, &ins, &[DType::I32])?;
+            }
+            "Identity" => {
+                x.arity(1, 1)?;
+                self.alias(&x, x.input(0)?)?;
+            }
+            "Dropout" => {
+                // At inference Dropout passes its input through, whatever the ratio.
+                x.arity(1, 3)?;
+                self.alias(&x, x.input(0)?)?;
+            }
+            "Constant" => {
+                x.arity(0, 0)?;
+                let value = self.constant_value(&x)?;
+                let name = self.unique_name(&x.label);
+                let o = self.graph.add_const(&name, value);
+                if let Some(out) = n.output.first().filter(|o| !o.is_empty()) {
+                    self.values.insert(out.as_str(), o);
+                }
+            }
+            _ => return Err(unsupported(self)),
+        }
+        Ok(())
+    }
+
+    /// The value of a `Constant` node, from whichever of its attributes is set.
+    fn constant_value(&mut self, x: &NodeCtx) -> Result<Tensor, ImportError> {
+        let Some(a) = x.n.attribute.first() else {
+            return Err(x.bad("has no value attribute"));
+        };
+        if x.n.attribute.len() > 1 {
+            return Err(x.bad("has more than one value attribute"));
+        }
+        Ok(match a.name.as_str() {
+            "value" => {
+                let t = x.tensor("value")?.expect("the attribute exists");
+                tensor::tensor_from_proto(t, &mut self.ext)?
+            }
+            "value_float" => Tensor::scalar(x.float("value_float", 0.0)?),
+            "value_int" => Tensor::scalar(x.int("value_int", 0)?),
+            "value_floats" => {
+                let v = x
+                    .attr("value_floats", AttributeType::Floats)?
+                    .expect("exists")
+                    .floats
+                    .clone();
+                Tensor::from_vec(vec![v.len()], v)
+            }
+            "value_ints" => {
+                let v = x.ints("value_ints")?.expect("exists");
+                Tensor::from_vec(vec![v.len()], v)
+            }
+            other => return Err(x.bad_attr(other, "this kind of Constant value is not supported")),
+        })
+    }
+}
