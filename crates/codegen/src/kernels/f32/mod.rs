@@ -64,7 +64,6 @@ pub struct PackedF32 {
     k: usize,
     n: usize,
     kernel: F32Kernel,
-    nr: usize,
     data: AlignedBuf<f32>,
 }
 
@@ -121,7 +120,6 @@ impl PackedF32 {
             k,
             n,
             kernel,
-            nr,
             data,
         }
     }

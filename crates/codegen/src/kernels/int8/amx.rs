@@ -1,21 +1,254 @@
-//! AMX detection and permission (the kernel follows).
+//! AMX int8 kernel: `tdpbusd` on 16×64-byte tiles, a 32×32 block per call (4 C tiles, 2 A tiles,
+//! 2 B tiles), written against [`TileUnit`] so the same code runs on hardware ([`HwTiles`],
+//! `core::arch::asm!`) and on the software [`TileModel`](super::tile_model::TileModel).
+//!
+//! Layouts: the B panel is the common K-quad interleave with 32 columns (`[K/4][32][4]`), so a B
+//! tile is 16 quads × 64 bytes at row stride 128 (columns 0–15 at offset 0, 16–31 at offset 64).
+//! The A panel is 32 rows × `kc` bytes row-major (`kc` a multiple of 64, zero padded), so an A
+//! tile is 16 rows × 64 bytes at row stride `kc`. C tiles are stored to the i32 block at
+//! `ldc·4` bytes per row.
+//!
+//! Before any tile instruction Linux needs `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`
+//! ([`request_amx_permission`], memoised). Each kernel call configures the tiles and releases
+//! them at the end, so no tile state leaks into unrelated code on the thread.
 
-/// CPUID.(EAX=7,ECX=0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8).
+use super::tile_model::{TileConfig, TileUnit};
+use crate::kernels::error::KernelError;
+use std::sync::OnceLock;
+
+/// Rows per block.
+pub const MR: usize = 32;
+/// Columns per block (= packed panel width).
+pub const NR: usize = 32;
+/// K granularity: one A tile row is 64 bytes.
+pub const K_ALIGN: usize = 64;
+
+const ARCH_REQ_XCOMP_PERM: i32 = 0x1023;
+const XFEATURE_XTILEDATA: i32 = 18;
+
+/// CPUID.(EAX=7,ECX=0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), and XCR0 bits 17–18 (the OS
+/// saves tile state).
 pub fn cpuid_has_amx_int8() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        let max = std::arch::x86_64::__cpuid(0).eax;
-        if max < 7 {
+        use std::arch::x86_64::{__cpuid, __cpuid_count};
+        if __cpuid(0).eax < 7 {
             return false;
         }
-        let r = std::arch::x86_64::__cpuid_count(7, 0);
-        (r.edx >> 24) & 1 == 1 && (r.edx >> 25) & 1 == 1
+        let r = __cpuid_count(7, 0);
+        let hw = (r.edx >> 24) & 1 == 1 && (r.edx >> 25) & 1 == 1;
+        let osxsave = (__cpuid(1).ecx >> 27) & 1 == 1;
+        if !hw || !osxsave {
+            return false;
+        }
+        let xcr0_lo: u32;
+        // SAFETY: OSXSAVE is set, so xgetbv with ecx = 0 is defined; it only reads XCR0.
+        unsafe { std::arch::asm!("xgetbv", in("ecx") 0u32, out("eax") xcr0_lo, out("edx") _, options(nomem, nostack, preserves_flags)) };
+        (xcr0_lo >> 17) & 3 == 3
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
 
-/// Placeholder until the AMX kernel lands: always refuses.
-pub fn request_amx_permission() -> Result<(), super::super::KernelError> {
-    Err(super::super::KernelError::Unsupported("amx"))
+/// Asks Linux for permission to use AMX tile data (once per process; memoised).
+///
+/// ```
+/// let r = codegen::kernels::int8::amx::request_amx_permission();
+/// if !codegen::kernels::int8::amx::cpuid_has_amx_int8() { assert!(r.is_err()); }
+/// ```
+pub fn request_amx_permission() -> Result<(), KernelError> {
+    static R: OnceLock<Result<(), KernelError>> = OnceLock::new();
+    R.get_or_init(|| {
+        if !cpuid_has_amx_int8() {
+            return Err(KernelError::Unsupported("amx"));
+        }
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: arch_prctl(ARCH_REQ_XCOMP_PERM, 18) only changes this process's permitted
+            // XSAVE features; it takes integer arguments and touches no memory of ours.
+            let r = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) };
+            if r != 0 {
+                return Err(KernelError::AmxPermission(std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)));
+            }
+            Ok(())
+        }
+        #[cfg(not(target_os = "linux"))]
+        Err(KernelError::Unsupported("amx"))
+    })
+    .clone()
+}
+
+/// The hardware tile unit. Only constructible where AMX is usable ([`HwTiles::new`]).
+///
+/// Tile register numbers are encoded in the instructions, so the runtime indices are dispatched
+/// through `match`: any tile for load/store/zero; `C ∈ 0..4`, `A ∈ 4..6`, `B ∈ 6..8` for the dot
+/// products (the assignment the kernel uses).
+#[derive(Debug)]
+pub struct HwTiles(());
+
+impl HwTiles {
+    /// Returns the unit if the CPU has AMX-INT8 and Linux granted tile-data permission.
+    pub fn new() -> Result<Self, KernelError> {
+        request_amx_permission().map(|()| HwTiles(()))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+macro_rules! tile_match {
+    ($t:expr, $m:ident) => {
+        match $t {
+            0 => $m!("0"),
+            1 => $m!("1"),
+            2 => $m!("2"),
+            3 => $m!("3"),
+            4 => $m!("4"),
+            5 => $m!("5"),
+            6 => $m!("6"),
+            7 => $m!("7"),
+            t => panic!("tile index {t} out of range"),
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+macro_rules! dot_match {
+    ($op:literal, $c:expr, $a:expr, $b:expr) => {{
+        macro_rules! go {
+            ($cc:literal, $aa:literal, $bb:literal) => {
+                // SAFETY: HwTiles exists only after the AMX permission was granted; the kernel
+                // configured compatible shapes before calling (tile ops on unconfigured tiles
+                // would fault, never corrupt memory: tdpb* touches registers only).
+                unsafe { std::arch::asm!(concat!($op, " tmm", $cc, ", tmm", $aa, ", tmm", $bb), options(nostack)) }
+            };
+        }
+        match ($c, $a, $b) {
+            (0, 4, 6) => go!("0", "4", "6"),
+            (0, 4, 7) => go!("0", "4", "7"),
+            (0, 5, 6) => go!("0", "5", "6"),
+            (0, 5, 7) => go!("0", "5", "7"),
+            (1, 4, 6) => go!("1", "4", "6"),
+            (1, 4, 7) => go!("1", "4", "7"),
+            (1, 5, 6) => go!("1", "5", "6"),
+            (1, 5, 7) => go!("1", "5", "7"),
+            (2, 4, 6) => go!("2", "4", "6"),
+            (2, 4, 7) => go!("2", "4", "7"),
+            (2, 5, 6) => go!("2", "5", "6"),
+            (2, 5, 7) => go!("2", "5", "7"),
+            (3, 4, 6) => go!("3", "4", "6"),
+            (3, 4, 7) => go!("3", "4", "7"),
+            (3, 5, 6) => go!("3", "5", "6"),
+            (3, 5, 7) => go!("3", "5", "7"),
+            t => panic!("tile triple {t:?} not in C 0..4, A 4..6, B 6..8"),
+        }
+    }};
+}
+
+#[cfg(target_arch = "x86_64")]
+impl TileUnit for HwTiles {
+    fn configure(&mut self, cfg: &TileConfig) {
+        // SAFETY: cfg is a valid, 64-byte aligned palette-1 configuration (TileConfig::new
+        // checks the shapes); permission was granted when self was created.
+        unsafe { std::arch::asm!("ldtilecfg [{}]", in(reg) cfg as *const TileConfig, options(nostack, readonly)) }
+    }
+
+    unsafe fn load(&mut self, tile: usize, base: *const u8, stride: usize) {
+        macro_rules! go {
+            ($t:literal) => {
+                // SAFETY: the caller guarantees every configured row is readable.
+                unsafe {
+                    std::arch::asm!(concat!("tileloadd tmm", $t, ", [{b} + {s}*1]"), b = in(reg) base, s = in(reg) stride, options(nostack, readonly))
+                }
+            };
+        }
+        tile_match!(tile, go)
+    }
+
+    unsafe fn store(&mut self, tile: usize, base: *mut u8, stride: usize) {
+        macro_rules! go {
+            ($t:literal) => {
+                // SAFETY: the caller guarantees every configured row is writable.
+                unsafe { std::arch::asm!(concat!("tilestored [{b} + {s}*1], tmm", $t), b = in(reg) base, s = in(reg) stride, options(nostack)) }
+            };
+        }
+        tile_match!(tile, go)
+    }
+
+    fn zero(&mut self, tile: usize) {
+        macro_rules! go {
+            ($t:literal) => {
+                // SAFETY: tilezero only writes a tile register; permission was granted.
+                unsafe { std::arch::asm!(concat!("tilezero tmm", $t), options(nostack, nomem)) }
+            };
+        }
+        tile_match!(tile, go)
+    }
+
+    fn dpbusd(&mut self, c: usize, a: usize, b: usize) {
+        dot_match!("tdpbusd", c, a, b)
+    }
+
+    fn dpbssd(&mut self, c: usize, a: usize, b: usize) {
+        dot_match!("tdpbssd", c, a, b)
+    }
+
+    fn release(&mut self) {
+        // SAFETY: tilerelease resets tile state to init; always valid once permission exists.
+        unsafe { std::arch::asm!("tilerelease", options(nostack, nomem)) }
+    }
+}
+
+/// The tile configuration of the kernel: every tile 16 rows × 64 bytes.
+pub fn kernel_config() -> TileConfig {
+    TileConfig::new(&[(16, 64); 8])
+}
+
+/// `C[32×32] = A_panel · B_panel` over `kc4` K-quads (`kc4` a multiple of 16) on tile unit `t`.
+///
+/// # Safety
+/// `a` holds `32 · kc4·4` bytes (row stride `kc4·4`), `b` holds `kc4·32·4` bytes, `c` addresses
+/// 32 rows (stride `ldc`) of 32 writable i32. `kc4 % 16 == 0`.
+pub unsafe fn ukernel_with<T: TileUnit>(t: &mut T, kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
+    debug_assert_eq!(kc4 % 16, 0);
+    let kc = kc4 * 4;
+    t.configure(&kernel_config());
+    for tile in 0..4 {
+        t.zero(tile);
+    }
+    let mut k0 = 0;
+    while k0 < kc {
+        // SAFETY: A rows 0..32 at stride kc, bytes k0..k0+64 < kc; B quads k0/4..k0/4+16 at
+        // 128 bytes each, inside the panel (caller contract).
+        unsafe {
+            t.load(4, a.add(k0), kc);
+            t.load(5, a.add(16 * kc + k0), kc);
+            let bq = b.add(k0 * NR) as *const u8;
+            t.load(6, bq, NR * 4);
+            t.load(7, bq.add(64), NR * 4);
+        }
+        t.dpbusd(0, 4, 6);
+        t.dpbusd(1, 4, 7);
+        t.dpbusd(2, 5, 6);
+        t.dpbusd(3, 5, 7);
+        k0 += 64;
+    }
+    let s = ldc * 4;
+    // SAFETY: the four 16×16 i32 quadrants of the caller's 32×32 C tile.
+    unsafe {
+        t.store(0, c as *mut u8, s);
+        t.store(1, c.add(16) as *mut u8, s);
+        t.store(2, c.add(16 * ldc) as *mut u8, s);
+        t.store(3, c.add(16 * ldc + 16) as *mut u8, s);
+    }
+    t.release();
+}
+
+/// The hardware kernel.
+///
+/// # Safety
+/// As [`ukernel_with`], and AMX must be usable ([`request_amx_permission`] succeeded).
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn ukernel(kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
+    let mut t = HwTiles(());
+    // SAFETY: forwarded caller contract.
+    unsafe { ukernel_with(&mut t, kc4, a, b, c, ldc) }
 }

@@ -1,3 +1,330 @@
-//! INT8 GEMM (u8 × s8 → i32).
+//! INT8 GEMM: `u8 × s8 → i32`, then the fused [`Epilogue`].
+//!
+//! Data path: activations (u8, or s8 shifted by +128) → packed per `mc`-row block for the
+//! kernel's A layout → microkernel over all of K into an i32 block (`mc × nc`, thread-local) →
+//! epilogue (dequant with column-sum compensation, bias, GELU, residual, LayerNorm, requant,
+//! store) while the block is in L2 → output.
+//!
+//! Kernels: [`scalar`] 4×16 (the oracle), [`avx2`] 4×16 (`vpmaddubsw`, exact), [`avxvnni`] 6×16,
+//! [`avx512vnni`] 12×32, [`amx`] 32×32 (via [`tile_model::TileUnit`]). Threads split N panels
+//! weight-stationary, as in the f32 GEMM.
 
 pub mod amx;
+pub mod avx2;
+pub mod avx512vnni;
+pub mod avxvnni;
+pub mod pack;
+pub mod scalar;
+pub mod tile_model;
+
+pub use pack::PackedI8;
+
+use super::buf::AlignedBuf;
+use super::epilogue::{run_block, Epilogue, EpilogueOp, Int8Ctx, OutPtr, Output, Src};
+use super::error::KernelError;
+use super::pool::{max_threads, parallel_for, split_range};
+use super::select::{cache_sizes, Int8Kernel};
+use std::cell::RefCell;
+use std::sync::Mutex;
+use tile_model::TileModel;
+
+/// How a kernel wants its A micro-panels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ALayout {
+    /// `[K/4][MR][4]`: a broadcastable i32 (4 K bytes) per row per K-quad.
+    Quad,
+    /// `[MR][Kp]`: plain rows (AMX A tiles).
+    RowMajor,
+}
+
+/// Static description of a kernel.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelDesc {
+    /// Rows per microkernel call.
+    pub mr: usize,
+    /// Columns per microkernel call = packed panel width.
+    pub nr: usize,
+    /// K padding of the packed weight.
+    pub k_align: usize,
+    /// A micro-panel layout.
+    pub a_layout: ALayout,
+}
+
+/// The descriptor of `k`.
+pub fn desc(k: Int8Kernel) -> KernelDesc {
+    let (mr, nr, k_align, a_layout) = match k {
+        Int8Kernel::Scalar => (scalar::MR, scalar::NR, 4, ALayout::Quad),
+        Int8Kernel::Avx2 => (avx2::MR, avx2::NR, 4, ALayout::Quad),
+        Int8Kernel::AvxVnni => (avxvnni::MR, avxvnni::NR, 4, ALayout::Quad),
+        Int8Kernel::Avx512Vnni => (avx512vnni::MR, avx512vnni::NR, 4, ALayout::Quad),
+        Int8Kernel::Amx => (amx::MR, amx::NR, amx::K_ALIGN, ALayout::RowMajor),
+    };
+    KernelDesc { mr, nr, k_align, a_layout }
+}
+
+/// Activations of an int8 GEMM.
+#[derive(Debug, Clone, Copy)]
+pub enum Activations<'a> {
+    /// u8 (used as is).
+    U8(&'a [u8]),
+    /// s8 (shifted by +128 into u8 while packing; compensated with the column sums).
+    S8(&'a [i8]),
+}
+
+/// One microkernel: `C[MR×NR] = A_panel · B_panel` over `kc4` K-quads into i32 at stride `ldc`.
+pub(crate) trait MicroKernel: Sync {
+    fn desc(&self) -> KernelDesc;
+    /// # Safety
+    /// Panels and tile as documented on the kernel functions.
+    unsafe fn run(&self, kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize);
+}
+
+type UKernel = unsafe fn(usize, *const u8, *const i8, *mut i32, usize);
+
+struct FnKernel {
+    d: KernelDesc,
+    f: UKernel,
+}
+
+impl MicroKernel for FnKernel {
+    fn desc(&self) -> KernelDesc {
+        self.d
+    }
+    unsafe fn run(&self, kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
+        // SAFETY: forwarded contract; `f` was chosen only for a supported CPU.
+        unsafe { (self.f)(kc4, a, b, c, ldc) }
+    }
+}
+
+/// The AMX kernel on the software tile model (one model shared under a lock).
+struct ModelKernel(Mutex<TileModel>);
+
+impl MicroKernel for ModelKernel {
+    fn desc(&self) -> KernelDesc {
+        desc(Int8Kernel::Amx)
+    }
+    unsafe fn run(&self, kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
+        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: forwarded contract.
+        unsafe { amx::ukernel_with(&mut *t, kc4, a, b, c, ldc) }
+    }
+}
+
+fn hw_kernel(k: Int8Kernel) -> Result<FnKernel, KernelError> {
+    if !k.is_supported() {
+        return Err(KernelError::Unsupported(k.name()));
+    }
+    let f: UKernel = match k {
+        Int8Kernel::Scalar => scalar::ukernel,
+        #[cfg(target_arch = "x86_64")]
+        Int8Kernel::Avx2 => avx2::ukernel,
+        #[cfg(target_arch = "x86_64")]
+        Int8Kernel::AvxVnni => avxvnni::ukernel,
+        #[cfg(target_arch = "x86_64")]
+        Int8Kernel::Avx512Vnni => avx512vnni::ukernel,
+        #[cfg(target_arch = "x86_64")]
+        Int8Kernel::Amx => amx::ukernel,
+        #[allow(unreachable_patterns)]
+        _ => return Err(KernelError::Unsupported(k.name())),
+    };
+    Ok(FnKernel { d: desc(k), f })
+}
+
+/// `out = epilogue(A[m×k] · B)` with the kernel `b` was packed for (AMX falls back to
+/// AVX512-VNNI on the same packing when `m < 32`). `threads` as in [`super::gemm_f32`].
+///
+/// The i32 product is exact (`k ≤ 65536`); see [`Epilogue`] for the conversion.
+///
+/// ```
+/// use codegen::kernels::int8::{gemm_i8, Activations, PackedI8};
+/// use codegen::kernels::{Epilogue, EpilogueOp, Output, QType, RowParam};
+/// let (m, k, n) = (2, 8, 3);
+/// let w: Vec<i8> = (0..n * k).map(|i| (i % 5) as i8 - 2).collect(); // [n, k]
+/// let b = PackedI8::pack(&w, k, n, true).unwrap();
+/// let a: Vec<i8> = (0..m * k).map(|i| (i % 7) as i8 - 3).collect();
+/// let ws = [0.02f32; 3];
+/// let ep = Epilogue::new(vec![
+///     EpilogueOp::Dequant { a_scale: RowParam::PerTensor(0.1), a_zero: RowParam::PerTensor(0), w_scale: &ws },
+///     EpilogueOp::Requant { inv_scale: 100.0, zero_point: 0, ty: QType::S8 },
+/// ]);
+/// let mut y = [0i8; 6];
+/// gemm_i8(m, Activations::S8(&a), k, &b, Output::S8 { c: &mut y, ldc: n }, &ep, 2).unwrap();
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_i8(m: usize, a: Activations<'_>, lda: usize, b: &PackedI8, out: Output<'_>, epilogue: &Epilogue<'_>, threads: usize) -> Result<(), KernelError> {
+    let mut kernel = b.kernel;
+    if kernel == Int8Kernel::Amx && m < amx::MR && Int8Kernel::Avx512Vnni.is_supported() {
+        kernel = Int8Kernel::Avx512Vnni;
+    }
+    let k = hw_kernel(kernel)?;
+    drive(&k, m, a, lda, b, out, epilogue, threads)
+}
+
+/// [`gemm_i8`] with an explicit kernel, which must be supported and compatible with the packing.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_i8_with(kernel: Int8Kernel, m: usize, a: Activations<'_>, lda: usize, b: &PackedI8, out: Output<'_>, epilogue: &Epilogue<'_>, threads: usize) -> Result<(), KernelError> {
+    let k = hw_kernel(kernel)?;
+    drive(&k, m, a, lda, b, out, epilogue, threads)
+}
+
+/// [`gemm_i8`] running the AMX kernel on the software [`TileModel`] (single model, any CPU);
+/// `b` must be packed for [`Int8Kernel::Amx`]. Returns the number of tile dot products issued.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_i8_amx_model(m: usize, a: Activations<'_>, lda: usize, b: &PackedI8, out: Output<'_>, epilogue: &Epilogue<'_>, threads: usize) -> Result<usize, KernelError> {
+    let k = ModelKernel(Mutex::new(TileModel::default()));
+    drive(&k, m, a, lda, b, out, epilogue, threads)?;
+    Ok(k.0.into_inner().unwrap_or_else(|e| e.into_inner()).dot_ops)
+}
+
+thread_local! {
+    static APACK: RefCell<AlignedBuf<u8>> = RefCell::new(AlignedBuf::zeroed(0));
+    static ACC: RefCell<AlignedBuf<i32>> = RefCell::new(AlignedBuf::zeroed(0));
+    static EPI_TMP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Blocking {
+    mc: usize,
+    nc_panels: usize,
+}
+
+fn blocking(d: &KernelDesc, k_pad: usize) -> Blocking {
+    let c = cache_sizes();
+    // A block (mc × Kp bytes) in half of L2; the i32 block (mc × nc) in a quarter of L2.
+    let mc = ((c.l2 / 2) / k_pad).clamp(d.mr, 512) / d.mr * d.mr;
+    let nc_panels = ((c.l2 / 4) / (mc * 4 * d.nr)).max(1);
+    Blocking { mc, nc_panels }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn drive(kern: &dyn MicroKernel, m: usize, a: Activations<'_>, lda: usize, b: &PackedI8, mut out: Output<'_>, ep: &Epilogue<'_>, threads: usize) -> Result<(), KernelError> {
+    let d = kern.desc();
+    if !b.compatible_with_desc(&d) {
+        return Err(KernelError::BadArgs(format!("weight packed for {} cannot run on this kernel", b.kernel.name())));
+    }
+    let (k, n) = (b.k, b.n);
+    ep.validate(m, n, &out, true)?;
+    let (a_bytes, xor): (&[u8], u8) = match a {
+        Activations::U8(s) => (s, 0),
+        // SAFETY: i8 and u8 have the same size and alignment; every bit pattern is valid.
+        Activations::S8(s) => (unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, s.len()) }, 0x80),
+    };
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if lda < k || a_bytes.len() < (m - 1) * lda + k {
+        return Err(KernelError::BadArgs(format!("A slice of {} too short for {m}x{k} with lda {lda}", a_bytes.len())));
+    }
+    let shift = if xor != 0 { 128 } else { 0 };
+    let panels = n.div_ceil(d.nr);
+    let threads = threads.clamp(1, max_threads());
+    let split_n = panels >= threads;
+    let parts = if split_n { threads } else { threads.min(m.div_ceil(d.mr)) };
+    let blk = blocking(&d, b.k_pad);
+    let ops = ep.ops();
+    let split = ep.row_split();
+    let spans_row = (parts == 1 || !split_n) && blk.nc_panels >= panels;
+    let two_phase = !spans_row && split < ops.len();
+    let mut mid: Vec<f32> = if two_phase { vec![0.0; m * n] } else { Vec::new() };
+    let final_out = out.ptr();
+    let (tile_ops, tile_out): (&[EpilogueOp<'_>], OutPtr) = if two_phase { (&ops[..split], OutPtr::F32(mid.as_mut_ptr(), n)) } else { (ops, final_out) };
+    let ctx = Int8Ctx { colsum: &b.colsum, shift };
+    let body = |t: usize| {
+        let (rows, pans) = if split_n {
+            (0..m, split_range(panels, parts, t))
+        } else {
+            let r = split_range(m.div_ceil(d.mr), parts, t);
+            (r.start * d.mr..(r.end * d.mr).min(m), 0..panels)
+        };
+        APACK.with_borrow_mut(|ap| {
+            ACC.with_borrow_mut(|acc| {
+                EPI_TMP.with_borrow_mut(|tmp| {
+                    // SAFETY: rows × pans is this part's disjoint output region; A and B sizes
+                    // were checked; the kernel matches the packing.
+                    unsafe { compute_part(kern, &d, &blk, a_bytes, lda, xor, b, rows, pans, tile_ops, ctx, tile_out, ap, acc, tmp) }
+                })
+            })
+        });
+    };
+    parallel_for(parts, &body);
+    if two_phase {
+        let row_ops = &ops[split..];
+        let parts = threads.min(m);
+        let mid_ptr = MidPtr(mid.as_ptr());
+        parallel_for(parts, &|t| {
+            let rows = split_range(m, parts, t);
+            let mp = mid_ptr;
+            EPI_TMP.with_borrow_mut(|tmp| {
+                // SAFETY: `mid` holds all m×n phase-one values; each part writes whole rows.
+                unsafe { run_block(row_ops, None, Src::F32(mp.0.add(rows.start * n), n), rows, 0..n, final_out, tmp) }
+            });
+        });
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+struct MidPtr(*const f32);
+// SAFETY: read-only after phase one.
+unsafe impl Send for MidPtr {}
+// SAFETY: as above.
+unsafe impl Sync for MidPtr {}
+
+impl PackedI8 {
+    fn compatible_with_desc(&self, d: &KernelDesc) -> bool {
+        d.nr == self.nr && self.k_pad % d.k_align == 0
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn compute_part(
+    kern: &dyn MicroKernel,
+    d: &KernelDesc,
+    blk: &Blocking,
+    a: &[u8],
+    lda: usize,
+    xor: u8,
+    b: &PackedI8,
+    rows: std::ops::Range<usize>,
+    pans: std::ops::Range<usize>,
+    ops: &[EpilogueOp<'_>],
+    ctx: Int8Ctx<'_>,
+    out: OutPtr,
+    apack: &mut AlignedBuf<u8>,
+    acc: &mut AlignedBuf<i32>,
+    tmp: &mut Vec<f32>,
+) {
+    if rows.is_empty() || pans.is_empty() {
+        return;
+    }
+    let (mr, nr, kp) = (d.mr, d.nr, b.k_pad);
+    let mc = blk.mc.min(rows.len().div_ceil(mr) * mr);
+    let ldacc = blk.nc_panels * nr;
+    apack.ensure(mc * kp);
+    acc.ensure(mc * ldacc);
+    let mut m0 = rows.start;
+    while m0 < rows.end {
+        let mcl = mc.min(rows.end - m0);
+        let mpan = mcl.div_ceil(mr);
+        pack::pack_a(a, lda, b.k, kp, m0..m0 + mcl, mr, d.a_layout, xor, apack);
+        let mut pn0 = pans.start;
+        while pn0 < pans.end {
+            let pn1 = (pn0 + blk.nc_panels).min(pans.end);
+            for p in pn0..pn1 {
+                // SAFETY: panel p has kp·nr bytes.
+                let bp = unsafe { b.data.as_ptr().add(p * kp * nr) };
+                for ip in 0..mpan {
+                    // SAFETY: A micro-panel ip has mr·kp bytes; the i32 tile (mr × nr at row
+                    // ip·mr, column (p−pn0)·nr) is inside the mc × ldacc block.
+                    unsafe { kern.run(kp / 4, apack.as_ptr().add(ip * mr * kp), bp, acc.as_mut_ptr().add(ip * mr * ldacc + (p - pn0) * nr), ldacc) };
+                }
+            }
+            let cols = pn0 * nr..(pn1 * nr).min(b.n);
+            // SAFETY: the i32 block holds mcl rows of cols.len() values at stride ldacc; the
+            // output block is owned by this part.
+            unsafe { run_block(ops, Some(ctx), Src::I32(acc.as_ptr(), ldacc), m0..m0 + mcl, cols, out, tmp) };
+            pn0 = pn1;
+        }
+        m0 += mcl;
+    }
+}

@@ -1,0 +1,40 @@
+//! AVX-VNNI u8×s8→i32 microkernel (6×16): VEX-encoded 256-bit `vpdpbusd`, 12 ymm accumulators.
+//! `vpdpbusd` sums the four u8·s8 products in i32 (no intermediate i16), so it is exact.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Rows per register block.
+pub const MR: usize = 6;
+/// Columns per packed panel.
+pub const NR: usize = 16;
+
+/// `C[MR×NR] = Σ_g A_panel[g] · B_panel[g]`.
+///
+/// # Safety
+/// CPU must support AVX-VNNI. `a` holds `kc4·MR·4` bytes, `b` holds `kc4·NR·4` bytes (32-byte
+/// aligned), `c` addresses `MR` rows (stride `ldc`) of `NR` writable i32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avxvnni")]
+pub unsafe fn ukernel(kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
+    let mut acc = [[_mm256_setzero_si256(); 2]; MR];
+    for g in 0..kc4 {
+        // SAFETY: g < kc4, reads inside the panels (caller contract).
+        unsafe {
+            let b0 = _mm256_load_si256(b.add(g * NR * 4) as *const __m256i);
+            let b1 = _mm256_load_si256(b.add(g * NR * 4 + 32) as *const __m256i);
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let av = _mm256_set1_epi32((a.add((g * MR + i) * 4) as *const i32).read_unaligned());
+                acc[0] = _mm256_dpbusd_avx_epi32(acc[0], av, b0);
+                acc[1] = _mm256_dpbusd_avx_epi32(acc[1], av, b1);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        // SAFETY: the C tile is MR×NR writable (caller contract).
+        unsafe {
+            _mm256_storeu_si256(c.add(i * ldc) as *mut __m256i, row[0]);
+            _mm256_storeu_si256(c.add(i * ldc + 8) as *mut __m256i, row[1]);
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Weight prepacking into the K-quad interleaved layout, with column sums stored beside, and the
+//! on-the-fly activation packing.
+//!
+//! Weight layout (`PackedI8`): N is cut into panels of `NR` columns (zero padded); K is padded to
+//! a multiple of 4 (64 for AMX) with zeros. Panel `p` holds, for each K-quad `g`, `NR` columns ×
+//! 4 consecutive K bytes: `data[p·Kp·NR + g·NR·4 + j·4 + t] = B[4g + t, p·NR + j]`. This is what
+//! `vpdpbusd` (one i32 lane = one column) and an AMX B tile row (16 columns × 4 bytes) consume.
+//!
+//! Column sums `colsum[n] = Σ_k B[k, n]` (i32) pay for the activation zero point and for the
+//! +128 shift that turns s8 activations into the u8 operand `vpdpbusd` needs:
+//! `Σ (a+128)·b = Σ a·b + 128·colsum`.
+
+use super::super::buf::AlignedBuf;
+use super::super::error::KernelError;
+use super::super::select::{pick_int8, Int8Kernel};
+use super::{desc, ALayout};
+
+/// Largest supported K: `255·128·K` must fit in i32.
+pub const MAX_K: usize = 65536;
+
+/// A weight `B[k×n]` (s8) packed for one int8 kernel family, plus its column sums.
+///
+/// ```
+/// use codegen::kernels::int8::{gemm_i8, Activations, PackedI8};
+/// use codegen::kernels::{Epilogue, Output};
+/// // A = [[1, 2, 3]] (u8), B = [[1, -1], [2, 0], [3, 5]] as [k=3, n=2]
+/// let b = PackedI8::pack(&[1, -1, 2, 0, 3, 5], 3, 2, false).unwrap();
+/// assert_eq!(b.colsum(), &[6, 4]);
+/// let mut c = [0i32; 2];
+/// gemm_i8(1, Activations::U8(&[1, 2, 3]), 3, &b, Output::I32 { c: &mut c, ldc: 2 }, &Epilogue::none(), 1).unwrap();
+/// assert_eq!(c, [14, 14]);
+/// ```
+#[derive(Debug, Clone)]
+pub struct PackedI8 {
+    pub(crate) k: usize,
+    pub(crate) n: usize,
+    pub(crate) k_pad: usize,
+    pub(crate) nr: usize,
+    pub(crate) kernel: Int8Kernel,
+    pub(crate) data: AlignedBuf<i8>,
+    pub(crate) colsum: Vec<i32>,
+}
+
+impl PackedI8 {
+    /// Packs B, `[k, n]` row-major (`b_is_transposed == false`) or `[n, k]` row-major (`true`),
+    /// for the kernel [`pick_int8`] chooses for a large M.
+    pub fn pack(b: &[i8], k: usize, n: usize, b_is_transposed: bool) -> Result<Self, KernelError> {
+        let ld = if b_is_transposed { k } else { n };
+        Self::pack_for(pick_int8(usize::MAX, n, k), b, k, n, ld, b_is_transposed)
+    }
+
+    /// Packs for an explicit kernel (the CPU need not support it: packing is plain data, which
+    /// is how the AMX path is tested on the tile model) with source row stride `ldb`.
+    pub fn pack_for(kernel: Int8Kernel, b: &[i8], k: usize, n: usize, ldb: usize, b_is_transposed: bool) -> Result<Self, KernelError> {
+        if k > MAX_K {
+            return Err(KernelError::BadArgs(format!("k = {k} > {MAX_K} may overflow i32")));
+        }
+        let (rows, cols) = if b_is_transposed { (n, k) } else { (k, n) };
+        if ldb < cols || (rows > 0 && cols > 0 && b.len() < (rows - 1) * ldb + cols) {
+            return Err(KernelError::BadArgs(format!("B slice of {} too short for {rows}x{cols} with ld {ldb}", b.len())));
+        }
+        let d = desc(kernel);
+        let nr = d.nr;
+        let k_pad = k.next_multiple_of(d.k_align).max(d.k_align);
+        let panels = n.div_ceil(nr);
+        let mut data = AlignedBuf::<i8>::zeroed(panels * k_pad * nr);
+        let mut colsum = vec![0i32; n];
+        let at = |kk: usize, j: usize| if b_is_transposed { b[j * ldb + kk] } else { b[kk * ldb + j] };
+        for p in 0..panels {
+            let base = p * k_pad * nr;
+            for j in 0..nr.min(n - p * nr) {
+                let col = p * nr + j;
+                let mut s = 0i32;
+                for kk in 0..k {
+                    let v = at(kk, col);
+                    s += v as i32;
+                    data[base + (kk / 4) * nr * 4 + j * 4 + kk % 4] = v;
+                }
+                colsum[col] = s;
+            }
+        }
+        Ok(PackedI8 { k, n, k_pad, nr, kernel, data, colsum })
+    }
+
+    /// Depth.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Output columns.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// The kernel this packing was made for.
+    pub fn kernel(&self) -> Int8Kernel {
+        self.kernel
+    }
+
+    /// `Σ_k B[k, n]` per column.
+    pub fn colsum(&self) -> &[i32] {
+        &self.colsum
+    }
+
+    /// Whether `kernel` can run on this packing (same panel width and K padding).
+    pub fn compatible_with(&self, kernel: Int8Kernel) -> bool {
+        let d = desc(kernel);
+        d.nr == self.nr && self.k_pad % d.k_align == 0
+    }
+}
+
+/// Packs activation rows `rows` (absolute), all of K, into `mpan` micro-panels of `mr` rows at
+/// `dst` for the layout; `xor` is 0x80 for s8 input (shift to u8) and 0 for u8. Rows past the
+/// end are zero.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pack_a(a: &[u8], lda: usize, k: usize, k_pad: usize, rows: std::ops::Range<usize>, mr: usize, layout: ALayout, xor: u8, dst: &mut [u8]) {
+    let mpan = rows.len().div_ceil(mr);
+    for ip in 0..mpan {
+        let panel = &mut dst[ip * mr * k_pad..(ip + 1) * mr * k_pad];
+        for i in 0..mr {
+            let r = rows.start + ip * mr + i;
+            let src: &[u8] = if r < rows.end { &a[r * lda..r * lda + k] } else { &[] };
+            match layout {
+                ALayout::RowMajor => {
+                    let d = &mut panel[i * k_pad..(i + 1) * k_pad];
+                    for (d, s) in d.iter_mut().zip(src) {
+                        *d = s ^ xor;
+                    }
+                    d[src.len()..].fill(0);
+                }
+                ALayout::Quad => {
+                    let mut ch = src.chunks_exact(4);
+                    let mut g = 0;
+                    for q in &mut ch {
+                        let o = (g * mr + i) * 4;
+                        panel[o] = q[0] ^ xor;
+                        panel[o + 1] = q[1] ^ xor;
+                        panel[o + 2] = q[2] ^ xor;
+                        panel[o + 3] = q[3] ^ xor;
+                        g += 1;
+                    }
+                    let rem = ch.remainder();
+                    if !rem.is_empty() {
+                        let o = (g * mr + i) * 4;
+                        for t in 0..4 {
+                            panel[o + t] = rem.get(t).map_or(0, |v| v ^ xor);
+                        }
+                        g += 1;
+                    }
+                    while g < k_pad / 4 {
+                        panel[(g * mr + i) * 4..(g * mr + i) * 4 + 4].fill(0);
+                        g += 1;
+                    }
+                }
+            }
+        }
+    }
+}

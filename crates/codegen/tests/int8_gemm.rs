@@ -1,0 +1,193 @@
+//! INT8 GEMM: every kernel this CPU runs, plus AMX through the tile model, against a naive i64
+//! triple loop (bit-exact i32) and the scalar kernel; extreme values; long K.
+
+mod common;
+use codegen::kernels::int8::{gemm_i8_amx_model, gemm_i8_with, Activations, PackedI8};
+use codegen::kernels::{Epilogue, Int8Kernel, Output};
+use common::Rng;
+use proptest::prelude::*;
+
+pub fn kernels() -> Vec<Int8Kernel> {
+    Int8Kernel::ALL
+        .into_iter()
+        .filter(|k| {
+            let ok = k.is_supported();
+            if !ok {
+                eprintln!("SKIPPING int8 kernel {} on hardware: this CPU lacks its instructions (AMX is still tested on the tile model)", k.name());
+            }
+            ok
+        })
+        .collect()
+}
+
+/// Naive Σ a·b in i64 over unpacked data.
+fn oracle(m: usize, n: usize, k: usize, a: &[i32], lda: usize, b: &[i8], ldb: usize, bt: bool) -> Vec<i64> {
+    let mut c = vec![0i64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0i64;
+            for kk in 0..k {
+                let bv = if bt { b[j * ldb + kk] } else { b[kk * ldb + j] };
+                s += a[i * lda + kk] as i64 * bv as i64;
+            }
+            c[i * n + j] = s;
+        }
+    }
+    c
+}
+
+struct Case {
+    m: usize,
+    n: usize,
+    k: usize,
+    signed: bool,
+    bt: bool,
+    pad: usize,
+    a_u8: Vec<u8>,
+    a_s8: Vec<i8>,
+    b: Vec<i8>,
+}
+
+impl Case {
+    fn random(m: usize, n: usize, k: usize, signed: bool, bt: bool, pad: usize, seed: u64) -> Self {
+        let mut r = Rng(seed | 1);
+        let lda = k + pad;
+        let ldb = if bt { k } else { n } + pad;
+        let a_u8: Vec<u8> = (0..m * lda).map(|_| r.u8()).collect();
+        let a_s8: Vec<i8> = a_u8.iter().map(|&v| v as i8).collect();
+        let b: Vec<i8> = (0..if bt { n * ldb } else { k * ldb }).map(|_| r.i8()).collect();
+        Case { m, n, k, signed, bt, pad, a_u8, a_s8, b }
+    }
+    fn lda(&self) -> usize {
+        self.k + self.pad
+    }
+    fn ldb(&self) -> usize {
+        (if self.bt { self.k } else { self.n }) + self.pad
+    }
+    fn act(&self) -> Activations<'_> {
+        if self.signed { Activations::S8(&self.a_s8) } else { Activations::U8(&self.a_u8) }
+    }
+    fn want(&self) -> Vec<i64> {
+        let a: Vec<i32> = if self.signed { self.a_s8.iter().map(|&v| v as i32).collect() } else { self.a_u8.iter().map(|&v| v as i32).collect() };
+        oracle(self.m, self.n, self.k, &a, self.lda(), &self.b, self.ldb(), self.bt)
+    }
+    /// Runs `kernel` (None = AMX on the tile model) and returns the i32 output (ldc = n + 1).
+    fn run(&self, kernel: Option<Int8Kernel>, threads: usize) -> Vec<i32> {
+        let pk = kernel.unwrap_or(Int8Kernel::Amx);
+        let packed = PackedI8::pack_for(pk, &self.b, self.k, self.n, self.ldb(), self.bt).unwrap();
+        let ldc = self.n + 1;
+        let mut c = vec![i32::MIN; self.m * ldc];
+        let out = Output::I32 { c: &mut c, ldc };
+        match kernel {
+            Some(k) => gemm_i8_with(k, self.m, self.act(), self.lda(), &packed, out, &Epilogue::none(), threads).unwrap(),
+            None => {
+                let dots = gemm_i8_amx_model(self.m, self.act(), self.lda(), &packed, out, &Epilogue::none(), threads).unwrap();
+                let expect = self.m.div_ceil(32) * self.n.div_ceil(32) * 4 * self.k.max(1).div_ceil(64);
+                assert_eq!(dots, expect, "AMX tiling issued the wrong number of tdpbusd");
+            }
+        }
+        c
+    }
+    fn check(&self, kernel: Option<Int8Kernel>, threads: usize) {
+        let got = self.run(kernel, threads);
+        let want = self.want();
+        let ldc = self.n + 1;
+        let name = kernel.map_or("amx(tile model)", |k| k.name());
+        for i in 0..self.m {
+            for j in 0..self.n {
+                assert_eq!(
+                    got[i * ldc + j] as i64,
+                    want[i * self.n + j],
+                    "{name} m={} n={} k={} s8={} bt={} t={threads}: c[{i},{j}]",
+                    self.m,
+                    self.n,
+                    self.k,
+                    self.signed,
+                    self.bt
+                );
+            }
+            assert_eq!(got[i * ldc + self.n], i32::MIN, "{name} wrote past n");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #[test]
+    fn int8_kernels_bit_exact(m in 1usize..=300, n in 1usize..=300, k in 1usize..=300, signed: bool, bt: bool, threads in 1usize..=2, pad in 0usize..3, seed: u64) {
+        let c = Case::random(m, n, k, signed, bt, pad, seed);
+        for kern in kernels() {
+            c.check(Some(kern), threads);
+        }
+    }
+
+    #[test]
+    fn amx_tile_model_bit_exact(m in 1usize..=200, n in 1usize..=200, k in 1usize..=200, signed: bool, bt: bool, pad in 0usize..3, seed: u64) {
+        Case::random(m, n, k, signed, bt, pad, seed).check(None, 1);
+    }
+}
+
+#[test]
+fn int8_awkward_shapes_all_kernels() {
+    for &(m, n, k) in &[(1, 1, 1), (1, 1, 3), (13, 33, 17), (12, 32, 64), (33, 31, 65), (64, 64, 300), (5, 100, 4), (100, 5, 129)] {
+        let c = Case::random(m, n, k, m % 2 == 0, n % 2 == 0, 1, (m * 1000 + n * 10 + k) as u64);
+        for kern in kernels() {
+            for t in 1..=2 {
+                c.check(Some(kern), t);
+            }
+        }
+        c.check(None, 2);
+    }
+}
+
+fn extreme_case(m: usize, n: usize, k: usize, av: u8, bv: i8, signed: bool) -> Case {
+    let mut c = Case::random(m, n, k, signed, true, 0, 1);
+    c.a_u8.iter_mut().for_each(|v| *v = av);
+    c.a_s8.iter_mut().for_each(|v| *v = av as i8);
+    c.b.iter_mut().for_each(|v| *v = bv);
+    c
+}
+
+#[test]
+fn int8_extremes_no_saturation() {
+    // 255·(−128) everywhere is what saturates a naive vpmaddubsw kernel.
+    for (av, bv, signed) in [(255u8, -128i8, false), (255, 127, false), (0x80, -128, true), (0x7f, 127, true), (0x80, 127, true)] {
+        let c = extreme_case(20, 40, 1000, av, bv, signed);
+        for kern in kernels() {
+            c.check(Some(kern), 2);
+        }
+        c.check(None, 1);
+    }
+}
+
+#[test]
+fn int8_longest_k() {
+    // 255 · (−128) · 65536 = −2 139 095 040, the most negative sum that still fits in i32.
+    let c = extreme_case(3, 17, 65536, 255, -128, false);
+    let want = c.want();
+    assert_eq!(want[0], -2_139_095_040);
+    for kern in kernels() {
+        c.check(Some(kern), 2);
+    }
+    assert!(PackedI8::pack_for(Int8Kernel::Scalar, &vec![0; 65537], 65537, 1, 1, false).is_err());
+}
+
+#[test]
+fn unsupported_kernel_is_an_error() {
+    for k in Int8Kernel::ALL {
+        if !k.is_supported() {
+            let p = PackedI8::pack_for(k, &[1; 4], 4, 1, 1, false).unwrap();
+            let mut c = [0i32; 1];
+            let r = gemm_i8_with(k, 1, Activations::U8(&[1; 4]), 4, &p, Output::I32 { c: &mut c, ldc: 1 }, &Epilogue::none(), 1);
+            assert!(r.is_err(), "{} should be refused", k.name());
+        }
+    }
+}
+
+#[test]
+fn kernel_packing_mismatch_is_an_error() {
+    let p = PackedI8::pack_for(Int8Kernel::Amx, &[1; 64], 64, 1, 1, false).unwrap();
+    let mut c = [0i32; 1];
+    let r = gemm_i8_with(Int8Kernel::Scalar, 1, Activations::U8(&[1; 64]), 64, &p, Output::I32 { c: &mut c, ldc: 1 }, &Epilogue::none(), 1);
+    assert!(matches!(r, Err(codegen::kernels::KernelError::BadArgs(_))));
+}
