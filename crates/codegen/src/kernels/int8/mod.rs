@@ -310,13 +310,16 @@ unsafe fn compute_part(
         let mut pn0 = pans.start;
         while pn0 < pans.end {
             let pn1 = (pn0 + blk.nc_panels).min(pans.end);
-            for p in pn0..pn1 {
-                // SAFETY: panel p has kp·nr bytes.
-                let bp = unsafe { b.data.as_ptr().add(p * kp * nr) };
-                for ip in 0..mpan {
-                    // SAFETY: A micro-panel ip has mr·kp bytes; the i32 tile (mr × nr at row
-                    // ip·mr, column (p−pn0)·nr) is inside the mc × ldacc block.
-                    unsafe { kern.run(kp / 4, apack.as_ptr().add(ip * mr * kp), bp, acc.as_mut_ptr().add(ip * mr * ldacc + (p - pn0) * nr), ldacc) };
+            // A micro-panel (mr × Kp, a few KB) stays in L1 while the B panels of the block
+            // stream from L2 in address order.
+            for ip in 0..mpan {
+                for p in pn0..pn1 {
+                    // SAFETY: panel p has kp·nr bytes; A micro-panel ip has mr·kp bytes; the i32
+                    // tile (mr × nr at row ip·mr, column (p−pn0)·nr) is inside the mc × ldacc block.
+                    unsafe {
+                        let bp = b.data.as_ptr().add(p * kp * nr);
+                        kern.run(kp / 4, apack.as_ptr().add(ip * mr * kp), bp, acc.as_mut_ptr().add(ip * mr * ldacc + (p - pn0) * nr), ldacc)
+                    };
                 }
             }
             let cols = pn0 * nr..(pn1 * nr).min(b.n);

@@ -129,14 +129,13 @@ pub(crate) fn pack_a(a: &[u8], lda: usize, k: usize, k_pad: usize, rows: std::op
                     d[src.len()..].fill(0);
                 }
                 ALayout::Quad => {
+                    let x32 = u32::from_ne_bytes([xor; 4]);
                     let mut ch = src.chunks_exact(4);
                     let mut g = 0;
                     for q in &mut ch {
+                        let v = u32::from_ne_bytes([q[0], q[1], q[2], q[3]]) ^ x32;
                         let o = (g * mr + i) * 4;
-                        panel[o] = q[0] ^ xor;
-                        panel[o + 1] = q[1] ^ xor;
-                        panel[o + 2] = q[2] ^ xor;
-                        panel[o + 3] = q[3] ^ xor;
+                        panel[o..o + 4].copy_from_slice(&v.to_ne_bytes());
                         g += 1;
                     }
                     let rem = ch.remainder();
