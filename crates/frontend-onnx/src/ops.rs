@@ -12,6 +12,7 @@ use crate::ImportError;
 /// absent ones dropped) and typed access to its attributes.
 struct NodeCtx<'m> {
     n: &'m NodeProto,
+    opset: i64,
     label: String,
     ins: Vec<Option<Outlet>>,
 }
@@ -120,6 +121,21 @@ impl<'m> NodeCtx<'m> {
                     .ok_or_else(|| self.bad_attr(name, "the tensor is missing"))
             }
         }
+    }
+
+    /// Rejects an attribute that an older opset of the op had: reading it silently would
+    /// compute something else.
+    fn no_attr(&self, name: &str, now: &str) -> Result<(), ImportError> {
+        if self.n.attribute.iter().any(|a| a.name == name) {
+            return Err(self.bad_attr(
+                name,
+                format!(
+                    "not an attribute at opset {}; it is {now} there",
+                    self.opset
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Checks the number of inputs (absent trailing ones not counted).
@@ -261,6 +277,7 @@ impl<'m> Importer<'m> {
         }
         let x = NodeCtx {
             n,
+            opset: self.opset,
             label: label.clone(),
             ins,
         };
@@ -397,6 +414,7 @@ impl<'m> Importer<'m> {
                     a = x.input(0)?;
                     x.ints("axes")?
                 } else {
+                    x.no_attr("axes", "an input")?;
                     x.arity(1, 2)?;
                     a = x.input(0)?;
                     match x.opt(1) {
@@ -540,6 +558,7 @@ impl<'m> Importer<'m> {
                 let axes_as_input = opset >= if op == ReduceOp::Sum { 13 } else { 18 };
                 let a;
                 let axes = if axes_as_input {
+                    x.no_attr("axes", "an input")?;
                     x.arity(1, 2)?;
                     a = x.input(0)?;
                     match x.opt(1) {
