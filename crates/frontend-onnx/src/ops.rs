@@ -369,7 +369,7 @@ impl<'m> Importer<'m> {
                 let to = x
                     .opt_int("to")?
                     .ok_or_else(|| x.bad_attr("to", "missing"))?;
-                let to = tensor::value_dtype(to as i32, || {
+                let to = tensor::value_dtype(i32::try_from(to).unwrap_or(-1), || {
                     format!("node `{}` (Cast), target type", x.label)
                 })?;
                 self.emit(n, Op::Cast { to }, &[x.input(0)?], &[to])?;
@@ -657,9 +657,11 @@ impl<'m> Importer<'m> {
                     return Err(x.bad_attr("block_size", "blocked quantization is not supported"));
                 }
                 let mut to = x.opt(2).map(|zp| self.dtype(zp));
+                self.require_dtype(&x, 0, &[DType::F32, DType::BF16, DType::I32])?;
+                self.require_dtype(&x, 1, &[DType::F32, DType::BF16])?;
                 let declared = x.int("output_dtype", 0)?;
                 if declared != 0 {
-                    let d = tensor::value_dtype(declared as i32, || {
+                    let d = tensor::value_dtype(i32::try_from(declared).unwrap_or(-1), || {
                         format!("node `{}` (QuantizeLinear), output_dtype", x.label)
                     })?;
                     if to.is_some_and(|z| z != d) {
@@ -691,6 +693,7 @@ impl<'m> Importer<'m> {
                     return Err(x.bad_attr("block_size", "blocked quantization is not supported"));
                 }
                 self.require_dtype(&x, 0, &[DType::U8, DType::I8, DType::I32])?;
+                self.require_dtype(&x, 1, &[DType::F32, DType::BF16])?;
                 let ins: Vec<Outlet> = (0..x.ins.len())
                     .map(|i| x.input(i))
                     .collect::<Result<_, _>>()?;
