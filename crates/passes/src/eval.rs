@@ -1,0 +1,385 @@
+//! Evaluation of single nodes on constant inputs, for constant folding. Float arithmetic is done
+//! in `f32`, as the runtime does, so a folded value is the value the graph would compute.
+
+use ir::{BinaryOp, DType, Op, Tensor, TensorType, UnaryOp};
+
+/// Element data: floats as `f32`, integers and bools as `i64`.
+#[derive(Clone, Debug)]
+enum Data {
+    F(Vec<f32>),
+    I(Vec<i64>),
+}
+
+impl Data {
+    fn len(&self) -> usize {
+        match self {
+            Data::F(v) => v.len(),
+            Data::I(v) => v.len(),
+        }
+    }
+
+    /// Picks elements by index (layout ops).
+    fn pick(&self, idx: &[usize]) -> Data {
+        match self {
+            Data::F(v) => Data::F(idx.iter().map(|&i| v[i]).collect()),
+            Data::I(v) => Data::I(idx.iter().map(|&i| v[i]).collect()),
+        }
+    }
+}
+
+fn load(t: &Tensor) -> Result<Data, String> {
+    let r = if t.dtype().is_float() {
+        t.to_f32_vec().map(Data::F)
+    } else {
+        t.to_i64_vec().map(Data::I)
+    };
+    r.map_err(|e| e.to_string())
+}
+
+fn store(dtype: DType, shape: Vec<usize>, d: Data) -> Tensor {
+    let f = |d: Data| match d {
+        Data::F(v) => v,
+        Data::I(v) => v.into_iter().map(|x| x as f32).collect(),
+    };
+    let i = |d: Data| match d {
+        Data::I(v) => v,
+        // ONNX casts floats to integers by truncation toward zero.
+        Data::F(v) => v.into_iter().map(|x| x as i64).collect(),
+    };
+    match dtype {
+        DType::F32 => Tensor::from_vec(shape, f(d)),
+        DType::BF16 => {
+            Tensor::from_vec(shape, f(d).into_iter().map(half::bf16::from_f32).collect())
+        }
+        DType::I64 => Tensor::from_vec(shape, i(d)),
+        DType::I32 => Tensor::from_vec(shape, i(d).into_iter().map(|x| x as i32).collect()),
+        DType::I8 => Tensor::from_vec(shape, i(d).into_iter().map(|x| x as i8).collect()),
+        DType::U8 => Tensor::from_vec(shape, i(d).into_iter().map(|x| x as u8).collect()),
+        DType::Bool => {
+            let v: Vec<bool> = match d {
+                Data::F(v) => v.into_iter().map(|x| x != 0.0).collect(),
+                Data::I(v) => v.into_iter().map(|x| x != 0).collect(),
+            };
+            Tensor::from_vec(shape, v)
+        }
+    }
+}
+
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// For each element of `out` (row-major), the flat index into a tensor of `shape` broadcast to
+/// `out` (numpy rules, aligned right).
+fn broadcast_index(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let n: usize = out.iter().product();
+    let off = out.len() - shape.len();
+    let st = strides(shape);
+    let ost = strides(out);
+    (0..n)
+        .map(|flat| {
+            let mut src = 0;
+            for (k, (&d, &s)) in shape.iter().zip(&st).enumerate() {
+                let coord = (flat / ost[off + k]) % out[off + k];
+                if d != 1 {
+                    src += coord * s;
+                }
+            }
+            src
+        })
+        .collect()
+}
+
+fn fixed_shape(ty: &TensorType) -> Result<Vec<usize>, String> {
+    ty.shape
+        .as_ref()
+        .and_then(|s| s.iter().map(|d| d.as_fixed()).collect())
+        .ok_or_else(|| format!("output type {ty} is not fixed"))
+}
+
+/// Evaluates `op` on constant `inputs`, producing a tensor of type `out`. `Ok(None)` when the op
+/// is not one constant folding evaluates.
+///
+/// ```
+/// use ir::{BinaryOp, DType, Op, Tensor, TensorType};
+/// let a = Tensor::from_vec(vec![2], vec![1i64, 2]);
+/// let b = Tensor::scalar(10i64);
+/// let out = TensorType::new(DType::I64, ir::fixed_shape(&[2]));
+/// let r = passes::eval_node(&Op::Binary(BinaryOp::Mul), &[&a, &b], &out).unwrap().unwrap();
+/// assert_eq!(r.to_vec::<i64>().unwrap(), vec![10, 20]);
+/// ```
+pub fn eval_node(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Option<Tensor>, String> {
+    let oshape = fixed_shape(out)?;
+    let n: usize = oshape.iter().product();
+    let data = match op {
+        Op::Binary(b) => {
+            let (x, y) = (load(inputs[0])?, load(inputs[1])?);
+            let ix = broadcast_index(inputs[0].shape(), &oshape);
+            let iy = broadcast_index(inputs[1].shape(), &oshape);
+            binary(*b, &x.pick(&ix), &y.pick(&iy))?
+        }
+        Op::Unary(u) => match unary(*u, load(inputs[0])?) {
+            Some(d) => d,
+            None => return Ok(None),
+        },
+        Op::Where => {
+            let c = match load(inputs[0])? {
+                Data::I(v) => v,
+                Data::F(_) => return Err("where condition is not bool".into()),
+            };
+            let ic = broadcast_index(inputs[0].shape(), &oshape);
+            let a = load(inputs[1])?.pick(&broadcast_index(inputs[1].shape(), &oshape));
+            let b = load(inputs[2])?.pick(&broadcast_index(inputs[2].shape(), &oshape));
+            match (a, b) {
+                (Data::F(a), Data::F(b)) => Data::F(
+                    (0..n)
+                        .map(|i| if c[ic[i]] != 0 { a[i] } else { b[i] })
+                        .collect(),
+                ),
+                (Data::I(a), Data::I(b)) => Data::I(
+                    (0..n)
+                        .map(|i| if c[ic[i]] != 0 { a[i] } else { b[i] })
+                        .collect(),
+                ),
+                _ => return Err("where branches of different kinds".into()),
+            }
+        }
+        Op::Cast { to } => {
+            let d = load(inputs[0])?;
+            match (d, to.is_float()) {
+                (Data::F(v), false) if *to == DType::Bool => {
+                    Data::I(v.into_iter().map(|x| i64::from(x != 0.0)).collect())
+                }
+                (d, _) => d,
+            }
+        }
+        Op::Reshape { .. } | Op::Unsqueeze { .. } | Op::Squeeze { .. } | Op::Flatten { .. } => {
+            load(inputs[0])?
+        }
+        Op::Transpose { perm } => {
+            let s = inputs[0].shape();
+            let perm: Vec<usize> = if perm.is_empty() {
+                (0..s.len()).rev().collect()
+            } else {
+                perm.iter()
+                    .map(|&p| {
+                        if p < 0 {
+                            (p + s.len() as i64) as usize
+                        } else {
+                            p as usize
+                        }
+                    })
+                    .collect()
+            };
+            let st = strides(s);
+            let ost = strides(&oshape);
+            let idx: Vec<usize> = (0..n)
+                .map(|flat| {
+                    perm.iter()
+                        .enumerate()
+                        .map(|(k, &p)| ((flat / ost[k]) % oshape[k]) * st[p])
+                        .sum()
+                })
+                .collect();
+            load(inputs[0])?.pick(&idx)
+        }
+        Op::Concat { axis } => {
+            let r = oshape.len() as i64;
+            let a = (if *axis < 0 { axis + r } else { *axis }) as usize;
+            let outer: usize = oshape[..a].iter().product();
+            let mut parts = Vec::new();
+            for t in inputs {
+                parts.push((load(t)?, t.shape()[a..].iter().product::<usize>()));
+            }
+            let mut f = Vec::new();
+            let mut iv = Vec::new();
+            for o in 0..outer {
+                for (d, chunk) in &parts {
+                    match d {
+                        Data::F(v) => f.extend_from_slice(&v[o * chunk..(o + 1) * chunk]),
+                        Data::I(v) => iv.extend_from_slice(&v[o * chunk..(o + 1) * chunk]),
+                    }
+                }
+            }
+            if f.is_empty() {
+                Data::I(iv)
+            } else {
+                Data::F(f)
+            }
+        }
+        Op::Gather { axis } => {
+            let s = inputs[0].shape();
+            let a = (if *axis < 0 {
+                axis + s.len() as i64
+            } else {
+                *axis
+            }) as usize;
+            let idx = inputs[1].to_i64_vec().map_err(|e| e.to_string())?;
+            let outer: usize = s[..a].iter().product();
+            let inner: usize = s[a + 1..].iter().product();
+            let mut pick = Vec::with_capacity(n);
+            for o in 0..outer {
+                for &i in &idx {
+                    let i = if i < 0 { i + s[a] as i64 } else { i };
+                    if i < 0 || i as usize >= s[a] {
+                        return Err(format!(
+                            "gather index {i} out of range for axis of size {}",
+                            s[a]
+                        ));
+                    }
+                    for k in 0..inner {
+                        pick.push((o * s[a] + i as usize) * inner + k);
+                    }
+                }
+            }
+            load(inputs[0])?.pick(&pick)
+        }
+        Op::Slice => {
+            let s = inputs[0].shape();
+            let starts = inputs[1].to_i64_vec().map_err(|e| e.to_string())?;
+            let axes: Vec<usize> = match inputs.get(3) {
+                Some(t) => t
+                    .to_i64_vec()
+                    .map_err(|e| e.to_string())?
+                    .into_iter()
+                    .map(|a| {
+                        if a < 0 {
+                            (a + s.len() as i64) as usize
+                        } else {
+                            a as usize
+                        }
+                    })
+                    .collect(),
+                None => (0..starts.len()).collect(),
+            };
+            let steps = match inputs.get(4) {
+                Some(t) => t.to_i64_vec().map_err(|e| e.to_string())?,
+                None => vec![1; starts.len()],
+            };
+            let mut first = vec![0i64; s.len()];
+            let mut step = vec![1i64; s.len()];
+            for (j, &a) in axes.iter().enumerate() {
+                let d = s[a] as i64;
+                let st = if starts[j] < 0 {
+                    starts[j] + d
+                } else {
+                    starts[j]
+                };
+                first[a] = if steps[j] > 0 {
+                    st.clamp(0, d)
+                } else {
+                    st.clamp(0, d - 1)
+                };
+                step[a] = steps[j];
+            }
+            let st = strides(s);
+            let ost = strides(&oshape);
+            let idx: Vec<usize> = (0..n)
+                .map(|flat| {
+                    (0..s.len())
+                        .map(|k| {
+                            ((first[k] + ((flat / ost[k]) % oshape[k]) as i64 * step[k]) as usize)
+                                * st[k]
+                        })
+                        .sum()
+                })
+                .collect();
+            load(inputs[0])?.pick(&idx)
+        }
+        Op::Expand => load(inputs[0])?.pick(&broadcast_index(inputs[0].shape(), &oshape)),
+        Op::ConstantOfShape { value } => match load(value)? {
+            Data::F(v) => Data::F(vec![*v.first().ok_or("empty value")?; n]),
+            Data::I(v) => Data::I(vec![*v.first().ok_or("empty value")?; n]),
+        },
+        Op::Range => match (load(inputs[0])?, load(inputs[2])?) {
+            (Data::I(a), Data::I(d)) => Data::I((0..n as i64).map(|i| a[0] + i * d[0]).collect()),
+            (Data::F(a), Data::F(d)) => Data::F((0..n).map(|i| a[0] + i as f32 * d[0]).collect()),
+            _ => return Err("range operands of different kinds".into()),
+        },
+        _ => return Ok(None),
+    };
+    if data.len() != n {
+        return Err(format!(
+            "evaluated {} elements for output {out}",
+            data.len()
+        ));
+    }
+    Ok(Some(store(out.dtype, oshape, data)))
+}
+
+fn binary(b: BinaryOp, x: &Data, y: &Data) -> Result<Data, String> {
+    use BinaryOp::*;
+    let cmp = |r: Vec<bool>| Data::I(r.into_iter().map(i64::from).collect());
+    Ok(match (x, y) {
+        (Data::F(x), Data::F(y)) => {
+            let z = x.iter().zip(y);
+            match b {
+                Add => Data::F(z.map(|(a, b)| a + b).collect()),
+                Sub => Data::F(z.map(|(a, b)| a - b).collect()),
+                Mul => Data::F(z.map(|(a, b)| a * b).collect()),
+                Div => Data::F(z.map(|(a, b)| a / b).collect()),
+                Pow => Data::F(z.map(|(a, b)| a.powf(*b)).collect()),
+                Max => Data::F(z.map(|(a, b)| a.max(*b)).collect()),
+                Min => Data::F(z.map(|(a, b)| a.min(*b)).collect()),
+                Equal => cmp(z.map(|(a, b)| a == b).collect()),
+                Less => cmp(z.map(|(a, b)| a < b).collect()),
+                Greater => cmp(z.map(|(a, b)| a > b).collect()),
+                And | Or => return Err(format!("{} on floats", b.name())),
+            }
+        }
+        (Data::I(x), Data::I(y)) => {
+            let z = x.iter().zip(y);
+            let checked = |r: Option<Vec<i64>>| {
+                r.map(Data::I)
+                    .ok_or_else(|| format!("integer {} overflows or divides by zero", b.name()))
+            };
+            match b {
+                Add => checked(z.map(|(a, b)| a.checked_add(*b)).collect())?,
+                Sub => checked(z.map(|(a, b)| a.checked_sub(*b)).collect())?,
+                Mul => checked(z.map(|(a, b)| a.checked_mul(*b)).collect())?,
+                Div => checked(z.map(|(a, b)| a.checked_div(*b)).collect())?,
+                Pow => checked(
+                    z.map(|(a, b)| u32::try_from(*b).ok().and_then(|e| a.checked_pow(e)))
+                        .collect(),
+                )?,
+                Max => Data::I(z.map(|(a, b)| *a.max(b)).collect()),
+                Min => Data::I(z.map(|(a, b)| *a.min(b)).collect()),
+                Equal => cmp(z.map(|(a, b)| a == b).collect()),
+                Less => cmp(z.map(|(a, b)| a < b).collect()),
+                Greater => cmp(z.map(|(a, b)| a > b).collect()),
+                And => cmp(z.map(|(a, b)| *a != 0 && *b != 0).collect()),
+                Or => cmp(z.map(|(a, b)| *a != 0 || *b != 0).collect()),
+            }
+        }
+        _ => return Err(format!("{} of a float and an integer", b.name())),
+    })
+}
+
+fn unary(u: UnaryOp, d: Data) -> Option<Data> {
+    use UnaryOp::*;
+    Some(match d {
+        Data::F(v) => Data::F(match u {
+            Neg => v.into_iter().map(|x| -x).collect(),
+            Abs => v.into_iter().map(f32::abs).collect(),
+            Sqrt => v.into_iter().map(f32::sqrt).collect(),
+            Reciprocal => v.into_iter().map(|x| 1.0 / x).collect(),
+            Exp => v.into_iter().map(f32::exp).collect(),
+            Log => v.into_iter().map(f32::ln).collect(),
+            Tanh => v.into_iter().map(f32::tanh).collect(),
+            Sigmoid => v.into_iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect(),
+            Relu => v.into_iter().map(|x| x.max(0.0)).collect(),
+            Erf | Not => return None,
+        }),
+        Data::I(v) => Data::I(match u {
+            Neg => v.into_iter().map(|x| x.wrapping_neg()).collect(),
+            Abs => v.into_iter().map(|x| x.wrapping_abs()).collect(),
+            Relu => v.into_iter().map(|x| x.max(0)).collect(),
+            Not => v.into_iter().map(|x| i64::from(x == 0)).collect(),
+            _ => return None,
+        }),
+    })
+}

@@ -1,0 +1,198 @@
+//! The pass manager: named pipelines run to a fixpoint, with verification and dumps.
+
+use ir::Graph;
+
+use crate::{
+    ConstantFolding, DeadCodeElimination, Pass, PassError, RecognizeAttention, RecognizeGelu,
+    RecognizeLayerNorm, RecognizeLinear, ShapeInference,
+};
+
+/// Which dumps to take: the name `import` stands for the graph before any pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DumpSpec {
+    #[default]
+    None,
+    All,
+    Named(Vec<String>),
+}
+
+impl DumpSpec {
+    /// Parses the CLI form: `all`, `none`, or a comma-separated list of pass names.
+    ///
+    /// ```
+    /// use passes::DumpSpec;
+    /// assert_eq!(DumpSpec::parse("all"), DumpSpec::All);
+    /// assert_eq!(DumpSpec::parse("import,RecognizeGelu"),
+    ///            DumpSpec::Named(vec!["import".into(), "RecognizeGelu".into()]));
+    /// ```
+    pub fn parse(s: &str) -> DumpSpec {
+        match s.trim() {
+            "all" => DumpSpec::All,
+            "" | "none" => DumpSpec::None,
+            list => DumpSpec::Named(list.split(',').map(|x| x.trim().to_string()).collect()),
+        }
+    }
+
+    pub fn wants(&self, name: &str) -> bool {
+        match self {
+            DumpSpec::None => false,
+            DumpSpec::All => true,
+            DumpSpec::Named(v) => v.iter().any(|n| n == name),
+        }
+    }
+}
+
+/// How to run a pipeline: where to stop and what to dump.
+#[derive(Default)]
+pub struct RunOptions<'a> {
+    /// Stop right after the first run of this pass (or after the import, for `import`).
+    pub stop_after: Option<String>,
+    /// The dumps to take.
+    pub dump_after: DumpSpec,
+    /// Receives `(pass name, graph text)` for each dump taken.
+    pub dump: Option<&'a mut dyn FnMut(&str, &str)>,
+}
+
+/// One run of one pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PassRun {
+    pub pass: &'static str,
+    pub iteration: usize,
+    pub changed: bool,
+}
+
+/// What a pipeline run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunReport {
+    pub runs: Vec<PassRun>,
+    /// Whether the run ended early because of `stop_after`.
+    pub stopped: bool,
+}
+
+/// A named list of passes, run in order, repeatedly, until one whole round changes nothing.
+///
+/// ```
+/// let p = passes::Pipeline::declutter();
+/// assert_eq!(p.name(), "declutter");
+/// assert_eq!(p.pass_names()[0], "ShapeInference");
+/// ```
+pub struct Pipeline {
+    name: &'static str,
+    passes: Vec<Box<dyn Pass>>,
+    max_iterations: usize,
+}
+
+impl Pipeline {
+    /// A pipeline over the given passes.
+    pub fn new(name: &'static str, passes: Vec<Box<dyn Pass>>) -> Pipeline {
+        Pipeline {
+            name,
+            passes,
+            max_iterations: 8,
+        }
+    }
+
+    /// Canonicalises an imported graph: types, folded shape arithmetic, no dead code, and the
+    /// recognised ops `Linear`, `LayerNorm`, `Gelu`, `Attention`.
+    pub fn declutter() -> Pipeline {
+        Pipeline::new(
+            "declutter",
+            vec![
+                Box::new(ShapeInference),
+                Box::new(ConstantFolding),
+                Box::new(DeadCodeElimination),
+                Box::new(RecognizeLinear),
+                Box::new(RecognizeLayerNorm),
+                Box::new(RecognizeGelu),
+                Box::new(RecognizeAttention),
+            ],
+        )
+    }
+
+    /// The pipeline called `name`, if there is one (`declutter`; `quantize` and `fuse` later).
+    pub fn by_name(name: &str) -> Option<Pipeline> {
+        match name {
+            "declutter" => Some(Pipeline::declutter()),
+            _ => None,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    pub fn pass_names(&self) -> Vec<&'static str> {
+        self.passes.iter().map(|p| p.name()).collect()
+    }
+
+    /// Runs the pipeline on `graph`: to a fixpoint, or until `opts.stop_after`. The graph is
+    /// verified after every pass. Dumps: `import` before the first pass; each pass after its
+    /// runs of the first round, and after later runs that changed the graph.
+    pub fn run(
+        &self,
+        graph: &mut Graph,
+        opts: &mut RunOptions<'_>,
+    ) -> Result<RunReport, PassError> {
+        if let Some(stop) = &opts.stop_after {
+            if stop != "import" && !self.passes.iter().any(|p| p.name() == stop) {
+                return Err(PassError::UnknownPass {
+                    pipeline: self.name,
+                    name: stop.clone(),
+                    known: self.pass_names().join(", "),
+                });
+            }
+        }
+        let mut report = RunReport::default();
+        dump(graph, "import", opts, "import")?;
+        if opts.stop_after.as_deref() == Some("import") {
+            report.stopped = true;
+            return Ok(report);
+        }
+        for iteration in 0..self.max_iterations {
+            let mut any = false;
+            for pass in &self.passes {
+                let name = pass.name();
+                let changed = pass.run(graph)?;
+                graph
+                    .verify()
+                    .map_err(|source| PassError::Verify { pass: name, source })?;
+                report.runs.push(PassRun {
+                    pass: name,
+                    iteration,
+                    changed,
+                });
+                any |= changed;
+                if iteration == 0 || changed {
+                    dump(graph, name, opts, name)?;
+                }
+                if iteration == 0 && opts.stop_after.as_deref() == Some(name) {
+                    report.stopped = true;
+                    return Ok(report);
+                }
+            }
+            if !any {
+                return Ok(report);
+            }
+        }
+        Err(PassError::NoFixpoint {
+            pipeline: self.name,
+            iterations: self.max_iterations,
+        })
+    }
+}
+
+fn dump(
+    graph: &Graph,
+    name: &str,
+    opts: &mut RunOptions<'_>,
+    pass: &'static str,
+) -> Result<(), PassError> {
+    if !opts.dump_after.wants(name) {
+        return Ok(());
+    }
+    if let Some(cb) = opts.dump.as_mut() {
+        let text = ir::text::print(graph).map_err(|source| PassError::Graph { pass, source })?;
+        cb(name, &text);
+    }
+    Ok(())
+}

@@ -1,0 +1,215 @@
+//! The eager multi-head attention block → `Attention`.
+
+use ir::{BinaryOp, DType, Graph, NodeId, Op, Outlet, Tensor, TensorType};
+
+use crate::rewrite::{
+    apply_rules, binary_inputs, derived_name, op_of, replace_with, rule_if, rule_if_some,
+    scalar_const, sole_consumer,
+};
+use crate::{Pass, PassError};
+
+/// Rewrites the attention block of eager exports,
+///
+/// ```text
+/// qh = Transpose[0,2,1,3](Reshape(q, [B,S,h,dh]))          (same for v)
+/// kt = Transpose[0,2,3,1](Reshape(k, [B,S,h,dh]))          (or Transpose[0,1,3,2] of kh)
+/// p  = Softmax[-1](MatMul(qh, kt) / √dh + mask)
+/// y  = Reshape(Transpose[0,2,1,3](MatMul(p, vh)), [B,S,H])
+/// ```
+///
+/// to `Attention[num_heads=h, scale](q, k, v, mask)`. The scale may be a `Div` or `Mul` of the
+/// scores, of `qh`, of `kt`, or split over `qh` and `kt` (SDPA exports); the scales found are
+/// multiplied. The mask may be absent, additive (BERT: `(1 - mask)·-3.4e38`, passed through
+/// as is), or a `Where(cond, fill, scores)` with `fill ≤ -1e30` (DistilBERT's `masked_fill`),
+/// which becomes the additive bias `Where(cond, fill, 0)`: adding such a fill to a finite score
+/// gives the fill again, so the softmax inputs are the same. A broadcasting `Expand` of `cond` to
+/// the scores' shape is dropped, since `Where` broadcasts anyway.
+pub struct RecognizeAttention;
+
+const PASS: &str = "RecognizeAttention";
+
+impl Pass for RecognizeAttention {
+    fn name(&self) -> &'static str {
+        PASS
+    }
+
+    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+        apply_rules(graph, PASS, &[eager_attention])
+    }
+}
+
+/// Strips a scalar `Mul`/`Div` from `o`: `(input, factor)`; the factor is 1 when there is none.
+fn strip_scale(g: &Graph, o: Outlet) -> (Outlet, f32) {
+    if let Some((x, c)) = binary_inputs(g, o.node, BinaryOp::Div) {
+        if let Some(c) = scalar_const(g, c).filter(|c| *c != 0.0) {
+            return (x, 1.0 / c);
+        }
+    }
+    if let Some((a, b)) = binary_inputs(g, o.node, BinaryOp::Mul) {
+        if let Some(c) = scalar_const(g, b) {
+            return (a, c);
+        }
+        if let Some(c) = scalar_const(g, a) {
+            return (b, c);
+        }
+    }
+    (o, 1.0)
+}
+
+fn transpose_of(g: &Graph, o: Outlet, perm: &[i64]) -> Option<Outlet> {
+    match op_of(g, o) {
+        Op::Transpose { perm: p } if p == perm => Some(g.node_inputs(o.node)[0]),
+        _ => None,
+    }
+}
+
+/// `(x, heads, head_dim)` when `o` is `Reshape(x [B,S,H]) : [B,S,h,dh]` with `h·dh = H`.
+fn head_split(g: &Graph, o: Outlet) -> Option<(Outlet, usize, usize)> {
+    if !matches!(op_of(g, o), Op::Reshape { .. }) {
+        return None;
+    }
+    let x = g.node_inputs(o.node)[0];
+    let (xs, os) = (
+        g.outlet_type(x).shape.as_ref()?,
+        g.outlet_type(o).shape.as_ref()?,
+    );
+    let (h, dh, hidden) = (
+        os.get(2)?.as_fixed()?,
+        os.get(3)?.as_fixed()?,
+        xs.get(2)?.as_fixed()?,
+    );
+    (xs.len() == 3 && os.len() == 4 && xs[..2] == os[..2] && h * dh == hidden).then_some((x, h, dh))
+}
+
+/// The key side: `kt` as `[B,h,dh,S]`, and the scale found on the way.
+fn key_side(g: &Graph, kt: Outlet) -> Option<(Outlet, usize, usize, f32)> {
+    let (t, f1) = strip_scale(g, kt);
+    if let Some(r) = transpose_of(g, t, &[0, 2, 3, 1]) {
+        let (k, h, dh) = head_split(g, r)?;
+        return Some((k, h, dh, f1));
+    }
+    let kh = transpose_of(g, t, &[0, 1, 3, 2])?;
+    let (t2, f2) = strip_scale(g, kh);
+    let (k, h, dh) = head_split(g, transpose_of(g, t2, &[0, 2, 1, 3])?)?;
+    Some((k, h, dh, f1 * f2))
+}
+
+/// The query or value side: `Transpose[0,2,1,3](Reshape(x))`, with an optional scale.
+fn head_side(g: &Graph, o: Outlet) -> Option<(Outlet, usize, usize, f32)> {
+    let (t, f) = strip_scale(g, o);
+    let (x, h, dh) = head_split(g, transpose_of(g, t, &[0, 2, 1, 3])?)?;
+    Some((x, h, dh, f))
+}
+
+enum Mask {
+    None,
+    Additive(Outlet),
+    /// `Where(cond, fill, ·)`: the condition and the fill constant.
+    Fill(Outlet, Outlet),
+}
+
+/// Splits the softmax input into `(q·kᵀ product, mask, scale)`.
+fn scores(g: &Graph, s: Outlet) -> Option<(Outlet, Mask, f32)> {
+    let is_product = |o: Outlet| matches!(op_of(g, strip_scale(g, o).0), Op::MatMul);
+    let (rest, mask) = if matches!(op_of(g, s), Op::Where) {
+        let ins = g.node_inputs(s.node);
+        let fill = scalar_const(g, ins[1])?;
+        if fill > -1e30 {
+            return None;
+        }
+        (ins[2], Mask::Fill(ins[0], ins[1]))
+    } else if let Some((a, b)) = binary_inputs(g, s.node, BinaryOp::Add) {
+        if is_product(a) {
+            (a, Mask::Additive(b))
+        } else if is_product(b) {
+            (b, Mask::Additive(a))
+        } else {
+            return None;
+        }
+    } else {
+        (s, Mask::None)
+    };
+    let (qk, f) = strip_scale(g, rest);
+    matches!(op_of(g, qk), Op::MatMul).then_some((qk, mask, f))
+}
+
+/// Anchored on the `Softmax`.
+fn eager_attention(g: &mut Graph, id: NodeId) -> Result<bool, String> {
+    rule_if_some!(Op::Softmax { axis } = g.node(id).op.clone());
+    let s = g.node_inputs(id)[0];
+    rule_if!(g.outlet_type(s).dtype == DType::F32);
+    rule_if!(axis == -1 || (axis == 3 && g.outlet_type(s).rank() == Some(4)));
+    rule_if_some!(Some((qk, mask, f_scores)) = scores(g, s));
+    let qk_ins = g.node_inputs(qk.node);
+    rule_if_some!(Some((q, h, dh, f_q)) = head_side(g, qk_ins[0]));
+    rule_if_some!(Some((k, hk, dhk, f_k)) = key_side(g, qk_ins[1]));
+    rule_if_some!(Some(pv) = sole_consumer(g, id.into()));
+    rule_if!(g.node(pv).op == Op::MatMul);
+    let pv_ins = g.node_inputs(pv);
+    rule_if!(pv_ins[0] == Outlet::from(id));
+    rule_if_some!(Some((v, hv, dhv, f_v)) = head_side(g, pv_ins[1]));
+    rule_if!(f_v == 1.0 && (h, dh) == (hk, dhk) && (h, dh) == (hv, dhv));
+    rule_if_some!(Some(merge_t) = sole_consumer(g, pv.into()));
+    rule_if!(transpose_of(g, merge_t.into(), &[0, 2, 1, 3]) == Some(pv.into()));
+    rule_if_some!(Some(merge_r) = sole_consumer(g, merge_t.into()));
+    rule_if!(matches!(g.node(merge_r).op, Op::Reshape { .. }));
+    let ty = g.node(merge_r).outputs[0].clone();
+    rule_if!(ty.shape.is_some() && ty.shape == g.outlet_type(q).shape);
+    let mask = match mask {
+        Mask::None => None,
+        Mask::Additive(m) => {
+            let mt = g.outlet_type(m);
+            rule_if!(mt.dtype == DType::F32 && mt.rank().is_some_and(|r| r <= 4));
+            Some(m)
+        }
+        Mask::Fill(cond, fill) => {
+            let cond = strip_broadcast(g, cond, g.outlet_type(s).clone());
+            let ct = g.outlet_type(cond).clone();
+            rule_if!(ct.dtype == DType::Bool && ct.rank().is_some_and(|r| r <= 4));
+            let name = derived_name(&g.node(merge_r).name, "AttentionMaskBias");
+            let zero = g.add_const(&format!("{name}/zero"), Tensor::scalar(0.0f32));
+            let bias_ty = TensorType {
+                dtype: DType::F32,
+                shape: ct.shape,
+            };
+            let bias = g
+                .add_node(Op::Where, &name, &[cond, fill, zero], vec![bias_ty])
+                .map_err(|e| e.to_string())?;
+            Some(bias.into())
+        }
+    };
+    let scale = f_scores * f_q * f_k;
+    let mut inputs = vec![q, k, v];
+    inputs.extend(mask);
+    let name = derived_name(&g.node(merge_r).name, "Attention");
+    replace_with(
+        g,
+        merge_r.into(),
+        Op::Attention {
+            num_heads: h,
+            scale,
+        },
+        &name,
+        &inputs,
+        ty,
+    )?;
+    Ok(true)
+}
+
+/// Drops a `Cast` to bool of a bool and an `Expand` to exactly the scores' type from a mask
+/// condition: `Where` broadcasts it the same way.
+fn strip_broadcast(g: &Graph, mut cond: Outlet, scores: TensorType) -> Outlet {
+    if let Op::Cast { to: DType::Bool } = op_of(g, cond) {
+        let x = g.node_inputs(cond.node)[0];
+        if g.outlet_type(x).dtype == DType::Bool {
+            cond = x;
+        }
+    }
+    if matches!(op_of(g, cond), Op::Expand)
+        && g.outlet_type(cond).shape == scores.shape
+        && scores.shape.is_some()
+    {
+        cond = g.node_inputs(cond.node)[0];
+    }
+    cond
+}
