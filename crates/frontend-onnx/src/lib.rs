@@ -11,12 +11,39 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! What is imported: the default ONNX domain (`""` or `ai.onnx`) at opsets 11 to 21, and the ops a
-//! BERT-family encoder exported by torch or optimum contains (see the match in `ops.rs`). Anything
-//! else is an [`ImportError::UnsupportedOp`] naming the node, op, domain and opset, never a
-//! silently different graph. Output dtypes are computed per the ONNX rules; output shapes are
-//! taken from the model's `value_info` and graph outputs where present, otherwise left unknown
-//! for shape inference (a pass) to fill in.
+//! # What is imported
+//!
+//! The default ONNX domain (`""` or `ai.onnx`) at opsets 11 to 21. Domains listed in
+//! `opset_import` that no node uses are ignored. The ops are those a BERT-family encoder exported
+//! by torch or optimum contains:
+//!
+//! - elementwise: Add, Sub, Mul, Div, Pow, Max, Min, Sum (variadic ones become chains), Equal,
+//!   Less, Greater, And, Or, Not, Neg, Abs, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu,
+//!   Gelu (opset 20+), Where, Cast (not to FLOAT16 or DOUBLE);
+//! - shapes and indexing: Shape, Reshape, Transpose, Unsqueeze, Squeeze, Flatten, Concat, Gather,
+//!   GatherElements, Slice, Expand, ConstantOfShape, Range, CumSum;
+//! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin (axes as attribute or constant
+//!   input, per opset);
+//! - linear algebra and normalisation: MatMul, Gemm, Softmax (before opset 13 its 2-D coercion
+//!   is imported exactly: one op on the last axis, else Flatten, Softmax and Reshape),
+//!   LayerNormalization (opset 17+, output 0 only);
+//! - quantization: QuantizeLinear, DequantizeLinear (not blocked), DynamicQuantizeLinear,
+//!   MatMulInteger;
+//! - Constant, and Identity and Dropout, which add no node (Dropout's mask must be unused).
+//!
+//! Anything else is an [`ImportError::UnsupportedOp`] naming the node, op, domain and opset, never
+//! a silently different graph. Inputs that the IR keeps as attributes (Unsqueeze, Squeeze and
+//! Reduce axes) must be constants, else [`ImportError::NonConstantInput`].
+//!
+//! Output dtypes are computed per the ONNX rules (and checked against any declared type);
+//! output shapes are taken from the model's `value_info` and graph outputs where present,
+//! otherwise left unknown for shape inference (a pass) to fill in. Dimensions become symbols:
+//! `dim_param`s sanitized into identifiers, missing dims fresh `unk<N>` symbols.
+//!
+//! Constants: initializers and `Constant` values of FLOAT, UINT8, INT8, INT32, INT64, BOOL and
+//! BFLOAT16 keep their bytes; FLOAT16 and DOUBLE constants are converted to f32. Node names are
+//! the ONNX names (the initializer's name for initializers), made unique with a `~N` suffix when
+//! they collide, so that [`ir::text::ConstantSource`] can find constants by name.
 //!
 //! # Why prost, and not `onnx-protobuf` or generated code
 //!
@@ -41,6 +68,14 @@ use prost::Message;
 pub use tensor::onnx_dtype_name;
 
 /// Errors of ONNX import. Every variant names what went wrong and where (node, op, value).
+///
+/// ```
+/// use frontend_onnx::{import_bytes, ImportError};
+/// // An empty buffer is a valid, empty ModelProto, without a graph.
+/// let err = import_bytes(bytes::Bytes::new(), None).unwrap_err();
+/// assert!(matches!(err, ImportError::MissingGraph));
+/// assert_eq!(err.to_string(), "the model has no graph");
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
     #[error("cannot read `{}`: {source}", path.display())]

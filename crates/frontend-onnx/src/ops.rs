@@ -235,6 +235,11 @@ impl<'m> Importer<'m> {
             }
         }
         if let Some(out) = x.n.output.first().filter(|o| !o.is_empty()) {
+            // The alias is the same value, so a shape declared for it is the producer's shape.
+            let declared = self.output_type(out, self.dtype(o))?;
+            if self.graph.outlet_type(o).shape.is_none() {
+                self.graph.node_mut(o.node).outputs[o.slot] = declared;
+            }
             self.values.insert(out.as_str(), o);
         }
         Ok(())

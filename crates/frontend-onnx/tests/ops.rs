@@ -186,6 +186,22 @@ fn identity_and_dropout_add_no_node() {
         .import()
         .unwrap();
     assert_eq!(output_node(&g, "y").op.name(), "input");
+    // A shape declared for the alias is the shape of the aliased value.
+    let mut m =
+        xy(17)
+            .node(node("Relu", "r", &["x"], &["t"]))
+            .node(node("Identity", "id", &["t"], &["y"]));
+    m.g().output[0] = value_info("y", DataType::Float, Some(vec![D::P("batch"), D::N(4)]));
+    let s = text::print(&m.import().unwrap()).unwrap();
+    assert!(s.contains("relu(%0) : f32[batch,4]"), "{s}");
+    // ... and its dtype is checked.
+    let mut m = xy(17).node(node("Identity", "id", &["x"], &["y"]));
+    m.g().output[0] = value_info("y", DataType::Int64, None);
+    let e = m.import().unwrap_err();
+    assert!(
+        matches!(e, frontend_onnx::ImportError::TypeMismatch { .. }),
+        "{e:?}"
+    );
 }
 
 #[test]
