@@ -13,11 +13,14 @@ use crate::{eval_node, Pass, PassError};
 ///   `Flatten`) are evaluated on weights of any size.
 /// - An integer value that shape inference knows exactly (`Shape` of a fixed shape, `Gather` of
 ///   a fixed dim, …) becomes a constant.
-/// - The target of a `Reshape` whose symbolic value is known becomes a constant in ONNX terms:
-///   `0` copies the input dim at the same position, one `-1` infers the rest; e.g.
-///   `[batch, sequence, 4, 32]` from an input `[batch, sequence, 128]` is `[0, 0, 4, 32]`.
-///   The target of an `Expand` becomes a constant with `1` where the input dim already is the
-///   symbol. `Reshape` and `Expand` that do not change the shape are removed.
+/// - The target of a `Reshape` whose output type shape inference could work out becomes a
+///   constant in ONNX terms: `0` copies the input dim at the same position, one `-1` infers the
+///   rest; e.g. `[batch, sequence, 4, 32]` from an input `[batch, sequence, 128]` is
+///   `[0, 0, 4, 32]`. The target of an `Expand` becomes a constant with `1` where the output
+///   dim is the input's. `Reshape` and `Expand` that do not change the shape are removed.
+/// - A symbolic shape value that is a run of a graph input's dims becomes one `Shape` of that
+///   input (`Unsqueeze(Gather(Shape(ids), 1))` → `Shape[start=1, end=2](ids)`), and a `Where`
+///   on a constant condition becomes the branch it picks.
 ///
 /// ```
 /// use passes::{ConstantFolding, DeadCodeElimination, Pass};
@@ -85,10 +88,75 @@ fn fold_node(g: &mut Graph, id: NodeId, values: &Values) -> Result<bool, String>
         return replace_by_const(g, id, t);
     }
     match node.op.clone() {
-        Op::Reshape { allowzero } => fold_reshape(g, id, allowzero, values),
-        Op::Expand => fold_expand(g, id, values),
-        _ => Ok(false),
+        Op::Reshape { allowzero } => fold_reshape(g, id, allowzero),
+        Op::Expand => fold_expand(g, id),
+        Op::Where => fold_where(g, id),
+        Op::Shape { .. } => Ok(false),
+        _ => shape_of_input(g, id, values),
     }
+}
+
+/// `Where` with a constant all-true or all-false condition is the chosen branch, when that
+/// branch already has the output's shape.
+fn fold_where(g: &mut Graph, id: NodeId) -> Result<bool, String> {
+    let ins = g.node_inputs(id);
+    let Some(c) = g.const_value(ins[0]).and_then(|t| t.to_i64_vec().ok()) else {
+        return Ok(false);
+    };
+    let pick = if !c.is_empty() && c.iter().all(|&x| x != 0) {
+        ins[1]
+    } else if c.iter().all(|&x| x == 0) {
+        ins[2]
+    } else {
+        return Ok(false);
+    };
+    let ty = &g.node(id).outputs[0];
+    if ty.shape.is_none() || g.outlet_type(pick) != ty {
+        return Ok(false);
+    }
+    g.replace_uses(id.into(), pick).map_err(|e| e.to_string())?;
+    Ok(true)
+}
+
+/// A symbolic 1-D i64 value that is a run of dims of a graph input's shape (`[batch, sequence]`
+/// built by `Shape`/`Gather`/`Unsqueeze`/`Concat`) becomes one `Shape[start, end]` of that
+/// input.
+fn shape_of_input(g: &mut Graph, id: NodeId, values: &Values) -> Result<bool, String> {
+    let ty = &g.node(id).outputs[0];
+    let Some(v) = values.get(&Outlet::from(id)) else {
+        return Ok(false);
+    };
+    if ty.dtype != DType::I64 || ty.rank() != Some(1) || v.is_concrete() {
+        return Ok(false);
+    }
+    let Some(dims) = v
+        .data
+        .iter()
+        .map(SymInt::as_dim)
+        .collect::<Option<Vec<Dim>>>()
+    else {
+        return Ok(false);
+    };
+    for &input in g.inputs() {
+        let Some(s) = &g.node(input).outputs[0].shape else {
+            continue;
+        };
+        let Some(start) = (0..s.len()).find(|&a| s[a..].starts_with(&dims)) else {
+            continue;
+        };
+        let op = Op::Shape {
+            start: start as i64,
+            end: Some((start + dims.len()) as i64),
+        };
+        let name = g.node(id).name.clone();
+        let new = g
+            .add_node(op, &name, &[input.into()], vec![ty.clone()])
+            .map_err(|e| e.to_string())?;
+        g.replace_uses(id.into(), new.into())
+            .map_err(|e| e.to_string())?;
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// The constant for a fully known integer value of type `ty`.
@@ -160,12 +228,7 @@ fn input_shape(g: &Graph, id: NodeId, slot: usize) -> Option<Shape> {
     g.outlet_type(g.node_inputs(id)[slot]).shape.clone()
 }
 
-fn fold_reshape(
-    g: &mut Graph,
-    id: NodeId,
-    allowzero: bool,
-    values: &Values,
-) -> Result<bool, String> {
+fn fold_reshape(g: &mut Graph, id: NodeId, allowzero: bool) -> Result<bool, String> {
     let ins = g.node_inputs(id);
     let x = input_shape(g, id, 0);
     let out = g.node(id).outputs[0].shape.clone();
@@ -177,10 +240,10 @@ fn fold_reshape(
     if g.const_value(ins[1]).is_some() || allowzero {
         return Ok(false);
     }
-    let (Some(x), Some(t)) = (x, values.get(&ins[1])) else {
+    let (Some(x), Some(out)) = (x, out) else {
         return Ok(false);
     };
-    let Some(target) = reshape_target(&x, t) else {
+    let Some(target) = reshape_target(&x, &out) else {
         return Ok(false);
     };
     let name = format!("{}/shape", g.node(id).name);
@@ -189,25 +252,28 @@ fn fold_reshape(
     Ok(true)
 }
 
-/// A reshape target in ONNX terms for the symbolic target `t` of an input of shape `x`.
-fn reshape_target(x: &Shape, t: &SymTensor) -> Option<Vec<i64>> {
-    let mut infer_used = t.data.iter().any(|e| *e == SymInt::Int(-1));
-    let mut out = Vec::with_capacity(t.data.len());
-    for (i, e) in t.data.iter().enumerate() {
-        out.push(match e {
-            SymInt::Int(n) => *n,
-            SymInt::Dim(d) if x.get(i) == Some(d) => 0,
-            _ if !infer_used => {
+/// A reshape target in ONNX terms for reshaping `x` into the inferred `out`: fixed dims as
+/// numbers, a symbolic dim equal to the input's at the same position as `0`, one other as `-1`.
+fn reshape_target(x: &Shape, out: &Shape) -> Option<Vec<i64>> {
+    let mut infer_used = false;
+    let mut target = Vec::with_capacity(out.len());
+    for (i, d) in out.iter().enumerate() {
+        target.push(match d.as_fixed() {
+            // A literal 0 would mean "copy" here.
+            Some(0) => return None,
+            Some(n) => n as i64,
+            None if x.get(i) == Some(d) => 0,
+            None if !infer_used => {
                 infer_used = true;
                 -1
             }
-            _ => return None,
+            None => return None,
         });
     }
-    Some(out)
+    Some(target)
 }
 
-fn fold_expand(g: &mut Graph, id: NodeId, values: &Values) -> Result<bool, String> {
+fn fold_expand(g: &mut Graph, id: NodeId) -> Result<bool, String> {
     let ins = g.node_inputs(id);
     let x = input_shape(g, id, 0);
     let out = g.node(id).outputs[0].shape.clone();
@@ -219,18 +285,17 @@ fn fold_expand(g: &mut Graph, id: NodeId, values: &Values) -> Result<bool, Strin
     if g.const_value(ins[1]).is_some() {
         return Ok(false);
     }
-    let (Some(x), Some(t)) = (x, values.get(&ins[1])) else {
+    let (Some(x), Some(out)) = (x, out) else {
         return Ok(false);
     };
-    let r = x.len().max(t.data.len());
-    let mut target = Vec::with_capacity(t.data.len());
-    for (j, e) in t.data.iter().enumerate() {
-        let p = r - t.data.len() + j;
-        let xd = (p + x.len()).checked_sub(r).map(|k| &x[k]);
-        target.push(match e {
-            SymInt::Int(n) => *n,
-            SymInt::Dim(d) if xd == Some(d) => 1,
-            _ => return Ok(false),
+    // Each output dim is either x's (aligned right), written 1, or a fixed number.
+    let mut target = Vec::with_capacity(out.len());
+    for (p, d) in out.iter().enumerate() {
+        let xd = (p + x.len()).checked_sub(out.len()).map(|k| &x[k]);
+        target.push(match d.as_fixed() {
+            _ if xd == Some(d) => 1,
+            Some(n) => n as i64,
+            None => return Ok(false),
         });
     }
     let name = format!("{}/shape", g.node(id).name);

@@ -52,7 +52,7 @@ mod sym;
 pub use const_fold::ConstantFolding;
 pub use dce::DeadCodeElimination;
 pub use eval::eval_node;
-pub use pipeline::{DumpSpec, PassRun, Pipeline, RunOptions, RunReport};
+pub use pipeline::{DumpFn, DumpSpec, PassRun, Pipeline, RunOptions, RunReport};
 pub use recognize::{RecognizeAttention, RecognizeGelu, RecognizeLayerNorm, RecognizeLinear};
 pub use shape_infer::{analyse, Analysis, ShapeInference};
 pub use sym::{SymInt, SymTensor, SMALL};

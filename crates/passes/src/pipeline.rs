@@ -42,6 +42,9 @@ impl DumpSpec {
     }
 }
 
+/// Receives `(pass name, graph text)` for each dump taken.
+pub type DumpFn<'a> = &'a mut dyn FnMut(&str, &str);
+
 /// How to run a pipeline: where to stop and what to dump.
 #[derive(Default)]
 pub struct RunOptions<'a> {
@@ -50,7 +53,7 @@ pub struct RunOptions<'a> {
     /// The dumps to take.
     pub dump_after: DumpSpec,
     /// Receives `(pass name, graph text)` for each dump taken.
-    pub dump: Option<&'a mut dyn FnMut(&str, &str)>,
+    pub dump: Option<DumpFn<'a>>,
 }
 
 /// One run of one pass.
@@ -143,7 +146,7 @@ impl Pipeline {
             }
         }
         let mut report = RunReport::default();
-        dump(graph, "import", opts, "import")?;
+        dump(graph, "import", opts)?;
         if opts.stop_after.as_deref() == Some("import") {
             report.stopped = true;
             return Ok(report);
@@ -163,7 +166,7 @@ impl Pipeline {
                 });
                 any |= changed;
                 if iteration == 0 || changed {
-                    dump(graph, name, opts, name)?;
+                    dump(graph, name, opts)?;
                 }
                 if iteration == 0 && opts.stop_after.as_deref() == Some(name) {
                     report.stopped = true;
@@ -181,18 +184,13 @@ impl Pipeline {
     }
 }
 
-fn dump(
-    graph: &Graph,
-    name: &str,
-    opts: &mut RunOptions<'_>,
-    pass: &'static str,
-) -> Result<(), PassError> {
-    if !opts.dump_after.wants(name) {
+fn dump(graph: &Graph, pass: &'static str, opts: &mut RunOptions<'_>) -> Result<(), PassError> {
+    if !opts.dump_after.wants(pass) {
         return Ok(());
     }
     if let Some(cb) = opts.dump.as_mut() {
         let text = ir::text::print(graph).map_err(|source| PassError::Graph { pass, source })?;
-        cb(name, &text);
+        cb(pass, &text);
     }
     Ok(())
 }

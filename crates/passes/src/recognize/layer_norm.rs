@@ -84,7 +84,7 @@ fn decomposed_layer_norm(g: &mut Graph, id: NodeId) -> Result<bool, String> {
     rule_if!(*op_of(g, s) == Op::Unary(UnaryOp::Sqrt));
     let e = g.node_inputs(s.node)[0];
     rule_if_some!(Some((var, eps)) = with_scalar(g, e.node, BinaryOp::Add));
-    rule_if!(eps >= 0.0);
+    rule_if!(eps.is_finite() && eps.is_sign_positive());
     rule_if!(matches!(op_of(g, var), Op::Reduce { .. }));
     let sq = g.node_inputs(var.node)[0];
     rule_if!(is_last_axis_mean(g, var, sq));

@@ -1,0 +1,590 @@
+//! Each pass on small graphs written in the IR text form: snapshots of the dump before and
+//! after, plus the property each test is about.
+
+use passes::{
+    ConstantFolding, DeadCodeElimination, Pass, RecognizeAttention, RecognizeGelu,
+    RecognizeLayerNorm, RecognizeLinear, ShapeInference,
+};
+
+fn parse(text: &str) -> ir::Graph {
+    ir::text::parse(text, None).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+fn print(g: &ir::Graph) -> String {
+    ir::text::print(g).unwrap()
+}
+
+/// Runs `pass` (after shape inference, which every recognizer needs) and returns the dump
+/// before and after, and whether the pass changed the graph.
+fn before_after(pass: &dyn Pass, text: &str) -> (String, bool, ir::Graph) {
+    let mut g = parse(text);
+    ShapeInference.run(&mut g).unwrap();
+    let before = print(&g);
+    let changed = pass.run(&mut g).unwrap_or_else(|e| panic!("{e}"));
+    g.verify().unwrap();
+    // Recognizers leave dead nodes to DCE only when nothing else removed them.
+    DeadCodeElimination.run(&mut g).unwrap();
+    let after = print(&g);
+    (
+        format!("--- before\n{before}--- after {}\n{after}", pass.name()),
+        changed,
+        g,
+    )
+}
+
+fn count(g: &ir::Graph, op: &str) -> usize {
+    g.node_ids()
+        .filter(|&id| g.node(id).op.name() == op)
+        .count()
+}
+
+// ---- ShapeInference
+
+const RESHAPE_CHAIN: &str = "\
+%0 = input[name=\"x\"] : f32[batch,sequence,128]
+%1 = shape[start=0](%0) : i64[*]
+%2 = const[value=i64[]{0}] : i64[]
+%3 = gather[axis=0](%1, %2) : i64[*]
+%4 = shape[start=0](%0) : i64[*]
+%5 = const[value=i64[]{1}] : i64[]
+%6 = gather[axis=0](%4, %5) : i64[*]
+%7 = unsqueeze[axes=[0]](%3) : i64[*]
+%8 = unsqueeze[axes=[0]](%6) : i64[*]
+%9 = const[value=i64[1]{4}] : i64[1]
+%10 = const[value=i64[1]{32}] : i64[1]
+%11 = concat[axis=0](%7, %8, %9, %10) : i64[*]
+%12 = reshape[allowzero=false](%0, %11) : f32[*]
+%13 = transpose[perm=[0, 2, 1, 3]](%12) : f32[*]
+%14 = mul(%7, %8) : i64[*]
+%15 = const[value=i64[1]{-1}] : i64[1]
+%16 = concat[axis=0](%14, %15) : i64[*]
+%17 = reshape[allowzero=false](%0, %16) : f32[*]
+output \"heads\" = %13
+output \"flat\" = %17
+";
+
+#[test]
+fn shape_inference_reshape_target_from_shape_arithmetic() {
+    let (snap, changed, g) = before_after(&ShapeInference, RESHAPE_CHAIN);
+    assert!(
+        !changed,
+        "the setup already ran it: a second run must be a no-op"
+    );
+    let text = print(&g);
+    assert!(text.contains(": f32[batch,sequence,4,32]"), "{text}");
+    assert!(text.contains(": f32[batch,4,sequence,32]"), "{text}");
+    assert!(text.contains(": f32[batch*sequence,128]"), "{text}");
+    insta::assert_snapshot!(snap);
+}
+
+#[test]
+fn shape_inference_ops() {
+    let text = "\
+%0 = input[name=\"a\"] : f32[B,1,S]
+%1 = input[name=\"b\"] : f32[4,1]
+%2 = add(%0, %1) : f32[*]
+%3 = input[name=\"w\"] : f32[S,8]
+%4 = matmul(%0, %3) : f32[*]
+%5 = const[value=i64[1]{1}] : i64[1]
+%6 = const[value=i64[1]{1000}] : i64[1]
+%7 = const[value=i64[1]{2}] : i64[1]
+%8 = slice(%4, %5, %6, %7) : f32[*]
+%9 = reduce_mean[axes=[-1], keepdims=true](%4) : f32[*]
+%10 = concat[axis=2](%4, %4) : f32[*]
+%11 = flatten[axis=1](%4) : f32[*]
+%12 = const[value=i64[2]{0, 2}] : i64[2]
+%13 = gather[axis=2](%4, %12) : f32[*]
+%14 = equal(%0, %0) : bool[*]
+%15 = where(%14, %0, %1) : f32[*]
+%16 = dynamic_quantize_linear(%4) : (u8[*], f32[*], u8[*])
+%17 = const[value=f32[8,3]{extern}] : f32[8,3]
+%18 = linear(%4, %17) : f32[*]
+%19 = input[name=\"c\"] : f32[P,Q]
+%20 = add(%0, %19) : f32[*]
+output \"o2\" = %2
+output \"o8\" = %8
+output \"o9\" = %9
+output \"o10\" = %10
+output \"o11\" = %11
+output \"o13\" = %13
+output \"o15\" = %15
+output \"o16\" = %16
+output \"o16b\" = %16.1
+output \"o18\" = %18
+output \"o20\" = %20
+";
+    let (snap, _, g) = before_after(&ShapeInference, text);
+    let text = print(&g);
+    assert!(text.contains("add(%0, %1) : f32[B,4,S]"), "{text}");
+    // Two different symbols broadcast to a fresh one, never to either guess.
+    assert!(text.contains("add(%0, %19) : f32[B,P,unk0]"), "{text}");
+    insta::assert_snapshot!(snap);
+}
+
+#[test]
+fn shape_inference_rejects_inconsistent_matmul() {
+    let mut g = parse(
+        "%0 = input[name=\"x\"] : f32[B,128]\n\
+         %1 = const[value=f32[64,8]{extern}] : f32[64,8]\n\
+         %2 = matmul(%0, %1) : f32[*]  # /layer/MatMul\n\
+         output \"y\" = %2\n",
+    );
+    let err = ShapeInference.run(&mut g).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "ShapeInference on node /layer/MatMul: matmul: inner dims 128 and 64 differ"
+    );
+}
+
+#[test]
+fn shape_inference_rejects_bad_reshape() {
+    let mut g = parse(
+        "%0 = input[name=\"x\"] : f32[2,6]\n\
+         %1 = const[value=i64[2]{5, -1}] : i64[2]\n\
+         %2 = reshape[allowzero=false](%0, %1) : f32[*]  # /x/Reshape\n\
+         output \"y\" = %2\n",
+    );
+    let err = ShapeInference.run(&mut g).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "ShapeInference on node /x/Reshape: cannot reshape 12 elements into a multiple of 5"
+    );
+}
+
+// ---- ConstantFolding
+
+#[test]
+fn constant_folding_reshape_targets() {
+    let (snap, changed, g) = before_after(&ConstantFolding, RESHAPE_CHAIN);
+    assert!(changed);
+    let text = print(&g);
+    assert!(text.contains("i64[4]{0, 0, 4, 32}"), "{text}");
+    assert!(text.contains("i64[2]{-1, 128}"), "{text}");
+    assert_eq!(count(&g, "shape"), 0, "{text}");
+    insta::assert_snapshot!(snap);
+}
+
+#[test]
+fn constant_folding_arithmetic_and_fixed_shapes() {
+    let text = "\
+%0 = input[name=\"x\"] : f32[2,3]
+%1 = shape[start=0](%0) : i64[*]
+%2 = const[value=i64[]{2}] : i64[]
+%3 = mul(%1, %2) : i64[*]
+%4 = constant_of_shape[value=f32[1]{0.5}](%3) : f32[*]
+%5 = const[value=f32[2]{1.0, 4.0}] : f32[2]
+%6 = sqrt(%5) : f32[*]
+%7 = const[value=bool[]{false}] : bool[]
+%8 = where(%7, %5, %6) : f32[*]
+%9 = const[value=f32[3,2]{1.0, 2.0, 3.0, 4.0, 5.0, 6.0}] : f32[3,2]
+%10 = transpose[perm=[1, 0]](%9) : f32[*]
+%11 = add(%0, %10) : f32[*]
+output \"a\" = %4
+output \"b\" = %8
+output \"c\" = %11
+";
+    let (snap, _, g) = before_after(&ConstantFolding, text);
+    let text = print(&g);
+    assert!(
+        text.contains("const[value=f32[4,6]{0.5, 0.5,"),
+        "constant_of_shape folded: {text}"
+    );
+    assert!(
+        text.contains("const[value=f32[2]{1.0, 2.0}]"),
+        "sqrt folded, where picked it: {text}"
+    );
+    assert!(
+        text.contains("f32[2,3]{1.0, 3.0, 5.0, 2.0, 4.0, 6.0}"),
+        "transpose folded: {text}"
+    );
+    insta::assert_snapshot!(snap);
+}
+
+#[test]
+fn constant_folding_leaves_big_computations() {
+    let mut g = parse(
+        "%0 = const[value=f32[100,100]{extern}] : f32[100,100]\n\
+         %1 = neg(%0) : f32[*]\n\
+         output \"y\" = %1\n",
+    );
+    ShapeInference.run(&mut g).unwrap();
+    assert!(!ConstantFolding.run(&mut g).unwrap());
+    assert_eq!(count(&g, "neg"), 1);
+}
+
+#[test]
+fn constant_folding_shape_runs_of_inputs_and_expand() {
+    let text = "\
+%0 = input[name=\"ids\"] : i64[batch,sequence]
+%1 = shape[start=0](%0) : i64[*]
+%2 = const[value=i64[]{1}] : i64[]
+%3 = gather[axis=0](%1, %2) : i64[*]
+%4 = unsqueeze[axes=[0]](%3) : i64[*]
+%5 = const[value=i64[1,128]{extern}] : i64[1,128]
+%6 = const[value=i64[1]{0}] : i64[1]
+%7 = const[value=i64[1]{1}] : i64[1]
+%8 = slice(%5, %6, %4, %7, %7) : i64[*]
+%9 = input[name=\"m\"] : f32[batch,1,1,sequence]
+%10 = const[value=i64[]{0}] : i64[]
+%11 = gather[axis=0](%1, %10) : i64[*]
+%12 = unsqueeze[axes=[0]](%11) : i64[*]
+%13 = const[value=i64[2]{1, 1}] : i64[2]
+%14 = concat[axis=0](%12, %13, %4) : i64[*]
+%15 = expand(%9, %14) : f32[*]
+output \"positions\" = %8
+output \"mask\" = %15
+";
+    let (snap, _, g) = before_after(&ConstantFolding, text);
+    let text = print(&g);
+    assert!(
+        text.contains("shape[start=1, end=2](%0) : i64[1]"),
+        "{text}"
+    );
+    assert_eq!(count(&g, "expand"), 0, "a no-op expand goes: {text}");
+    insta::assert_snapshot!(snap);
+}
+
+// ---- DeadCodeElimination
+
+#[test]
+fn dead_code_elimination() {
+    let text = "\
+%0 = input[name=\"x\"] : f32[4]
+%1 = input[name=\"unused\"] : f32[4]
+%2 = neg(%0) : f32[4]
+%3 = exp(%2) : f32[4]
+%4 = relu(%0) : f32[4]
+output \"y\" = %4
+";
+    let (snap, changed, g) = before_after(&DeadCodeElimination, text);
+    assert!(changed);
+    assert_eq!(g.node_count(), 3, "both inputs stay, neg and exp go");
+    insta::assert_snapshot!(snap);
+}
+
+// ---- RecognizeLinear
+
+#[test]
+fn linear_matmul_add_both_orders_and_no_bias() {
+    let text = "\
+%0 = input[name=\"x\"] : f32[B,S,4]
+%1 = const[value=f32[4,3]{extern}] : f32[4,3]
+%2 = const[value=f32[3]{0.1, 0.2, 0.3}] : f32[3]
+%3 = matmul(%0, %1) : f32[*]
+%4 = add(%2, %3) : f32[*]
+%11 = const[value=f32[3,3]{extern}] : f32[3,3]
+%5 = matmul(%4, %11) : f32[*]
+%6 = add(%5, %2) : f32[*]
+%7 = const[value=f32[3,2]{extern}] : f32[3,2]
+%8 = matmul(%6, %7) : f32[*]
+%9 = input[name=\"w\"] : f32[3,2]
+%10 = matmul(%6, %9) : f32[*]
+output \"y\" = %8
+output \"z\" = %10
+";
+    let (snap, _, g) = before_after(&RecognizeLinear, text);
+    assert_eq!(count(&g, "linear"), 3);
+    assert_eq!(
+        count(&g, "matmul"),
+        1,
+        "a non-constant weight stays a matmul"
+    );
+    assert_eq!(count(&g, "add"), 0);
+    insta::assert_snapshot!(snap);
+}
+
+#[test]
+fn linear_from_gemm_trans_b() {
+    let text = "\
+%0 = input[name=\"x\"] : f32[B,3]
+%1 = const[value=f32[2,3]{1.0, 2.0, 3.0, 4.0, 5.0, 6.0}] : f32[2,3]
+%2 = const[value=f32[2]{0.5, -0.5}] : f32[2]
+%3 = gemm[alpha=1.0, beta=1.0, trans_a=false, trans_b=true](%0, %1, %2) : f32[*]
+output \"y\" = %3
+";
+    let (snap, _, g) = before_after(&RecognizeLinear, text);
+    let t = print(&g);
+    assert!(
+        t.contains("const[value=f32[3,2]{1.0, 4.0, 2.0, 5.0, 3.0, 6.0}]"),
+        "{t}"
+    );
+    assert_eq!(count(&g, "gemm"), 0);
+    insta::assert_snapshot!(snap);
+}
+
+// ---- RecognizeLayerNorm
+
+const LAYER_NORM_POW: &str = "\
+%0 = input[name=\"x\"] : f32[B,S,4]
+%1 = reduce_mean[axes=[-1], keepdims=true](%0) : f32[*]
+%2 = sub(%0, %1) : f32[*]
+%3 = const[value=f32[]{2.0}] : f32[]
+%4 = pow(%2, %3) : f32[*]
+%5 = reduce_mean[axes=[-1], keepdims=true](%4) : f32[*]
+%6 = const[value=f32[]{1e-12}] : f32[]
+%7 = add(%5, %6) : f32[*]
+%8 = sqrt(%7) : f32[*]
+%9 = div(%2, %8) : f32[*]
+%10 = const[value=f32[4]{1.0, 2.0, 3.0, 4.0}] : f32[4]
+%11 = mul(%9, %10) : f32[*]
+%12 = const[value=f32[4]{0.1, 0.2, 0.3, 0.4}] : f32[4]
+%13 = add(%11, %12) : f32[*]
+output \"y\" = %13
+";
+
+#[test]
+fn layer_norm_decomposed_with_pow() {
+    let (snap, _, g) = before_after(&RecognizeLayerNorm, LAYER_NORM_POW);
+    assert_eq!(g.node_count(), 4, "{}", print(&g));
+    assert!(print(&g).contains("layer_norm[axis=-1, epsilon=1e-12](%0, %1, %2) : f32[B,S,4]"));
+    insta::assert_snapshot!(snap);
+}
+
+#[test]
+fn layer_norm_decomposed_with_mul_and_two_subs() {
+    let text = "\
+%0 = input[name=\"x\"] : f32[B,4]
+%1 = reduce_mean[axes=[1], keepdims=true](%0) : f32[*]
+%2 = sub(%0, %1) : f32[*]
+%3 = mul(%2, %2) : f32[*]
+%4 = reduce_mean[axes=[-1], keepdims=true](%3) : f32[*]
+%5 = const[value=f32[]{1e-5}] : f32[]
+%6 = add(%5, %4) : f32[*]
+%7 = sqrt(%6) : f32[*]
+%8 = sub(%0, %1) : f32[*]
+%9 = div(%8, %7) : f32[*]
+output \"y\" = %9
+";
+    let (snap, _, g) = before_after(&RecognizeLayerNorm, text);
+    assert_eq!(count(&g, "layer_norm"), 1);
+    assert_eq!(count(&g, "sqrt"), 0);
+    insta::assert_snapshot!(snap);
+}
+
+#[test]
+fn layer_norm_not_over_another_axis() {
+    let text = LAYER_NORM_POW.replace("%5 = reduce_mean[axes=[-1]", "%5 = reduce_mean[axes=[1]");
+    let (_, changed, _) = before_after(&RecognizeLayerNorm, &text);
+    assert!(!changed);
+}
+
+// ---- RecognizeGelu
+
+const GELU_ERF: &str = "\
+%0 = input[name=\"x\"] : f32[B,8]
+%1 = const[value=f32[]{1.4142135}] : f32[]
+%2 = div(%0, %1) : f32[*]
+%3 = erf(%2) : f32[*]
+%4 = const[value=f32[]{1.0}] : f32[]
+%5 = add(%3, %4) : f32[*]
+%6 = mul(%0, %5) : f32[*]
+%7 = const[value=f32[]{0.5}] : f32[]
+%8 = mul(%6, %7) : f32[*]
+output \"y\" = %8
+";
+
+#[test]
+fn gelu_erf_as_exported() {
+    let (snap, _, g) = before_after(&RecognizeGelu, GELU_ERF);
+    assert_eq!(g.node_count(), 2);
+    insta::assert_snapshot!(snap);
+}
+
+#[test]
+fn gelu_erf_grouped_the_other_ways() {
+    let a = "\
+%0 = input[name=\"x\"] : f32[B,8]
+%1 = const[value=f32[]{0.70710677}] : f32[]
+%2 = mul(%1, %0) : f32[*]
+%3 = erf(%2) : f32[*]
+%4 = const[value=f32[]{1.0}] : f32[]
+%5 = add(%4, %3) : f32[*]
+%6 = const[value=f32[]{0.5}] : f32[]
+%7 = mul(%5, %6) : f32[*]
+%8 = mul(%0, %7) : f32[*]
+output \"y\" = %8
+";
+    let (_, changed, g) = before_after(&RecognizeGelu, a);
+    assert!(changed && count(&g, "gelu") == 1, "{}", print(&g));
+}
+
+#[test]
+fn gelu_wrong_constant_is_left_alone() {
+    let text = GELU_ERF.replace("{1.4142135}", "{1.5}");
+    let (_, changed, _) = before_after(&RecognizeGelu, &text);
+    assert!(!changed);
+    let text = GELU_ERF.replace("f32[]{0.5}", "f32[]{0.6}");
+    let (_, changed, _) = before_after(&RecognizeGelu, &text);
+    assert!(!changed);
+}
+
+#[test]
+fn gelu_tanh_with_pow_and_with_products() {
+    let pow = "\
+%0 = input[name=\"x\"] : f32[B,8]
+%1 = const[value=f32[]{0.5}] : f32[]
+%2 = mul(%0, %1) : f32[*]
+%3 = const[value=f32[]{3.0}] : f32[]
+%4 = pow(%0, %3) : f32[*]
+%5 = const[value=f32[]{0.044715}] : f32[]
+%6 = mul(%4, %5) : f32[*]
+%7 = add(%0, %6) : f32[*]
+%8 = const[value=f32[]{0.7978846}] : f32[]
+%9 = mul(%7, %8) : f32[*]
+%10 = tanh(%9) : f32[*]
+%11 = const[value=f32[]{1.0}] : f32[]
+%12 = add(%10, %11) : f32[*]
+%13 = mul(%2, %12) : f32[*]
+output \"y\" = %13
+";
+    let (snap, _, g) = before_after(&RecognizeGelu, pow);
+    assert!(print(&g).contains("gelu[approx=\"tanh\"](%0)"));
+    insta::assert_snapshot!(snap);
+    let products = pow.replace(
+        "%4 = pow(%0, %3) : f32[*]",
+        "%20 = mul(%0, %0) : f32[*]\n%4 = mul(%20, %0) : f32[*]",
+    );
+    let (_, changed, g) = before_after(&RecognizeGelu, &products);
+    assert!(changed && count(&g, "gelu") == 1, "{}", print(&g));
+}
+
+// ---- RecognizeAttention
+
+/// The BERT eager block: q, k, v projections of hidden 8 into 2 heads of 4.
+const BERT_ATTENTION: &str = "\
+%0 = input[name=\"h\"] : f32[B,S,8]
+%1 = input[name=\"mask\"] : f32[B,1,1,S]
+%2 = const[value=f32[8,8]{extern}] : f32[8,8]  # wq
+%3 = const[value=f32[8,8]{extern}] : f32[8,8]  # wk
+%4 = const[value=f32[8,8]{extern}] : f32[8,8]  # wv
+%5 = linear(%0, %2) : f32[*]  # q
+%6 = linear(%0, %3) : f32[*]  # k
+%7 = linear(%0, %4) : f32[*]  # v
+%8 = const[value=i64[4]{0, 0, 2, 4}] : i64[4]
+%9 = reshape[allowzero=false](%5, %8) : f32[*]
+%10 = reshape[allowzero=false](%6, %8) : f32[*]
+%11 = reshape[allowzero=false](%7, %8) : f32[*]
+%12 = transpose[perm=[0, 2, 1, 3]](%9) : f32[*]
+%13 = transpose[perm=[0, 2, 3, 1]](%10) : f32[*]
+%14 = transpose[perm=[0, 2, 1, 3]](%11) : f32[*]
+%15 = matmul(%12, %13) : f32[*]
+%16 = const[value=f32[]{2.0}] : f32[]
+%17 = div(%15, %16) : f32[*]
+%18 = add(%17, %1) : f32[*]
+%19 = softmax[axis=-1](%18) : f32[*]
+%20 = matmul(%19, %14) : f32[*]
+%21 = transpose[perm=[0, 2, 1, 3]](%20) : f32[*]
+%22 = const[value=i64[3]{0, 0, 8}] : i64[3]
+%23 = reshape[allowzero=false](%21, %22) : f32[*]  # /layer/self/Reshape_3
+output \"y\" = %23
+";
+
+#[test]
+fn attention_bert_form() {
+    let (snap, _, g) = before_after(&RecognizeAttention, BERT_ATTENTION);
+    let t = print(&g);
+    assert!(t.contains("attention[num_heads=2, scale=0.5](%5, %6, %7, %1) : f32[B,S,8]  # /layer/self/Attention"), "{t}");
+    assert_eq!(
+        count(&g, "softmax") + count(&g, "transpose") + count(&g, "matmul"),
+        0
+    );
+    insta::assert_snapshot!(snap);
+}
+
+#[test]
+fn attention_distilbert_form() {
+    let text = "\
+%0 = input[name=\"h\"] : f32[B,S,8]
+%1 = input[name=\"attention_mask\"] : i64[B,S]
+%2 = const[value=f32[8,8]{extern}] : f32[8,8]
+%3 = linear(%0, %2) : f32[*]  # q
+%4 = linear(%0, %2) : f32[*]  # k
+%5 = linear(%0, %2) : f32[*]  # v
+%6 = const[value=i64[4]{0, -1, 2, 4}] : i64[4]
+%7 = reshape[allowzero=false](%3, %6) : f32[*]
+%8 = transpose[perm=[0, 2, 1, 3]](%7) : f32[*]
+%9 = reshape[allowzero=false](%4, %6) : f32[*]
+%10 = reshape[allowzero=false](%5, %6) : f32[*]
+%11 = transpose[perm=[0, 2, 1, 3]](%10) : f32[*]
+%12 = const[value=f32[]{2.0}] : f32[]
+%13 = div(%8, %12) : f32[*]
+%14 = transpose[perm=[0, 2, 3, 1]](%9) : f32[*]
+%15 = matmul(%13, %14) : f32[*]
+%16 = const[value=i64[]{0}] : i64[]
+%17 = equal(%1, %16) : bool[*]
+%18 = const[value=i64[4]{0, 1, 1, -1}] : i64[4]
+%19 = reshape[allowzero=false](%17, %18) : bool[*]
+%20 = shape[start=0](%15) : i64[*]
+%21 = expand(%19, %20) : bool[*]
+%22 = cast[to=bool](%21) : bool[*]
+%23 = const[value=f32[]{-3.4028235e38}] : f32[]
+%24 = where(%22, %23, %15) : f32[*]
+%25 = softmax[axis=-1](%24) : f32[*]
+%26 = matmul(%25, %11) : f32[*]
+%27 = transpose[perm=[0, 2, 1, 3]](%26) : f32[*]
+%28 = const[value=i64[3]{0, -1, 8}] : i64[3]
+%29 = reshape[allowzero=false](%27, %28) : f32[*]  # /layer/attention/Reshape_4
+output \"y\" = %29
+";
+    let (snap, _, g) = before_after(&RecognizeAttention, text);
+    let t = print(&g);
+    assert!(t.contains("where(%"), "{t}");
+    assert!(
+        t.contains(": f32[B,1,1,S]  # /layer/attention/AttentionMaskBias"),
+        "{t}"
+    );
+    assert_eq!(
+        count(&g, "expand") + count(&g, "shape") + count(&g, "softmax"),
+        0,
+        "{t}"
+    );
+    insta::assert_snapshot!(snap);
+}
+
+#[test]
+fn attention_sdpa_form_with_split_scale() {
+    let text = "\
+%0 = input[name=\"q\"] : f32[B,S,8]
+%1 = input[name=\"k\"] : f32[B,S,8]
+%2 = input[name=\"v\"] : f32[B,S,8]
+%3 = const[value=i64[4]{0, 0, 2, 4}] : i64[4]
+%4 = reshape[allowzero=false](%0, %3) : f32[*]
+%5 = transpose[perm=[0, 2, 1, 3]](%4) : f32[*]
+%6 = reshape[allowzero=false](%1, %3) : f32[*]
+%7 = transpose[perm=[0, 2, 1, 3]](%6) : f32[*]
+%8 = reshape[allowzero=false](%2, %3) : f32[*]
+%9 = transpose[perm=[0, 2, 1, 3]](%8) : f32[*]
+%10 = const[value=f32[]{0.70710677}] : f32[]
+%11 = mul(%5, %10) : f32[*]
+%12 = transpose[perm=[0, 1, 3, 2]](%7) : f32[*]
+%13 = mul(%12, %10) : f32[*]
+%14 = matmul(%11, %13) : f32[*]
+%15 = softmax[axis=-1](%14) : f32[*]
+%16 = matmul(%15, %9) : f32[*]
+%17 = transpose[perm=[0, 2, 1, 3]](%16) : f32[*]
+%18 = const[value=i64[3]{0, 0, 8}] : i64[3]
+%19 = reshape[allowzero=false](%17, %18) : f32[*]  # /sdpa/Reshape
+output \"y\" = %19
+";
+    let (snap, _, g) = before_after(&RecognizeAttention, text);
+    let t = print(&g);
+    assert!(
+        t.contains("attention[num_heads=2, scale=0.49999997](%0, %1, %2) : f32[B,S,8]"),
+        "{t}"
+    );
+    insta::assert_snapshot!(snap);
+}
+
+#[test]
+fn attention_wrong_permutation_is_left_alone() {
+    let text = BERT_ATTENTION.replace(
+        "%21 = transpose[perm=[0, 2, 1, 3]]",
+        "%21 = transpose[perm=[0, 1, 2, 3]]",
+    );
+    let (_, changed, g) = before_after(&RecognizeAttention, &text);
+    assert!(!changed);
+    assert_eq!(count(&g, "attention"), 0);
+    let text = BERT_ATTENTION.replace("%19 = softmax[axis=-1]", "%19 = softmax[axis=2]");
+    let (_, changed, _) = before_after(&RecognizeAttention, &text);
+    assert!(!changed);
+}
