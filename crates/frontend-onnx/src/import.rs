@@ -102,8 +102,14 @@ pub(crate) struct Importer<'m> {
 
 impl<'m> Importer<'m> {
     /// A node name not used yet, `base` when possible. Unique names let
-    /// [`ir::text::ConstantSource`] find constants by name.
+    /// [`ir::text::ConstantSource`] find constants by name. Line breaks and surrounding blanks
+    /// are dropped, as the text form (one node per line, name at the end) cannot keep them.
     pub(crate) fn unique_name(&mut self, base: &str) -> String {
+        let clean = base.replace(['\n', '\r'], " ");
+        let base = match clean.trim() {
+            "" => "unnamed",
+            t => t,
+        };
         let mut name = base.to_string();
         let mut k = 1;
         while self.names.contains(&name) {

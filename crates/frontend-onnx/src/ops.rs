@@ -46,8 +46,8 @@ impl<'m> NodeCtx<'m> {
         }
     }
 
-    /// The attribute `name` when present, checked to be of type `ty`. Attributes written without
-    /// a type (very old exporters) are read by field.
+    /// The attribute `name` when present, checked to be of type `ty`. An attribute without a type
+    /// is an error too: which field holds its value would be a guess.
     fn attr(
         &self,
         name: &str,
@@ -62,7 +62,7 @@ impl<'m> NodeCtx<'m> {
                 "refers to a function attribute, which only functions have",
             ));
         }
-        if a.r#type != ty as i32 && a.r#type != AttributeType::Undefined as i32 {
+        if a.r#type != ty as i32 {
             return Err(self.bad_attr(
                 name,
                 format!(

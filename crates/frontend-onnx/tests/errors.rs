@@ -235,6 +235,20 @@ fn attribute_of_the_wrong_type() {
 }
 
 #[test]
+fn attribute_without_a_type() {
+    let mut a = attr_int("axis", 1);
+    a.r#type = 0;
+    let e = xy(17)
+        .node(with_attr(node("Concat", "cat", &["x", "x"], &["y"]), a))
+        .import()
+        .unwrap_err();
+    assert!(
+        matches!(&e, ImportError::BadAttribute { attr, .. } if attr == "axis"),
+        "{e:?}"
+    );
+}
+
+#[test]
 fn missing_required_attribute() {
     let e = xy(17)
         .node(node("Concat", "cat", &["x", "x"], &["y"]))

@@ -552,3 +552,43 @@ fn unique_constant_names() {
     names.dedup();
     assert_eq!(names.len(), 3);
 }
+
+#[test]
+fn awkward_names_survive_the_text_form() {
+    let c = |name: &str, out: &str, v: f32| {
+        with_attr(
+            node("Constant", name, &[], &[out]),
+            attr_float("value_float", v),
+        )
+    };
+    let g = Model::new(17)
+        .input(value_info(
+            "x \"quoted\"\n",
+            DataType::Float,
+            Some(vec![D::N(1)]),
+        ))
+        .node(c(" k ", "a", 1.0))
+        .node(c("k\nline", "b", 2.0))
+        .node(c("  ", "c", 3.0))
+        .node(c("", "", 4.0))
+        .node(node(
+            "Sum",
+            "s\r",
+            &["x \"quoted\"\n", "a", "b", "c"],
+            &["out put"],
+        ))
+        .output(value_info("out put", DataType::Float, None))
+        .import()
+        .unwrap();
+    let printed = text::print(&g).unwrap();
+    let mut consts = std::collections::HashMap::new();
+    for id in g.node_ids() {
+        if let Op::Const { value } = &g.node(id).op {
+            assert!(consts
+                .insert(g.node(id).name.clone(), value.clone())
+                .is_none());
+        }
+    }
+    let back = text::parse(&printed, Some(&consts)).unwrap();
+    assert_eq!(text::print(&back).unwrap(), printed);
+}
