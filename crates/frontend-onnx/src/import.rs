@@ -238,9 +238,10 @@ pub(crate) fn import_model(model: &ModelProto, base: Option<&Path>) -> Result<Gr
         };
         if let Some(&v) = domains.get(&d) {
             if v != o.version {
-                return Err(ImportError::UnsupportedOpset {
+                return Err(ImportError::ConflictingOpsets {
                     domain: o.domain.clone(),
-                    version: o.version,
+                    first: v,
+                    second: o.version,
                 });
             }
         }

@@ -89,6 +89,12 @@ pub enum ImportError {
     MissingGraph,
     #[error("opset {version} of domain `{domain}` is not supported (the default domain needs opset 11 to 21)")]
     UnsupportedOpset { domain: String, version: i64 },
+    #[error("opset_import lists domain `{domain}` twice, at opsets {first} and {second}")]
+    ConflictingOpsets {
+        domain: String,
+        first: i64,
+        second: i64,
+    },
     #[error("node `{node}`: op `{op_type}` (domain `{domain}`, opset {opset}) is not supported")]
     UnsupportedOp {
         node: String,

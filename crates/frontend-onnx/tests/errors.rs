@@ -162,6 +162,24 @@ fn unsupported_opsets() {
 }
 
 #[test]
+fn conflicting_opsets() {
+    let e = relu_model(17).domain("ai.onnx", 13).import().unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ImportError::ConflictingOpsets {
+                first: 17,
+                second: 13,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // The same version listed under both spellings is fine.
+    relu_model(17).domain("ai.onnx", 17).import().unwrap();
+}
+
+#[test]
 fn missing_graph() {
     let m = Model {
         m: ModelProto::default(),
