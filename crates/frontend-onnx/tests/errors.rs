@@ -485,6 +485,12 @@ fn external_data() {
         })
         .unwrap();
     assert_eq!(w.to_vec::<f32>().unwrap(), values);
+    // Not copied: the bytes lie in the mapping of the data file.
+    let weights = std::fs::canonicalize(dir.join("weights.bin")).unwrap();
+    assert_eq!(
+        mapping_containing(w.bytes().unwrap().as_ptr() as usize).as_deref(),
+        Some(weights.to_str().unwrap())
+    );
 
     // Without a folder there is nowhere to look.
     let e = m.import().unwrap_err();

@@ -226,22 +226,6 @@ fn text_form_round_trips_on_every_model() {
     }
 }
 
-/// The file-backed mapping of this process that contains `addr`, from /proc/self/maps.
-fn mapping_containing(addr: usize) -> Option<String> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    for line in maps.lines() {
-        let mut parts = line.split_whitespace();
-        let range = parts.next()?;
-        let (lo, hi) = range.split_once('-')?;
-        let lo = usize::from_str_radix(lo, 16).ok()?;
-        let hi = usize::from_str_radix(hi, 16).ok()?;
-        if (lo..hi).contains(&addr) {
-            return Some(parts.nth(4).unwrap_or("").to_string());
-        }
-    }
-    None
-}
-
 fn largest_constant(g: &Graph) -> Tensor {
     g.node_ids()
         .filter_map(|id| match &g.node(id).op {
@@ -264,7 +248,7 @@ fn weights_point_into_the_memory_map() {
     let ptr = w.bytes().unwrap().as_ptr() as usize;
     let canonical = std::fs::canonicalize(&path).unwrap();
     assert_eq!(
-        mapping_containing(ptr).as_deref(),
+        common::mapping_containing(ptr).as_deref(),
         Some(canonical.to_str().unwrap()),
         "the word embeddings must lie in the mapping of the model file"
     );

@@ -269,3 +269,20 @@ pub fn output_node<'g>(g: &'g ir::Graph, name: &str) -> &'g ir::Node {
         .1;
     g.node(o.node)
 }
+
+/// The path of this process's mapping that contains `addr` (empty for anonymous memory), from
+/// /proc/self/maps; `None` when no mapping contains it or the file is unreadable.
+pub fn mapping_containing(addr: usize) -> Option<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    for line in maps.lines() {
+        let mut parts = line.split_whitespace();
+        let range = parts.next()?;
+        let (lo, hi) = range.split_once('-')?;
+        let lo = usize::from_str_radix(lo, 16).ok()?;
+        let hi = usize::from_str_radix(hi, 16).ok()?;
+        if (lo..hi).contains(&addr) {
+            return Some(parts.nth(4).unwrap_or("").to_string());
+        }
+    }
+    None
+}
