@@ -1,0 +1,616 @@
+//! Elementwise ops with numpy broadcasting: binary, unary, where, cast, GELU.
+
+use ir::{BinaryOp, DType, GeluApprox, UnaryOp};
+
+use super::{broadcast_shape, broadcast_strides, for_each_row, Ctx, Input};
+use crate::value::{TensorData, TensorValue, ValueElement};
+use crate::Error;
+
+/// `out[i] = f(a[..], b[..])` over the broadcast of the two shapes.
+fn broadcast2<A: Copy, B: Copy, O>(
+    a: &[A],
+    ash: &[usize],
+    b: &[B],
+    bsh: &[usize],
+    out_shape: &[usize],
+    f: impl Fn(A, B) -> O,
+) -> Vec<O> {
+    let n: usize = out_shape.iter().product();
+    let mut out = Vec::with_capacity(n);
+    if ash == bsh {
+        out.extend(a.iter().zip(b).map(|(&x, &y)| f(x, y)));
+        return out;
+    }
+    if b.len() == 1 {
+        let y = b[0];
+        out.extend(a.iter().map(|&x| f(x, y)));
+        return out;
+    }
+    if a.len() == 1 {
+        let x = a[0];
+        out.extend(b.iter().map(|&y| f(x, y)));
+        return out;
+    }
+    let sa = broadcast_strides(ash, out_shape);
+    let sb = broadcast_strides(bsh, out_shape);
+    let inner = *out_shape.last().unwrap_or(&1);
+    let (la, lb) = (*sa.last().unwrap_or(&0), *sb.last().unwrap_or(&0));
+    for_each_row(out_shape, [&sa, &sb], |_, [oa, ob]| match (la, lb) {
+        (1, 1) => out.extend(
+            a[oa..oa + inner]
+                .iter()
+                .zip(&b[ob..ob + inner])
+                .map(|(&x, &y)| f(x, y)),
+        ),
+        (1, 0) => {
+            let y = b[ob];
+            out.extend(a[oa..oa + inner].iter().map(|&x| f(x, y)))
+        }
+        (0, 1) => {
+            let x = a[oa];
+            out.extend(b[ob..ob + inner].iter().map(|&y| f(x, y)))
+        }
+        _ => out.extend((0..inner).map(|i| f(a[oa + i * la], b[ob + i * lb]))),
+    });
+    out
+}
+
+/// `acc[i] = f(acc[i], b[..])` where `acc` already has the output shape.
+fn broadcast2_inplace_left(
+    acc: &mut [f32],
+    out_shape: &[usize],
+    b: &[f32],
+    bsh: &[usize],
+    f: impl Fn(f32, f32) -> f32,
+) {
+    if bsh == out_shape {
+        acc.iter_mut().zip(b).for_each(|(x, &y)| *x = f(*x, y));
+        return;
+    }
+    if b.len() == 1 {
+        let y = b[0];
+        acc.iter_mut().for_each(|x| *x = f(*x, y));
+        return;
+    }
+    let sb = broadcast_strides(bsh, out_shape);
+    let sa = super::strides_of(out_shape);
+    let inner = *out_shape.last().unwrap_or(&1);
+    let lb = *sb.last().unwrap_or(&0);
+    for_each_row(out_shape, [&sa, &sb], |o, [_, ob]| {
+        let row = &mut acc[o..o + inner];
+        if lb == 1 {
+            row.iter_mut()
+                .zip(&b[ob..ob + inner])
+                .for_each(|(x, &y)| *x = f(*x, y));
+        } else {
+            let y = b[ob];
+            row.iter_mut().for_each(|x| *x = f(*x, y));
+        }
+    });
+}
+
+fn pow_f32(x: f32, y: f32) -> f32 {
+    // Exports write x² as Pow(x, 2): keep it exact and cheap.
+    if y == 2.0 {
+        x * x
+    } else if y == 0.5 {
+        x.sqrt()
+    } else if y == 1.0 {
+        x
+    } else {
+        x.powf(y)
+    }
+}
+
+fn f32_fn(op: BinaryOp) -> Option<fn(f32, f32) -> f32> {
+    Some(match op {
+        BinaryOp::Add => |x, y| x + y,
+        BinaryOp::Sub => |x, y| x - y,
+        BinaryOp::Mul => |x, y| x * y,
+        BinaryOp::Div => |x, y| x / y,
+        BinaryOp::Pow => pow_f32,
+        BinaryOp::Max => |x: f32, y: f32| if x.is_nan() || x >= y { x } else { y },
+        BinaryOp::Min => |x: f32, y: f32| if x.is_nan() || x <= y { x } else { y },
+        _ => return None,
+    })
+}
+
+macro_rules! int_arith {
+    ($op:expr, $a:expr, $ash:expr, $b:expr, $bsh:expr, $out:expr, $t:ty, $node:expr) => {{
+        let (a, b): (&[$t], &[$t]) = ($a, $b);
+        match $op {
+            BinaryOp::Add => broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.wrapping_add(y)),
+            BinaryOp::Sub => broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.wrapping_sub(y)),
+            BinaryOp::Mul => broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.wrapping_mul(y)),
+            BinaryOp::Max => broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.max(y)),
+            BinaryOp::Min => broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.min(y)),
+            BinaryOp::Div => {
+                if b.contains(&0) {
+                    return Err(Error::op($node, "div", "integer division by zero"));
+                }
+                // Truncating division, as onnxruntime's integer Div.
+                broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.wrapping_div(y))
+            }
+            BinaryOp::Pow => broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| {
+                if y < 0 as $t {
+                    0 as $t
+                } else {
+                    x.wrapping_pow(y as u32)
+                }
+            }),
+            _ => unreachable!("arithmetic ops only"),
+        }
+    }};
+}
+
+macro_rules! compare {
+    ($op:expr, $a:expr, $ash:expr, $b:expr, $bsh:expr, $out:expr) => {{
+        let (a, b) = ($a, $b);
+        match $op {
+            BinaryOp::Equal => broadcast2(a, $ash, b, $bsh, $out, |x, y| x == y),
+            BinaryOp::Less => broadcast2(a, $ash, b, $bsh, $out, |x, y| x < y),
+            BinaryOp::Greater => broadcast2(a, $ash, b, $bsh, $out, |x, y| x > y),
+            _ => unreachable!("comparisons only"),
+        }
+    }};
+}
+
+/// A binary elementwise op. `a` or `b` may be handed over owned (last use), in which case an
+/// f32 result is computed in its buffer.
+pub(crate) fn binary(
+    op: BinaryOp,
+    a: Input<'_>,
+    b: Input<'_>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let name = op.name();
+    let (ash, bsh) = (a.get().shape().to_vec(), b.get().shape().to_vec());
+    let out_shape = broadcast_shape(&ash, &bsh).ok_or_else(|| {
+        Error::op(
+            node,
+            name,
+            format!("shapes {ash:?} and {bsh:?} do not broadcast"),
+        )
+    })?;
+    if a.get().dtype() != b.get().dtype() {
+        return Err(Error::op(
+            node,
+            name,
+            format!(
+                "operands have different dtypes {} and {}",
+                a.get().dtype(),
+                b.get().dtype()
+            ),
+        ));
+    }
+    let is_cmp = matches!(op, BinaryOp::Equal | BinaryOp::Less | BinaryOp::Greater);
+    let is_logic = matches!(op, BinaryOp::And | BinaryOp::Or);
+    // In place on an owned f32 operand that already has the output shape.
+    if let Some(f) = f32_fn(op) {
+        if a.get().dtype() == DType::F32 {
+            if a.is_owned() && ash == out_shape {
+                let mut acc = a.into_owned();
+                let bv = b.get().typed::<f32>()?;
+                let buf = acc.typed_mut::<f32>().expect("checked f32");
+                broadcast2_inplace_left(buf, &out_shape, bv, &bsh, f);
+                return Ok(acc);
+            }
+            if b.is_owned()
+                && bsh == out_shape
+                && matches!(
+                    op,
+                    BinaryOp::Add | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min
+                )
+            {
+                // Commutative: the owned right operand takes the accumulator role.
+                let mut acc = b.into_owned();
+                let av = a.get().typed::<f32>()?;
+                let buf = acc.typed_mut::<f32>().expect("checked f32");
+                broadcast2_inplace_left(buf, &out_shape, av, &ash, f);
+                return Ok(acc);
+            }
+        }
+    }
+    let (ad, bd) = (a.get().data(), b.get().data());
+    let data = match (ad, bd) {
+        (TensorData::F32(x), TensorData::F32(y)) => {
+            if let Some(f) = f32_fn(op) {
+                TensorData::F32(broadcast2(x, &ash, y, &bsh, &out_shape, f))
+            } else if is_cmp {
+                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+            } else {
+                return Err(bad_dtype(op, DType::F32, node));
+            }
+        }
+        (TensorData::I64(x), TensorData::I64(y)) => {
+            if is_cmp {
+                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+            } else if is_logic {
+                return Err(bad_dtype(op, DType::I64, node));
+            } else {
+                TensorData::I64(int_arith!(op, x, &ash, y, &bsh, &out_shape, i64, node))
+            }
+        }
+        (TensorData::I32(x), TensorData::I32(y)) => {
+            if is_cmp {
+                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+            } else if is_logic {
+                return Err(bad_dtype(op, DType::I32, node));
+            } else {
+                TensorData::I32(int_arith!(op, x, &ash, y, &bsh, &out_shape, i32, node))
+            }
+        }
+        (TensorData::Bool(x), TensorData::Bool(y)) => match op {
+            BinaryOp::And => {
+                TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, |p, q| p & q))
+            }
+            BinaryOp::Or => {
+                TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, |p, q| p | q))
+            }
+            BinaryOp::Equal => {
+                TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, |p, q| p == q))
+            }
+            _ => return Err(bad_dtype(op, DType::Bool, node)),
+        },
+        (TensorData::U8(x), TensorData::U8(y)) if is_cmp => {
+            TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+        }
+        (TensorData::I8(x), TensorData::I8(y)) if is_cmp => {
+            TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+        }
+        (d, _) => return Err(bad_dtype(op, d.dtype(), node)),
+    };
+    Ok(TensorValue::raw_data(out_shape, data))
+}
+
+fn bad_dtype(op: BinaryOp, d: DType, node: &str) -> Error {
+    Error::op(node, op.name(), format!("not defined on {d}"))
+}
+
+/// Accurate erf: musl's `erff` (error under 1 ulp), so GELU matches an f64 evaluation to ~1e-7.
+#[inline]
+pub(crate) fn erf(x: f32) -> f32 {
+    libm::erff(x)
+}
+
+#[inline]
+pub(crate) fn gelu_erf(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+#[inline]
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
+    const C: f32 = 0.797_884_6; // √(2/π)
+    0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh())
+}
+
+fn sigmoid(x: f32) -> f32 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// Applies an f32 function elementwise, in the input's buffer when it is owned, split across
+/// threads for large tensors.
+fn map_f32(
+    x: Input<'_>,
+    ctx: &Ctx<'_>,
+    f: impl Fn(f32) -> f32 + Sync,
+) -> Result<TensorValue, Error> {
+    let shape = x.get().shape().to_vec();
+    let mut out = if x.is_owned() {
+        x.into_owned()
+    } else {
+        let src = x.get().typed::<f32>()?;
+        TensorValue::raw(shape.clone(), src.to_vec())
+    };
+    let actual = out.dtype();
+    let buf = out.typed_mut::<f32>().ok_or(Error::DType {
+        expected: DType::F32,
+        actual,
+    })?;
+    let row = (*shape.last().unwrap_or(&1)).max(1);
+    ctx.par_rows_mut(buf, row, |_, block| {
+        block.iter_mut().for_each(|v| *v = f(*v))
+    });
+    Ok(out)
+}
+
+/// GELU over an f32 tensor.
+pub(crate) fn gelu(
+    approx: GeluApprox,
+    x: Input<'_>,
+    ctx: &Ctx<'_>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    if x.get().dtype() != DType::F32 {
+        return Err(Error::op(
+            node,
+            "gelu",
+            format!("expects f32, got {}", x.get().dtype()),
+        ));
+    }
+    match approx {
+        GeluApprox::Erf => map_f32(x, ctx, gelu_erf),
+        GeluApprox::Tanh => map_f32(x, ctx, gelu_tanh),
+    }
+}
+
+/// A unary elementwise op.
+pub(crate) fn unary(
+    op: UnaryOp,
+    x: Input<'_>,
+    ctx: &Ctx<'_>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let dt = x.get().dtype();
+    let bad = || Error::op(node, op.name(), format!("not defined on {dt}"));
+    match dt {
+        DType::F32 => {
+            let f: fn(f32) -> f32 = match op {
+                UnaryOp::Neg => |v| -v,
+                UnaryOp::Abs => f32::abs,
+                UnaryOp::Sqrt => f32::sqrt,
+                UnaryOp::Reciprocal => |v| 1.0 / v,
+                UnaryOp::Exp => f32::exp,
+                UnaryOp::Log => f32::ln,
+                UnaryOp::Erf => erf,
+                UnaryOp::Tanh => f32::tanh,
+                UnaryOp::Sigmoid => sigmoid,
+                UnaryOp::Relu => |v| v.max(0.0),
+                UnaryOp::Not => return Err(bad()),
+            };
+            map_f32(x, ctx, f)
+        }
+        DType::Bool => match op {
+            UnaryOp::Not => {
+                let v = x.get().typed::<bool>()?;
+                Ok(TensorValue::raw(
+                    x.get().shape().to_vec(),
+                    v.iter().map(|b| !b).collect(),
+                ))
+            }
+            _ => Err(bad()),
+        },
+        DType::I64 | DType::I32 | DType::I8 => {
+            let t = x.get();
+            let shape = t.shape().to_vec();
+            let data = match (op, t.data()) {
+                (UnaryOp::Neg, TensorData::I64(v)) => {
+                    TensorData::I64(v.iter().map(|a| a.wrapping_neg()).collect())
+                }
+                (UnaryOp::Abs, TensorData::I64(v)) => {
+                    TensorData::I64(v.iter().map(|a| a.wrapping_abs()).collect())
+                }
+                (UnaryOp::Relu, TensorData::I64(v)) => {
+                    TensorData::I64(v.iter().map(|&a| a.max(0)).collect())
+                }
+                (UnaryOp::Neg, TensorData::I32(v)) => {
+                    TensorData::I32(v.iter().map(|a| a.wrapping_neg()).collect())
+                }
+                (UnaryOp::Abs, TensorData::I32(v)) => {
+                    TensorData::I32(v.iter().map(|a| a.wrapping_abs()).collect())
+                }
+                (UnaryOp::Relu, TensorData::I32(v)) => {
+                    TensorData::I32(v.iter().map(|&a| a.max(0)).collect())
+                }
+                (UnaryOp::Neg, TensorData::I8(v)) => {
+                    TensorData::I8(v.iter().map(|a| a.wrapping_neg()).collect())
+                }
+                (UnaryOp::Abs, TensorData::I8(v)) => {
+                    TensorData::I8(v.iter().map(|a| a.wrapping_abs()).collect())
+                }
+                _ => return Err(bad()),
+            };
+            Ok(TensorValue::raw_data(shape, data))
+        }
+        _ => Err(bad()),
+    }
+}
+
+fn where_typed<T: Copy>(
+    c: &[bool],
+    csh: &[usize],
+    a: &[T],
+    ash: &[usize],
+    b: &[T],
+    bsh: &[usize],
+    out: &[usize],
+) -> Vec<T> {
+    let n: usize = out.iter().product();
+    let mut res = Vec::with_capacity(n);
+    let (sc, sa, sb) = (
+        broadcast_strides(csh, out),
+        broadcast_strides(ash, out),
+        broadcast_strides(bsh, out),
+    );
+    let inner = *out.last().unwrap_or(&1);
+    let (lc, la, lb) = (
+        *sc.last().unwrap_or(&0),
+        *sa.last().unwrap_or(&0),
+        *sb.last().unwrap_or(&0),
+    );
+    for_each_row(out, [&sc, &sa, &sb], |_, [oc, oa, ob]| {
+        res.extend((0..inner).map(|i| {
+            if c[oc + i * lc] {
+                a[oa + i * la]
+            } else {
+                b[ob + i * lb]
+            }
+        }))
+    });
+    res
+}
+
+/// `where(cond, a, b)` with three-way broadcasting.
+pub(crate) fn where_op(
+    c: &TensorValue,
+    a: &TensorValue,
+    b: &TensorValue,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let cv = c.as_bool().ok_or_else(|| {
+        Error::op(
+            node,
+            "where",
+            format!("condition must be bool, got {}", c.dtype()),
+        )
+    })?;
+    let out = broadcast_shape(c.shape(), a.shape())
+        .and_then(|s| broadcast_shape(&s, b.shape()))
+        .ok_or_else(|| {
+            Error::op(
+                node,
+                "where",
+                format!(
+                    "shapes {:?}, {:?}, {:?} do not broadcast",
+                    c.shape(),
+                    a.shape(),
+                    b.shape()
+                ),
+            )
+        })?;
+    let (cs, as_, bs) = (c.shape(), a.shape(), b.shape());
+    let data = match (a.data(), b.data()) {
+        (TensorData::F32(x), TensorData::F32(y)) => {
+            TensorData::F32(where_typed(cv, cs, x, as_, y, bs, &out))
+        }
+        (TensorData::I64(x), TensorData::I64(y)) => {
+            TensorData::I64(where_typed(cv, cs, x, as_, y, bs, &out))
+        }
+        (TensorData::I32(x), TensorData::I32(y)) => {
+            TensorData::I32(where_typed(cv, cs, x, as_, y, bs, &out))
+        }
+        (TensorData::I8(x), TensorData::I8(y)) => {
+            TensorData::I8(where_typed(cv, cs, x, as_, y, bs, &out))
+        }
+        (TensorData::U8(x), TensorData::U8(y)) => {
+            TensorData::U8(where_typed(cv, cs, x, as_, y, bs, &out))
+        }
+        (TensorData::Bool(x), TensorData::Bool(y)) => {
+            TensorData::Bool(where_typed(cv, cs, x, as_, y, bs, &out))
+        }
+        (x, y) => {
+            return Err(Error::op(
+                node,
+                "where",
+                format!(
+                    "branches have different dtypes {} and {}",
+                    x.dtype(),
+                    y.dtype()
+                ),
+            ))
+        }
+    };
+    Ok(TensorValue::raw_data(out, data))
+}
+
+/// Conversion of one element type to another with `as` semantics: float to integer truncates
+/// toward zero and saturates, anything to bool is `!= 0`.
+trait CastTo<T> {
+    fn cast(self) -> T;
+}
+macro_rules! cast_num {
+    ($($from:ty),*) => {$(
+        impl CastTo<f32> for $from { fn cast(self) -> f32 { self as f32 } }
+        impl CastTo<i64> for $from { fn cast(self) -> i64 { self as i64 } }
+        impl CastTo<i32> for $from { fn cast(self) -> i32 { self as i32 } }
+        impl CastTo<i8> for $from { fn cast(self) -> i8 { self as i8 } }
+        impl CastTo<u8> for $from { fn cast(self) -> u8 { self as u8 } }
+        impl CastTo<bool> for $from { fn cast(self) -> bool { self != (0 as $from) } }
+    )*};
+}
+cast_num!(f32, i64, i32, i8, u8);
+impl<T> CastTo<T> for bool
+where
+    u8: CastTo<T>,
+{
+    fn cast(self) -> T {
+        (self as u8).cast()
+    }
+}
+
+fn cast_vec<S: Copy + CastTo<T>, T: ValueElement>(v: &[S]) -> TensorData {
+    T::wrap(v.iter().map(|&x| x.cast()).collect())
+}
+
+fn cast_to<T: ValueElement>(d: &TensorData) -> TensorData
+where
+    f32: CastTo<T>,
+    i64: CastTo<T>,
+    i32: CastTo<T>,
+    i8: CastTo<T>,
+    u8: CastTo<T>,
+    bool: CastTo<T>,
+{
+    match d {
+        TensorData::F32(v) => cast_vec::<f32, T>(v),
+        TensorData::I64(v) => cast_vec::<i64, T>(v),
+        TensorData::I32(v) => cast_vec::<i32, T>(v),
+        TensorData::I8(v) => cast_vec::<i8, T>(v),
+        TensorData::U8(v) => cast_vec::<u8, T>(v),
+        TensorData::Bool(v) => cast_vec::<bool, T>(v),
+    }
+}
+
+/// `cast[to]`.
+pub(crate) fn cast(x: Input<'_>, to: DType, node: &str) -> Result<TensorValue, Error> {
+    if x.get().dtype() == to {
+        return Ok(x.into_owned());
+    }
+    let t = x.get();
+    let data = match to {
+        DType::F32 => cast_to::<f32>(t.data()),
+        DType::I64 => cast_to::<i64>(t.data()),
+        DType::I32 => cast_to::<i32>(t.data()),
+        DType::I8 => cast_to::<i8>(t.data()),
+        DType::U8 => cast_to::<u8>(t.data()),
+        DType::Bool => cast_to::<bool>(t.data()),
+        DType::BF16 => {
+            return Err(Error::op(
+                node,
+                "cast",
+                "bf16 is not supported by the interpreter",
+            ))
+        }
+    };
+    Ok(TensorValue::raw_data(t.shape().to_vec(), data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_is_accurate() {
+        // Against an f64 reference series/continued fraction would be long; use known values.
+        let cases = [
+            (0.5f64, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (-1.5, -0.966_105_146_475_310_7),
+            (2.5, 0.999_593_047_982_555),
+            (0.01, 0.011_283_415_555_849_62),
+        ];
+        for (x, want) in cases {
+            let got = erf(x as f32) as f64;
+            assert!((got - want).abs() < 1e-7, "erf({x}) = {got}, want {want}");
+        }
+    }
+
+    #[test]
+    fn broadcast_kernel() {
+        let a = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let b = [10.0f32, 20.0];
+        let out = broadcast2(&a, &[3, 2], &b, &[2], &[3, 2], |x, y| x + y);
+        assert_eq!(out, vec![11.0, 22.0, 13.0, 24.0, 15.0, 26.0]);
+        let c = [100.0f32, 200.0, 300.0];
+        let out = broadcast2(&a, &[3, 2], &c, &[3, 1], &[3, 2], |x, y| x + y);
+        assert_eq!(out, vec![101.0, 102.0, 203.0, 204.0, 305.0, 306.0]);
+        let mut acc = a;
+        broadcast2_inplace_left(&mut acc, &[3, 2], &c, &[3, 1], |x, y| x - y);
+        assert_eq!(acc, [-99.0, -98.0, -197.0, -196.0, -295.0, -294.0]);
+    }
+}

@@ -1,0 +1,319 @@
+//! The kernels of the interpreter: one function per IR op, over [`TensorValue`]s.
+//!
+//! Every function takes the node's name for its errors and returns an [`Error::Op`] naming the
+//! node and op on any shape or dtype it cannot handle; none panics on bad data.
+
+pub(crate) mod attention;
+pub(crate) mod elementwise;
+pub(crate) mod nn;
+pub(crate) mod quant;
+pub(crate) mod shape_ops;
+
+use std::ops::Range;
+
+use crate::value::TensorValue;
+use crate::Error;
+
+/// What a kernel may use besides its inputs: the thread pool and a pool of recycled buffers.
+pub(crate) struct Ctx<'a> {
+    pub pool: &'a rayon::ThreadPool,
+    pub threads: usize,
+    pub arena: &'a mut Arena,
+}
+
+/// Freed f32 buffers kept for reuse: an intermediate dies after its last consumer ran and its
+/// vector comes back here, so a steady-state run allocates (almost) nothing for f32 activations.
+#[derive(Default)]
+pub(crate) struct Arena {
+    free: Vec<Vec<f32>>,
+}
+
+impl Arena {
+    /// A zero-filled vector of `len` elements, reusing the smallest free buffer that fits.
+    pub fn f32_zeroed(&mut self, len: usize) -> Vec<f32> {
+        let best = self
+            .free
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= len)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => {
+                let mut v = self.free.swap_remove(i);
+                v.clear();
+                v.resize(len, 0.0);
+                v
+            }
+            None => vec![0.0; len],
+        }
+    }
+
+    /// Takes back the buffer of a value that died.
+    pub fn recycle(&mut self, t: TensorValue) {
+        if let crate::TensorData::F32(v) = t.into_data() {
+            // Tiny buffers are not worth a slot; many would make the search slow.
+            if v.capacity() >= 256 && self.free.len() < 64 {
+                self.free.push(v);
+            }
+        }
+    }
+}
+
+/// An input of a kernel: borrowed, or owned when this node is its last consumer (so the kernel
+/// may reuse its buffer or move it, as reshapes do).
+pub(crate) enum Input<'a> {
+    Ref(&'a TensorValue),
+    Own(TensorValue),
+}
+
+impl Input<'_> {
+    pub fn get(&self) -> &TensorValue {
+        match self {
+            Input::Ref(t) => t,
+            Input::Own(t) => t,
+        }
+    }
+
+    pub fn is_owned(&self) -> bool {
+        matches!(self, Input::Own(_))
+    }
+
+    /// The value, moved when owned and copied otherwise.
+    pub fn into_owned(self) -> TensorValue {
+        match self {
+            Input::Ref(t) => t.clone(),
+            Input::Own(t) => t,
+        }
+    }
+}
+
+/// Raw pointer that may cross threads: used where workers write disjoint parts of one buffer
+/// that cannot be split into contiguous slices (e.g. attention heads interleaved in a row).
+#[derive(Clone, Copy)]
+pub(crate) struct SyncPtr<T>(pub *mut T);
+unsafe impl<T> Send for SyncPtr<T> {}
+unsafe impl<T> Sync for SyncPtr<T> {}
+
+impl<T> SyncPtr<T> {
+    /// The pointer (a method, so that closures capture the whole `Sync` wrapper).
+    pub fn ptr(self) -> *mut T {
+        self.0
+    }
+}
+
+impl Ctx<'_> {
+    /// Splits `out` (made of rows of `row_len` elements) into one contiguous block of rows per
+    /// thread and runs `f(first_row, block)` on each.
+    pub fn par_rows_mut<T: Send>(
+        &self,
+        out: &mut [T],
+        row_len: usize,
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
+        let work = out.len();
+        self.par_rows_mut_work(out, row_len, work, f)
+    }
+
+    /// [`Ctx::par_rows_mut`] with the amount of work given (e.g. m·n·k for a product).
+    pub fn par_rows_mut_work<T: Send>(
+        &self,
+        out: &mut [T],
+        row_len: usize,
+        work: usize,
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
+        let rows = out.len().checked_div(row_len).unwrap_or(0);
+        let parts = self.parts(rows, work);
+        if parts <= 1 {
+            f(0, out);
+            return;
+        }
+        self.pool.scope(|s| {
+            let mut rest = out;
+            for t in 0..parts {
+                let r = split_range(rows, parts, t);
+                let (block, tail) = rest.split_at_mut(r.len() * row_len);
+                rest = tail;
+                let f = &f;
+                s.spawn(move |_| f(r.start, block));
+            }
+        });
+    }
+
+    /// Threads for one GEMM of `work` multiply-adds: small products stay on one thread.
+    pub fn gemm_threads(&self, work: usize) -> usize {
+        if work < 64 * 1024 {
+            1
+        } else {
+            self.threads
+        }
+    }
+
+    fn parts(&self, rows: usize, work: usize) -> usize {
+        // Below ~32k element-operations the wake-up of a pool thread costs more than it saves.
+        if self.threads <= 1 || rows < 2 || work < 32 * 1024 {
+            1
+        } else {
+            self.threads.min(rows)
+        }
+    }
+}
+
+/// Range `t` of `parts` near-equal contiguous ranges of `0..total`.
+pub(crate) fn split_range(total: usize, parts: usize, t: usize) -> Range<usize> {
+    let base = total / parts;
+    let extra = total % parts;
+    let start = t * base + t.min(extra);
+    start..start + base + usize::from(t < extra)
+}
+
+/// Normalises a possibly negative axis against `rank` (ONNX convention).
+pub(crate) fn norm_axis(
+    axis: i64,
+    rank: usize,
+    node: &str,
+    op: &'static str,
+) -> Result<usize, Error> {
+    let r = rank as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if a < 0 || a >= r {
+        return Err(Error::op(
+            node,
+            op,
+            format!("axis {axis} is out of range for rank {rank}"),
+        ));
+    }
+    Ok(a as usize)
+}
+
+/// Numpy broadcasting of two shapes.
+pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let rank = a.len().max(b.len());
+    let mut out = vec![0; rank];
+    for i in 0..rank {
+        let da = if i + a.len() >= rank {
+            a[i + a.len() - rank]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= rank {
+            b[i + b.len() - rank]
+        } else {
+            1
+        };
+        out[i] = if da == db {
+            da
+        } else if da == 1 {
+            db
+        } else if db == 1 {
+            da
+        } else {
+            return None;
+        };
+    }
+    Some(out)
+}
+
+/// Element strides of `shape` aligned to the right of `out` (rank ≥ shape's), with 0 on
+/// broadcast dimensions.
+pub(crate) fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; out.len()];
+    let off = out.len() - shape.len();
+    let mut s = 1;
+    for i in (0..shape.len()).rev() {
+        strides[off + i] = if shape[i] == 1 { 0 } else { s };
+        s *= shape[i];
+    }
+    strides
+}
+
+/// Contiguous row-major strides.
+pub(crate) fn strides_of(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// Calls `f(out_offset_of_row, offsets)` for every row (all dims but the last) of `out_shape`,
+/// where `offsets[j]` is the element offset of that row's start in operand `j` whose broadcast
+/// strides are `strides[j]`. The caller loops over the last dimension itself with stride
+/// `strides[j][last]`.
+pub(crate) fn for_each_row<const N: usize>(
+    out_shape: &[usize],
+    strides: [&[usize]; N],
+    mut f: impl FnMut(usize, [usize; N]),
+) {
+    let rank = out_shape.len();
+    if rank == 0 {
+        f(0, [0; N]);
+        return;
+    }
+    if out_shape.contains(&0) {
+        return;
+    }
+    let inner = out_shape[rank - 1];
+    let outer_dims = &out_shape[..rank - 1];
+    let rows: usize = outer_dims.iter().product();
+    let mut idx = vec![0usize; rank - 1];
+    let mut offs = [0usize; N];
+    for row in 0..rows {
+        f(row * inner, offs);
+        // Increment the multi-index and the operand offsets incrementally.
+        let mut d = rank - 1;
+        while d > 0 {
+            d -= 1;
+            idx[d] += 1;
+            for j in 0..N {
+                offs[j] += strides[j][d];
+            }
+            if idx[d] < outer_dims[d] {
+                break;
+            }
+            for j in 0..N {
+                offs[j] -= strides[j][d] * idx[d];
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Applies `f` to every element of a numeric tensor whatever its dtype, keeping the dtype
+/// (`$v` is bound to the typed vector, `$body` must produce a vector of the same type).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! map_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            $crate::TensorData::F32($v) => $crate::TensorData::F32($body),
+            $crate::TensorData::I64($v) => $crate::TensorData::I64($body),
+            $crate::TensorData::I32($v) => $crate::TensorData::I32($body),
+            $crate::TensorData::I8($v) => $crate::TensorData::I8($body),
+            $crate::TensorData::U8($v) => $crate::TensorData::U8($body),
+            $crate::TensorData::Bool($v) => $crate::TensorData::Bool($body),
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcasting() {
+        assert_eq!(broadcast_shape(&[2, 1, 4], &[3, 1]), Some(vec![2, 3, 4]));
+        assert_eq!(broadcast_shape(&[], &[3]), Some(vec![3]));
+        assert_eq!(broadcast_shape(&[2], &[3]), None);
+        assert_eq!(broadcast_strides(&[3, 1], &[2, 3, 4]), vec![0, 1, 0]);
+        let mut rows = vec![];
+        for_each_row(&[2, 3, 4], [&[0, 1, 0][..], &[12, 4, 1][..]], |o, offs| {
+            rows.push((o, offs))
+        });
+        assert_eq!(rows.len(), 6);
+        assert_eq!(rows[4], (16, [1, 16]));
+        assert_eq!(split_range(5, 2, 0), 0..3);
+        assert_eq!(split_range(5, 2, 1), 3..5);
+    }
+}

@@ -1,0 +1,338 @@
+//! Matrix products, softmax and layer normalisation.
+
+use super::{broadcast_shape, broadcast_strides, norm_axis, strides_of, Ctx, Input};
+use crate::gemm::{gemm_packed, gemm_unpacked, PackedWeight};
+use crate::value::TensorValue;
+use crate::Error;
+
+/// How a numpy matmul of two shapes splits into 2-D products.
+pub(crate) struct MatMulPlan {
+    pub out_shape: Vec<usize>,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    /// Element offsets of the `a` and `b` matrices for each output matrix, in order.
+    pub pairs: Vec<(usize, usize)>,
+}
+
+pub(crate) fn plan_matmul(
+    ash: &[usize],
+    bsh: &[usize],
+    node: &str,
+    op: &'static str,
+) -> Result<MatMulPlan, Error> {
+    if ash.is_empty() || bsh.is_empty() {
+        return Err(Error::op(node, op, "operands must have rank ≥ 1"));
+    }
+    let a2: Vec<usize> = if ash.len() == 1 {
+        vec![1, ash[0]]
+    } else {
+        ash.to_vec()
+    };
+    let b2: Vec<usize> = if bsh.len() == 1 {
+        vec![bsh[0], 1]
+    } else {
+        bsh.to_vec()
+    };
+    let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
+    let (kb, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+    if k != kb {
+        return Err(Error::op(
+            node,
+            op,
+            format!("inner dimensions differ: {ash:?} × {bsh:?}"),
+        ));
+    }
+    let (ab, bb) = (&a2[..a2.len() - 2], &b2[..b2.len() - 2]);
+    let batch = broadcast_shape(ab, bb).ok_or_else(|| {
+        Error::op(
+            node,
+            op,
+            format!("batch dimensions do not broadcast: {ash:?} × {bsh:?}"),
+        )
+    })?;
+    let (sa, sb) = (broadcast_strides(ab, &batch), broadcast_strides(bb, &batch));
+    let count: usize = batch.iter().product();
+    let bst = strides_of(&batch);
+    let pairs = (0..count)
+        .map(|i| {
+            let (mut oa, mut ob) = (0, 0);
+            for d in 0..batch.len() {
+                let c = (i / bst[d]) % batch[d];
+                oa += c * sa[d];
+                ob += c * sb[d];
+            }
+            (oa * m * k, ob * k * n)
+        })
+        .collect();
+    let mut out_shape = batch;
+    if ash.len() > 1 {
+        out_shape.push(m);
+    }
+    if bsh.len() > 1 {
+        out_shape.push(n);
+    }
+    Ok(MatMulPlan {
+        out_shape,
+        m,
+        k,
+        n,
+        pairs,
+    })
+}
+
+fn f32_of<'a>(t: &'a TensorValue, node: &str, op: &'static str) -> Result<&'a [f32], Error> {
+    t.as_f32()
+        .ok_or_else(|| Error::op(node, op, format!("expects f32, got {}", t.dtype())))
+}
+
+/// `x[..., k] · w[k, n] (+ bias)` with a prepacked weight: Linear, and MatMul/Gemm whose right
+/// operand is a constant.
+pub(crate) fn linear(
+    x: &TensorValue,
+    w: &PackedWeight,
+    bias: Option<&TensorValue>,
+    ctx: &mut Ctx<'_>,
+    node: &str,
+    op: &'static str,
+) -> Result<TensorValue, Error> {
+    let xv = f32_of(x, node, op)?;
+    let k = *x
+        .shape()
+        .last()
+        .ok_or_else(|| Error::op(node, op, "input is a scalar"))?;
+    if k != w.k() {
+        return Err(Error::op(
+            node,
+            op,
+            format!(
+                "input {:?} has {k} features, the weight expects {}",
+                x.shape(),
+                w.k()
+            ),
+        ));
+    }
+    let bias = match bias {
+        Some(b) => {
+            let bv = f32_of(b, node, op)?;
+            if bv.len() != w.n() {
+                return Err(Error::op(
+                    node,
+                    op,
+                    format!("bias has {} elements, expected {}", bv.len(), w.n()),
+                ));
+            }
+            Some(bv)
+        }
+        None => None,
+    };
+    let m = if k == 0 { x.len() } else { xv.len() / k };
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().unwrap() = w.n();
+    let mut out = ctx.arena.f32_zeroed(m * w.n());
+    gemm_packed(ctx, m, xv, k, w, &mut out, bias);
+    Ok(TensorValue::raw(shape, out))
+}
+
+/// Numpy matmul of two f32 activations.
+pub(crate) fn matmul(
+    a: &TensorValue,
+    b: &TensorValue,
+    ctx: &mut Ctx<'_>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let (av, bv) = (f32_of(a, node, "matmul")?, f32_of(b, node, "matmul")?);
+    let p = plan_matmul(a.shape(), b.shape(), node, "matmul")?;
+    let mut out = ctx.arena.f32_zeroed(p.pairs.len() * p.m * p.n);
+    for (i, &(oa, ob)) in p.pairs.iter().enumerate() {
+        let c = &mut out[i * p.m * p.n..(i + 1) * p.m * p.n];
+        gemm_unpacked(
+            ctx,
+            p.m,
+            p.n,
+            p.k,
+            &av[oa..],
+            p.k,
+            &bv[ob..],
+            p.n,
+            false,
+            c,
+            1.0,
+        );
+    }
+    Ok(TensorValue::raw(p.out_shape, out))
+}
+
+/// ONNX Gemm: `alpha·op(a)·op(b) + beta·c`, `c` broadcast to `[m, n]`. `packed` is `op(b)`
+/// packed at compile time when `b` is a constant.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(
+    a: &TensorValue,
+    b: Option<&TensorValue>,
+    c: Option<&TensorValue>,
+    packed: Option<&PackedWeight>,
+    (alpha, beta, trans_a, trans_b): (f32, f32, bool, bool),
+    ctx: &mut Ctx<'_>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    if a.rank() != 2 || b.is_some_and(|b| b.rank() != 2) {
+        return Err(Error::op(node, "gemm", "operands must be 2-D"));
+    }
+    let a_t;
+    let a = if trans_a {
+        a_t = super::shape_ops::transpose(a, &[1, 0], node)?;
+        &a_t
+    } else {
+        a
+    };
+    let (m, k) = (a.shape()[0], a.shape()[1]);
+    let (kb, n) = match (packed, b) {
+        (Some(w), _) => (w.k(), w.n()),
+        (None, Some(b)) if trans_b => (b.shape()[1], b.shape()[0]),
+        (None, Some(b)) => (b.shape()[0], b.shape()[1]),
+        (None, None) => return Err(Error::op(node, "gemm", "no weight")),
+    };
+    if k != kb {
+        return Err(Error::op(
+            node,
+            "gemm",
+            format!("inner dimensions differ: {k} and {kb}"),
+        ));
+    }
+    let av = f32_of(a, node, "gemm")?;
+    let mut out = ctx.arena.f32_zeroed(m * n);
+    match packed {
+        Some(w) => {
+            gemm_packed(ctx, m, av, k, w, &mut out, None);
+            if alpha != 1.0 {
+                out.iter_mut().for_each(|v| *v *= alpha);
+            }
+        }
+        None => {
+            let b = b.expect("checked above");
+            let bv = f32_of(b, node, "gemm")?;
+            let ldb = b.shape()[1];
+            gemm_unpacked(ctx, m, n, k, av, k, bv, ldb, trans_b, &mut out, alpha);
+        }
+    }
+    if let Some(c) = c {
+        if beta != 0.0 {
+            let cv = f32_of(c, node, "gemm")?;
+            let target = [m, n];
+            if broadcast_shape(c.shape(), &target).as_deref() != Some(&target[..]) {
+                return Err(Error::op(
+                    node,
+                    "gemm",
+                    format!("C {:?} does not broadcast to [{m}, {n}]", c.shape()),
+                ));
+            }
+            let s = broadcast_strides(c.shape(), &target);
+            for i in 0..m {
+                for j in 0..n {
+                    out[i * n + j] += beta * cv[i * s[0] + j * s[1]];
+                }
+            }
+        }
+    }
+    Ok(TensorValue::raw(vec![m, n], out))
+}
+
+fn softmax_row(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    row.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// Softmax over `axis`, in place when the input is owned.
+pub(crate) fn softmax(
+    x: Input<'_>,
+    axis: i64,
+    ctx: &Ctx<'_>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let shape = x.get().shape().to_vec();
+    let a = norm_axis(axis, shape.len(), node, "softmax")?;
+    f32_of(x.get(), node, "softmax")?;
+    let mut out = x.into_owned();
+    let buf = out.typed_mut::<f32>().expect("checked f32");
+    let dim = shape[a];
+    let inner: usize = shape[a + 1..].iter().product();
+    if dim == 0 || buf.is_empty() {
+        return Ok(out);
+    }
+    if inner == 1 {
+        ctx.par_rows_mut(buf, dim, |_, block| {
+            block.chunks_exact_mut(dim).for_each(softmax_row)
+        });
+    } else {
+        let mut tmp = vec![0.0; dim];
+        for chunk in buf.chunks_exact_mut(dim * inner) {
+            for i in 0..inner {
+                for d in 0..dim {
+                    tmp[d] = chunk[d * inner + i];
+                }
+                softmax_row(&mut tmp);
+                for d in 0..dim {
+                    chunk[d * inner + i] = tmp[d];
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// LayerNormalization over the axes from `axis` to the end.
+pub(crate) fn layer_norm(
+    x: &TensorValue,
+    gamma: &TensorValue,
+    beta: Option<&TensorValue>,
+    axis: i64,
+    eps: f32,
+    ctx: &mut Ctx<'_>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let xv = f32_of(x, node, "layer_norm")?;
+    let a = norm_axis(axis, x.rank(), node, "layer_norm")?;
+    let n: usize = x.shape()[a..].iter().product();
+    let g = f32_of(gamma, node, "layer_norm")?;
+    let b = beta.map(|b| f32_of(b, node, "layer_norm")).transpose()?;
+    if g.len() != n || b.is_some_and(|b| b.len() != n) {
+        return Err(Error::op(
+            node,
+            "layer_norm",
+            format!(
+                "gamma/beta must have {n} elements (normalised shape {:?})",
+                &x.shape()[a..]
+            ),
+        ));
+    }
+    let mut out = ctx.arena.f32_zeroed(xv.len());
+    if n > 0 {
+        ctx.par_rows_mut(&mut out, n, |row0, block| {
+            for (r, y) in block.chunks_exact_mut(n).enumerate() {
+                let xr = &xv[(row0 + r) * n..(row0 + r + 1) * n];
+                let mean = xr.iter().sum::<f32>() / n as f32;
+                let var = xr.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
+                let inv = 1.0 / (var + eps).sqrt();
+                match b {
+                    Some(b) => {
+                        for i in 0..n {
+                            y[i] = (xr[i] - mean) * inv * g[i] + b[i];
+                        }
+                    }
+                    None => {
+                        for i in 0..n {
+                            y[i] = (xr[i] - mean) * inv * g[i];
+                        }
+                    }
+                }
+            }
+        });
+    }
+    Ok(TensorValue::raw(x.shape().to_vec(), out))
+}

@@ -1,0 +1,351 @@
+//! Quantization ops with the ONNX reference arithmetic: round half to even, saturate.
+
+use ir::DType;
+
+use super::nn::plan_matmul;
+use super::norm_axis;
+use crate::value::{TensorData, TensorValue};
+use crate::Error;
+
+/// Per-element (scale, zero point) lookup: per tensor or per `axis`.
+struct QParams {
+    scales: Vec<f32>,
+    zps: Vec<i32>,
+    /// Elements between consecutive channels, and number of channels (1 = per tensor).
+    inner: usize,
+    channels: usize,
+}
+
+impl QParams {
+    fn new(
+        x_shape: &[usize],
+        scale: &TensorValue,
+        zp: Option<&TensorValue>,
+        axis: i64,
+        node: &str,
+        op: &'static str,
+    ) -> Result<QParams, Error> {
+        let scales = scale
+            .as_f32()
+            .ok_or_else(|| {
+                Error::op(
+                    node,
+                    op,
+                    format!("scale must be f32, got {}", scale.dtype()),
+                )
+            })?
+            .to_vec();
+        let zps: Vec<i32> = match zp {
+            Some(z) => match z.data() {
+                TensorData::U8(v) => v.iter().map(|&x| x as i32).collect(),
+                TensorData::I8(v) => v.iter().map(|&x| x as i32).collect(),
+                TensorData::I32(v) => v.clone(),
+                d => {
+                    return Err(Error::op(
+                        node,
+                        op,
+                        format!("zero point must be u8, i8 or i32, got {}", d.dtype()),
+                    ))
+                }
+            },
+            None => vec![0; scales.len()],
+        };
+        if zps.len() != scales.len() {
+            return Err(Error::op(node, op, "scale and zero point differ in size"));
+        }
+        if scales.len() == 1 {
+            return Ok(QParams {
+                scales,
+                zps,
+                inner: 1,
+                channels: 1,
+            });
+        }
+        let a = norm_axis(axis, x_shape.len(), node, op)?;
+        if scale.rank() != 1 || x_shape[a] != scales.len() {
+            return Err(Error::op(
+                node,
+                op,
+                format!(
+                    "per-axis scale of {} elements does not match axis {a} of {x_shape:?}",
+                    scales.len()
+                ),
+            ));
+        }
+        Ok(QParams {
+            scales,
+            zps,
+            inner: x_shape[a + 1..].iter().product(),
+            channels: x_shape[a],
+        })
+    }
+
+    #[inline]
+    fn at(&self, i: usize) -> (f32, i32) {
+        let c = if self.channels == 1 {
+            0
+        } else {
+            (i / self.inner) % self.channels
+        };
+        (self.scales[c], self.zps[c])
+    }
+}
+
+#[inline]
+fn quantize_one(x: f32, scale: f32, zp: i32, lo: i32, hi: i32) -> i32 {
+    let q = (x / scale).round_ties_even();
+    // Saturate in float first: NaN and huge values must not wrap.
+    let q = if q.is_nan() {
+        0.0
+    } else {
+        q.clamp(-2.0e9, 2.0e9)
+    };
+    (q as i32).saturating_add(zp).clamp(lo, hi)
+}
+
+/// `quantize_linear(x, scale, zero_point?)`: the zero point's dtype (else `to`) is the output's.
+pub(crate) fn quantize_linear(
+    x: &TensorValue,
+    scale: &TensorValue,
+    zp: Option<&TensorValue>,
+    axis: i64,
+    to: DType,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let op = "quantize_linear";
+    let xv = x
+        .as_f32()
+        .ok_or_else(|| Error::op(node, op, format!("input must be f32, got {}", x.dtype())))?;
+    let p = QParams::new(x.shape(), scale, zp, axis, node, op)?;
+    let out_dt = zp.map(|z| z.dtype()).unwrap_or(to);
+    let data = match out_dt {
+        DType::U8 => TensorData::U8(
+            xv.iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let (s, z) = p.at(i);
+                    quantize_one(v, s, z, 0, 255) as u8
+                })
+                .collect(),
+        ),
+        DType::I8 => TensorData::I8(
+            xv.iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let (s, z) = p.at(i);
+                    quantize_one(v, s, z, -128, 127) as i8
+                })
+                .collect(),
+        ),
+        d => return Err(Error::op(node, op, format!("cannot quantize to {d}"))),
+    };
+    Ok(TensorValue::raw_data(x.shape().to_vec(), data))
+}
+
+/// `dequantize_linear(x, scale, zero_point?)`: `(x − zp)·scale` in f32.
+pub(crate) fn dequantize_linear(
+    x: &TensorValue,
+    scale: &TensorValue,
+    zp: Option<&TensorValue>,
+    axis: i64,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let op = "dequantize_linear";
+    let p = QParams::new(x.shape(), scale, zp, axis, node, op)?;
+    let deq = |i: usize, q: i32| {
+        let (s, z) = p.at(i);
+        (q - z) as f32 * s
+    };
+    let out: Vec<f32> = match x.data() {
+        TensorData::U8(v) => v
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| deq(i, q as i32))
+            .collect(),
+        TensorData::I8(v) => v
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| deq(i, q as i32))
+            .collect(),
+        TensorData::I32(v) => v.iter().enumerate().map(|(i, &q)| deq(i, q)).collect(),
+        d => {
+            return Err(Error::op(
+                node,
+                op,
+                format!("input must be u8, i8 or i32, got {}", d.dtype()),
+            ))
+        }
+    };
+    Ok(TensorValue::raw(x.shape().to_vec(), out))
+}
+
+/// `dynamic_quantize_linear(x)` → `(y: u8, scale, zero_point)` exactly as the ONNX spec:
+/// the range is widened to include 0, `scale = (max − min)/255`, `zp = round(sat(0 − min/scale))`.
+pub(crate) fn dynamic_quantize_linear(
+    x: &TensorValue,
+    node: &str,
+) -> Result<Vec<TensorValue>, Error> {
+    let xv = x.as_f32().ok_or_else(|| {
+        Error::op(
+            node,
+            "dynamic_quantize_linear",
+            format!("input must be f32, got {}", x.dtype()),
+        )
+    })?;
+    let (mut min, mut max) = (0.0f32, 0.0f32);
+    for &v in xv {
+        min = min.min(v);
+        max = max.max(v);
+    }
+    // onnxruntime's guard for an all-zero input, where the spec would divide by zero.
+    let scale = if max == min { 1.0 } else { (max - min) / 255.0 };
+    let zp = (0.0 - min / scale).clamp(0.0, 255.0).round_ties_even() as i32;
+    let y: Vec<u8> = xv
+        .iter()
+        .map(|&v| quantize_one(v, scale, zp, 0, 255) as u8)
+        .collect();
+    Ok(vec![
+        TensorValue::raw(x.shape().to_vec(), y),
+        TensorValue::scalar(scale),
+        TensorValue::scalar(zp as u8),
+    ])
+}
+
+fn as_i32(t: &TensorValue, node: &str, what: &str) -> Result<Vec<i32>, Error> {
+    Ok(match t.data() {
+        TensorData::U8(v) => v.iter().map(|&x| x as i32).collect(),
+        TensorData::I8(v) => v.iter().map(|&x| x as i32).collect(),
+        d => {
+            return Err(Error::op(
+                node,
+                "matmul_integer",
+                format!("{what} must be u8 or i8, got {}", d.dtype()),
+            ))
+        }
+    })
+}
+
+/// `matmul_integer(a, b, a_zero_point?, b_zero_point?)` → i32, exact. Zero points are scalars,
+/// or per row of `a` / per column of `b`.
+pub(crate) fn matmul_integer(
+    a: &TensorValue,
+    b: &TensorValue,
+    azp: Option<&TensorValue>,
+    bzp: Option<&TensorValue>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let p = plan_matmul(a.shape(), b.shape(), node, "matmul_integer")?;
+    let (m, k, n) = (p.m, p.k, p.n);
+    let av = as_i32(a, node, "a")?;
+    let bv = as_i32(b, node, "b")?;
+    let azp = azp
+        .map(|z| as_i32(z, node, "a_zero_point"))
+        .transpose()?
+        .unwrap_or_else(|| vec![0]);
+    let bzp = bzp
+        .map(|z| as_i32(z, node, "b_zero_point"))
+        .transpose()?
+        .unwrap_or_else(|| vec![0]);
+    if !(azp.len() == 1 || azp.len() == m) || !(bzp.len() == 1 || bzp.len() == n) {
+        return Err(Error::op(
+            node,
+            "matmul_integer",
+            format!(
+                "zero points of {} and {} elements do not fit [{m}, {k}] × [{k}, {n}]",
+                azp.len(),
+                bzp.len()
+            ),
+        ));
+    }
+    let mut out = vec![0i32; p.pairs.len() * m * n];
+    let mut brow = vec![0i32; n];
+    for (bi, &(oa, ob)) in p.pairs.iter().enumerate() {
+        let c = &mut out[bi * m * n..(bi + 1) * m * n];
+        for i in 0..m {
+            let za = azp[if azp.len() == 1 { 0 } else { i }];
+            let crow = &mut c[i * n..(i + 1) * n];
+            for kk in 0..k {
+                let x = av[oa + i * k + kk] - za;
+                if x == 0 {
+                    continue;
+                }
+                let src = &bv[ob + kk * n..ob + (kk + 1) * n];
+                for j in 0..n {
+                    brow[j] = src[j] - bzp[if bzp.len() == 1 { 0 } else { j }];
+                }
+                crow.iter_mut()
+                    .zip(&brow)
+                    .for_each(|(acc, &w)| *acc = acc.wrapping_add(x * w));
+            }
+        }
+    }
+    Ok(TensorValue::raw(p.out_shape, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantize_rounds_half_to_even_and_saturates() {
+        let x = TensorValue::from_f32(vec![6], vec![0.5, 1.5, 2.5, -0.5, 1000.0, -1000.0]).unwrap();
+        let q = quantize_linear(
+            &x,
+            &TensorValue::scalar(1.0f32),
+            Some(&TensorValue::scalar(0i8)),
+            1,
+            DType::I8,
+            "q",
+        )
+        .unwrap();
+        assert_eq!(q.as_i8().unwrap(), &[0, 2, 2, 0, 127, -128]);
+        let q = quantize_linear(
+            &x,
+            &TensorValue::scalar(1.0f32),
+            Some(&TensorValue::scalar(10u8)),
+            1,
+            DType::U8,
+            "q",
+        )
+        .unwrap();
+        assert_eq!(q.as_u8().unwrap(), &[10, 12, 12, 10, 255, 0]);
+        let d = dequantize_linear(
+            &q,
+            &TensorValue::scalar(0.5f32),
+            Some(&TensorValue::scalar(10u8)),
+            1,
+            "d",
+        )
+        .unwrap();
+        assert_eq!(d.as_f32().unwrap(), &[0.0, 1.0, 1.0, 0.0, 122.5, -5.0]);
+    }
+
+    #[test]
+    fn per_axis() {
+        let x = TensorValue::from_i8(vec![2, 2], vec![1, 2, 3, 4]).unwrap();
+        let s = TensorValue::from_f32(vec![2], vec![1.0, 10.0]).unwrap();
+        let d = dequantize_linear(&x, &s, None, 1, "d").unwrap();
+        assert_eq!(d.as_f32().unwrap(), &[1.0, 20.0, 3.0, 40.0]);
+        let d = dequantize_linear(&x, &s, None, 0, "d").unwrap();
+        assert_eq!(d.as_f32().unwrap(), &[1.0, 2.0, 30.0, 40.0]);
+    }
+
+    #[test]
+    fn dynamic_quantize_matches_spec_example() {
+        // The example of the ONNX operator documentation.
+        let x = TensorValue::from_f32(vec![6], vec![0.0, 2.0, -3.0, -2.5, 1.34, 0.5]).unwrap();
+        let r = dynamic_quantize_linear(&x, "d").unwrap();
+        assert_eq!(r[0].as_u8().unwrap(), &[153, 255, 0, 26, 221, 179]);
+        assert!((r[1].as_f32().unwrap()[0] - 0.019_607_844).abs() < 1e-9);
+        assert_eq!(r[2].as_u8().unwrap(), &[153]);
+    }
+
+    #[test]
+    fn matmul_integer_with_zero_points() {
+        let a = TensorValue::from_u8(vec![2, 2], vec![11, 12, 13, 14]).unwrap();
+        let b = TensorValue::from_i8(vec![2, 2], vec![1, -1, 2, 3]).unwrap();
+        let r = matmul_integer(&a, &b, Some(&TensorValue::scalar(10u8)), None, "m").unwrap();
+        // [[1,2],[3,4]]·[[1,-1],[2,3]]
+        assert_eq!(r.as_i32().unwrap(), &[5, 5, 11, 9]);
+    }
+}

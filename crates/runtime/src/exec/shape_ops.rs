@@ -1,0 +1,894 @@
+//! Ops that move data without arithmetic (shape, reshape, transpose, gather, slice, …) plus the
+//! small integer ops of shape subgraphs (range, cumsum) and reductions.
+
+use ir::{DType, ReduceOp};
+
+use super::{broadcast_shape, broadcast_strides, for_each_row, norm_axis, strides_of, Input};
+use crate::map_data;
+use crate::value::{TensorData, TensorValue};
+use crate::Error;
+
+/// The i64 values of an integer tensor (indices, shapes, axes).
+fn ints(t: &TensorValue, node: &str, op: &'static str, what: &str) -> Result<Vec<i64>, Error> {
+    t.to_i64_vec().map_err(|_| {
+        Error::op(
+            node,
+            op,
+            format!("{what} must be integer, got {}", t.dtype()),
+        )
+    })
+}
+
+/// `shape[start, end]`.
+pub(crate) fn shape(x: &TensorValue, start: i64, end: Option<i64>) -> TensorValue {
+    let r = x.rank() as i64;
+    let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+    let s = clamp(start);
+    let e = clamp(end.unwrap_or(r)).max(s);
+    let dims: Vec<i64> = x.shape()[s..e].iter().map(|&d| d as i64).collect();
+    TensorValue::raw(vec![dims.len()], dims)
+}
+
+/// `reshape` with ONNX semantics for 0 and -1.
+pub(crate) fn reshape(
+    x: Input<'_>,
+    spec: &TensorValue,
+    allowzero: bool,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let spec = ints(spec, node, "reshape", "the shape")?;
+    let in_shape = x.get().shape().to_vec();
+    let total: usize = in_shape.iter().product();
+    let mut out = Vec::with_capacity(spec.len());
+    let mut infer = None;
+    for (i, &d) in spec.iter().enumerate() {
+        match d {
+            0 if !allowzero => out.push(*in_shape.get(i).ok_or_else(|| {
+                Error::op(
+                    node,
+                    "reshape",
+                    format!("0 at index {i} copies a dim the input {in_shape:?} lacks"),
+                )
+            })?),
+            -1 => {
+                if infer.replace(i).is_some() {
+                    return Err(Error::op(
+                        node,
+                        "reshape",
+                        format!("more than one -1 in {spec:?}"),
+                    ));
+                }
+                out.push(1);
+            }
+            d if d >= 0 => out.push(d as usize),
+            d => {
+                return Err(Error::op(
+                    node,
+                    "reshape",
+                    format!("bad dimension {d} in {spec:?}"),
+                ))
+            }
+        }
+    }
+    if let Some(i) = infer {
+        let known: usize = out.iter().product();
+        if known == 0 || total % known != 0 {
+            return Err(Error::op(
+                node,
+                "reshape",
+                format!("cannot infer -1 reshaping {in_shape:?} to {spec:?}"),
+            ));
+        }
+        out[i] = total / known;
+    }
+    if out.iter().product::<usize>() != total {
+        return Err(Error::op(
+            node,
+            "reshape",
+            format!("cannot reshape {in_shape:?} ({total} elements) to {spec:?}"),
+        ));
+    }
+    x.into_owned().reshaped(out)
+}
+
+/// A new shape for the same elements (squeeze, unsqueeze, flatten).
+fn relabel(x: Input<'_>, shape: Vec<usize>) -> Result<TensorValue, Error> {
+    x.into_owned().reshaped(shape)
+}
+
+pub(crate) fn unsqueeze(x: Input<'_>, axes: &[i64], node: &str) -> Result<TensorValue, Error> {
+    let in_shape = x.get().shape().to_vec();
+    let rank = in_shape.len() + axes.len();
+    let mut ins = axes
+        .iter()
+        .map(|&a| norm_axis(a, rank, node, "unsqueeze"))
+        .collect::<Result<Vec<_>, _>>()?;
+    ins.sort_unstable();
+    if ins.windows(2).any(|w| w[0] == w[1]) {
+        return Err(Error::op(
+            node,
+            "unsqueeze",
+            format!("repeated axes {axes:?}"),
+        ));
+    }
+    let mut out = Vec::with_capacity(rank);
+    let mut src = in_shape.iter();
+    for i in 0..rank {
+        if ins.binary_search(&i).is_ok() {
+            out.push(1);
+        } else {
+            out.push(*src.next().expect("rank arithmetic"));
+        }
+    }
+    relabel(x, out)
+}
+
+pub(crate) fn squeeze(x: Input<'_>, axes: &[i64], node: &str) -> Result<TensorValue, Error> {
+    let in_shape = x.get().shape().to_vec();
+    let out: Vec<usize> = if axes.is_empty() {
+        in_shape.iter().copied().filter(|&d| d != 1).collect()
+    } else {
+        let rm = axes
+            .iter()
+            .map(|&a| norm_axis(a, in_shape.len(), node, "squeeze"))
+            .collect::<Result<Vec<_>, _>>()?;
+        for &a in &rm {
+            if in_shape[a] != 1 {
+                return Err(Error::op(
+                    node,
+                    "squeeze",
+                    format!("axis {a} of {in_shape:?} is not 1"),
+                ));
+            }
+        }
+        in_shape
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !rm.contains(i))
+            .map(|(_, &d)| d)
+            .collect()
+    };
+    relabel(x, out)
+}
+
+pub(crate) fn flatten(x: Input<'_>, axis: i64, node: &str) -> Result<TensorValue, Error> {
+    let s = x.get().shape().to_vec();
+    let r = s.len() as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if a < 0 || a > r {
+        return Err(Error::op(
+            node,
+            "flatten",
+            format!("axis {axis} out of range for rank {r}"),
+        ));
+    }
+    let a = a as usize;
+    relabel(x, vec![s[..a].iter().product(), s[a..].iter().product()])
+}
+
+fn transpose_typed<T: Copy>(v: &[T], shape: &[usize], perm: &[usize]) -> Vec<T> {
+    let rank = shape.len();
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let in_strides = strides_of(shape);
+    // Strides of the input seen in output order.
+    let src: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
+    let mut out = Vec::with_capacity(v.len());
+    if v.is_empty() {
+        return out;
+    }
+    let inner = out_shape[rank - 1];
+    let ls = src[rank - 1];
+    for_each_row(&out_shape, [&src], |_, [o]| {
+        if ls == 1 {
+            out.extend_from_slice(&v[o..o + inner]);
+        } else {
+            out.extend((0..inner).map(|i| v[o + i * ls]));
+        }
+    });
+    out
+}
+
+pub(crate) fn transpose(x: &TensorValue, perm: &[i64], node: &str) -> Result<TensorValue, Error> {
+    let rank = x.rank();
+    let perm: Vec<usize> = if perm.is_empty() {
+        (0..rank).rev().collect()
+    } else {
+        perm.iter()
+            .map(|&p| norm_axis(p, rank, node, "transpose"))
+            .collect::<Result<_, _>>()?
+    };
+    let mut seen = vec![false; rank];
+    if perm.len() != rank || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
+        return Err(Error::op(
+            node,
+            "transpose",
+            format!("{perm:?} is not a permutation of rank {rank}"),
+        ));
+    }
+    if rank == 0 {
+        return Ok(x.clone());
+    }
+    let out_shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+    let sh = x.shape();
+    let data = map_data!(x.data(), v => transpose_typed(v, sh, &perm));
+    Ok(TensorValue::raw_data(out_shape, data))
+}
+
+fn concat_typed<T: Copy>(parts: &[(&[T], usize)], outer: usize, total: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(total);
+    for o in 0..outer {
+        for (v, chunk) in parts {
+            out.extend_from_slice(&v[o * chunk..(o + 1) * chunk]);
+        }
+    }
+    out
+}
+
+pub(crate) fn concat(xs: &[&TensorValue], axis: i64, node: &str) -> Result<TensorValue, Error> {
+    let first = xs[0];
+    let rank = first.rank();
+    let a = norm_axis(axis, rank, node, "concat")?;
+    let mut out_shape = first.shape().to_vec();
+    out_shape[a] = 0;
+    for x in xs {
+        if x.dtype() != first.dtype() || x.rank() != rank {
+            return Err(Error::op(node, "concat", "inputs differ in dtype or rank"));
+        }
+        for d in 0..rank {
+            if d != a && x.shape()[d] != first.shape()[d] {
+                return Err(Error::op(
+                    node,
+                    "concat",
+                    format!(
+                        "shapes {:?} and {:?} differ off axis {a}",
+                        first.shape(),
+                        x.shape()
+                    ),
+                ));
+            }
+        }
+        out_shape[a] += x.shape()[a];
+    }
+    let outer: usize = out_shape[..a].iter().product();
+    let inner: usize = out_shape[a + 1..].iter().product();
+    let total: usize = out_shape.iter().product();
+    macro_rules! go {
+        ($variant:ident) => {{
+            let parts: Vec<(&[_], usize)> = xs
+                .iter()
+                .map(|x| match x.data() {
+                    TensorData::$variant(v) => (&v[..], x.shape()[a] * inner),
+                    _ => unreachable!("dtypes checked"),
+                })
+                .collect();
+            TensorData::$variant(concat_typed(&parts, outer, total))
+        }};
+    }
+    let data = match first.data() {
+        TensorData::F32(_) => go!(F32),
+        TensorData::I64(_) => go!(I64),
+        TensorData::I32(_) => go!(I32),
+        TensorData::I8(_) => go!(I8),
+        TensorData::U8(_) => go!(U8),
+        TensorData::Bool(_) => go!(Bool),
+    };
+    Ok(TensorValue::raw_data(out_shape, data))
+}
+
+/// An index outside `[-dim, dim)` (or a negative one where negatives are refused).
+pub(crate) struct OutOfRange {
+    pub index: i64,
+    pub dim: usize,
+}
+
+fn gather_typed<T: Copy>(v: &[T], outer: usize, dim: usize, inner: usize, idx: &[usize]) -> Vec<T> {
+    let mut out = Vec::with_capacity(outer * idx.len() * inner);
+    for o in 0..outer {
+        let base = o * dim * inner;
+        for &i in idx {
+            out.extend_from_slice(&v[base + i * inner..base + (i + 1) * inner]);
+        }
+    }
+    out
+}
+
+/// `gather[axis]`. Negative indices count from the end (ONNX) unless `allow_negative` is false,
+/// which the session sets for embedding lookups of token ids: there a negative id is bad input,
+/// not "the last row".
+pub(crate) fn gather(
+    data: &TensorValue,
+    indices: &TensorValue,
+    axis: i64,
+    allow_negative: bool,
+    node: &str,
+) -> Result<Result<TensorValue, OutOfRange>, Error> {
+    let a = norm_axis(axis, data.rank(), node, "gather")?;
+    let idx = ints(indices, node, "gather", "indices")?;
+    let dim = data.shape()[a];
+    let mut norm = Vec::with_capacity(idx.len());
+    for &i in &idx {
+        let j = if i < 0 && allow_negative {
+            i + dim as i64
+        } else {
+            i
+        };
+        if j < 0 || j >= dim as i64 {
+            return Ok(Err(OutOfRange { index: i, dim }));
+        }
+        norm.push(j as usize);
+    }
+    let outer: usize = data.shape()[..a].iter().product();
+    let inner: usize = data.shape()[a + 1..].iter().product();
+    let mut out_shape = data.shape()[..a].to_vec();
+    out_shape.extend_from_slice(indices.shape());
+    out_shape.extend_from_slice(&data.shape()[a + 1..]);
+    let d = map_data!(data.data(), v => gather_typed(v, outer, dim, inner, &norm));
+    Ok(Ok(TensorValue::raw_data(out_shape, d)))
+}
+
+fn gather_elements_typed<T: Copy>(
+    v: &[T],
+    dshape: &[usize],
+    idx: &[usize],
+    ishape: &[usize],
+    a: usize,
+) -> Vec<T> {
+    let ds = strides_of(dshape);
+    let is = strides_of(ishape);
+    (0..idx.len())
+        .map(|flat| {
+            let mut off = 0;
+            for d in 0..ishape.len() {
+                let c = (flat / is[d]) % ishape[d];
+                off += if d == a { idx[flat] } else { c } * ds[d];
+            }
+            v[off]
+        })
+        .collect()
+}
+
+pub(crate) fn gather_elements(
+    data: &TensorValue,
+    indices: &TensorValue,
+    axis: i64,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let a = norm_axis(axis, data.rank(), node, "gather_elements")?;
+    if indices.rank() != data.rank()
+        || indices
+            .shape()
+            .iter()
+            .zip(data.shape())
+            .enumerate()
+            .any(|(d, (i, s))| d != a && i > s)
+    {
+        return Err(Error::op(
+            node,
+            "gather_elements",
+            format!(
+                "indices {:?} do not fit data {:?}",
+                indices.shape(),
+                data.shape()
+            ),
+        ));
+    }
+    let dim = data.shape()[a] as i64;
+    let idx = ints(indices, node, "gather_elements", "indices")?
+        .into_iter()
+        .map(|i| {
+            let j = if i < 0 { i + dim } else { i };
+            if j < 0 || j >= dim {
+                Err(Error::op(
+                    node,
+                    "gather_elements",
+                    format!("index {i} out of range for axis of {dim}"),
+                ))
+            } else {
+                Ok(j as usize)
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (ds, is) = (data.shape(), indices.shape());
+    let d = map_data!(data.data(), v => gather_elements_typed(v, ds, &idx, is, a));
+    Ok(TensorValue::raw_data(is.to_vec(), d))
+}
+
+fn slice_typed<T: Copy>(
+    v: &[T],
+    shape: &[usize],
+    starts: &[i64],
+    steps: &[i64],
+    out_shape: &[usize],
+) -> Vec<T> {
+    let in_strides = strides_of(shape);
+    let n: usize = out_shape.iter().product();
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    // Per output dim: step in input elements (may be negative), and the start offset.
+    let base: i64 = starts
+        .iter()
+        .zip(&in_strides)
+        .map(|(&s, &st)| s * st as i64)
+        .sum();
+    let rank = shape.len();
+    let st: Vec<i64> = (0..rank).map(|d| steps[d] * in_strides[d] as i64).collect();
+    let mut idx = vec![0usize; rank];
+    let mut off = base;
+    for _ in 0..n {
+        out.push(v[off as usize]);
+        let mut d = rank;
+        while d > 0 {
+            d -= 1;
+            idx[d] += 1;
+            off += st[d];
+            if idx[d] < out_shape[d] {
+                break;
+            }
+            off -= st[d] * idx[d] as i64;
+            idx[d] = 0;
+        }
+    }
+    out
+}
+
+/// `slice(data, starts, ends, axes?, steps?)` with ONNX clamping and negative steps.
+pub(crate) fn slice(
+    x: &TensorValue,
+    args: &[&TensorValue],
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let rank = x.rank();
+    let starts = ints(args[0], node, "slice", "starts")?;
+    let ends = ints(args[1], node, "slice", "ends")?;
+    let axes: Vec<usize> = match args.get(2) {
+        Some(t) => ints(t, node, "slice", "axes")?
+            .into_iter()
+            .map(|a| norm_axis(a, rank, node, "slice"))
+            .collect::<Result<_, _>>()?,
+        None => (0..starts.len()).collect(),
+    };
+    let steps = match args.get(3) {
+        Some(t) => ints(t, node, "slice", "steps")?,
+        None => vec![1; starts.len()],
+    };
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return Err(Error::op(
+            node,
+            "slice",
+            "starts, ends, axes and steps differ in length",
+        ));
+    }
+    let mut st = vec![0i64; rank];
+    let mut sp = vec![1i64; rank];
+    let mut out_shape = x.shape().to_vec();
+    for (k, &a) in axes.iter().enumerate() {
+        let d = x.shape()[a] as i64;
+        let step = steps[k];
+        if step == 0 {
+            return Err(Error::op(node, "slice", "step 0"));
+        }
+        let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+        if d == 0 {
+            out_shape[a] = 0;
+            continue;
+        }
+        let (s, e) = if step > 0 {
+            (norm(starts[k]).clamp(0, d), norm(ends[k]).clamp(0, d))
+        } else {
+            (
+                norm(starts[k]).clamp(0, d - 1),
+                norm(ends[k]).clamp(-1, d - 1),
+            )
+        };
+        let count = if step > 0 {
+            if e > s {
+                (e - s + step - 1) / step
+            } else {
+                0
+            }
+        } else if s > e {
+            (s - e + (-step) - 1) / (-step)
+        } else {
+            0
+        };
+        st[a] = s.max(0);
+        sp[a] = step;
+        out_shape[a] = count as usize;
+    }
+    let sh = x.shape();
+    let d = map_data!(x.data(), v => slice_typed(v, sh, &st, &sp, &out_shape));
+    Ok(TensorValue::raw_data(out_shape, d))
+}
+
+fn expand_typed<T: Copy>(v: &[T], shape: &[usize], out_shape: &[usize]) -> Vec<T> {
+    let s = broadcast_strides(shape, out_shape);
+    let n: usize = out_shape.iter().product();
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let inner = *out_shape.last().unwrap_or(&1);
+    let l = *s.last().unwrap_or(&0);
+    for_each_row(out_shape, [&s], |_, [o]| {
+        if l == 1 {
+            out.extend_from_slice(&v[o..o + inner])
+        } else {
+            out.extend((0..inner).map(|i| v[o + i * l]))
+        }
+    });
+    out
+}
+
+/// `expand(x, shape)`: bidirectional broadcast of `x` to `shape`.
+pub(crate) fn expand(
+    x: &TensorValue,
+    spec: &TensorValue,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let target: Vec<usize> = ints(spec, node, "expand", "the shape")?
+        .into_iter()
+        .map(|d| {
+            usize::try_from(d).map_err(|_| Error::op(node, "expand", format!("bad dimension {d}")))
+        })
+        .collect::<Result<_, _>>()?;
+    let out = broadcast_shape(x.shape(), &target).ok_or_else(|| {
+        Error::op(
+            node,
+            "expand",
+            format!("{:?} does not broadcast to {target:?}", x.shape()),
+        )
+    })?;
+    let sh = x.shape();
+    let d = map_data!(x.data(), v => expand_typed(v, sh, &out));
+    Ok(TensorValue::raw_data(out, d))
+}
+
+pub(crate) fn constant_of_shape(
+    spec: &TensorValue,
+    value: &TensorValue,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let shape: Vec<usize> = ints(spec, node, "constant_of_shape", "the shape")?
+        .into_iter()
+        .map(|d| {
+            usize::try_from(d)
+                .map_err(|_| Error::op(node, "constant_of_shape", format!("bad dimension {d}")))
+        })
+        .collect::<Result<_, _>>()?;
+    if value.len() != 1 {
+        return Err(Error::op(
+            node,
+            "constant_of_shape",
+            "value must have one element",
+        ));
+    }
+    let n: usize = shape.iter().product();
+    let d = map_data!(value.data(), v => vec![v[0]; n]);
+    Ok(TensorValue::raw_data(shape, d))
+}
+
+pub(crate) fn range(
+    start: &TensorValue,
+    limit: &TensorValue,
+    delta: &TensorValue,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let one = |t: &TensorValue| {
+        if t.len() == 1 {
+            Ok(())
+        } else {
+            Err(Error::op(
+                node,
+                "range",
+                "start, limit and delta must be scalars",
+            ))
+        }
+    };
+    one(start)?;
+    one(limit)?;
+    one(delta)?;
+    match (start.data(), limit.data(), delta.data()) {
+        (TensorData::F32(s), TensorData::F32(l), TensorData::F32(d)) => {
+            let (s, l, d) = (s[0], l[0], d[0]);
+            if d == 0.0 {
+                return Err(Error::op(node, "range", "delta is 0"));
+            }
+            let n = (((l - s) / d).ceil()).max(0.0) as usize;
+            Ok(TensorValue::raw(
+                vec![n],
+                (0..n).map(|i| s + i as f32 * d).collect(),
+            ))
+        }
+        _ => {
+            let (s, l, d) = (
+                ints(start, node, "range", "start")?[0],
+                ints(limit, node, "range", "limit")?[0],
+                ints(delta, node, "range", "delta")?[0],
+            );
+            if d == 0 {
+                return Err(Error::op(node, "range", "delta is 0"));
+            }
+            let n = if (d > 0 && l > s) || (d < 0 && l < s) {
+                ((l - s).abs() + d.abs() - 1) / d.abs()
+            } else {
+                0
+            } as usize;
+            let v: Vec<i64> = (0..n as i64).map(|i| s + i * d).collect();
+            Ok(match start.dtype() {
+                DType::I32 => TensorValue::raw(
+                    vec![n],
+                    v.into_iter().map(|x| x as i32).collect::<Vec<i32>>(),
+                ),
+                _ => TensorValue::raw(vec![n], v),
+            })
+        }
+    }
+}
+
+fn cumsum_typed<T: Copy + std::ops::Add<Output = T> + Default>(
+    v: &[T],
+    outer: usize,
+    dim: usize,
+    inner: usize,
+    exclusive: bool,
+    reverse: bool,
+) -> Vec<T> {
+    let mut out = vec![T::default(); v.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| o * dim * inner + k * inner + i;
+            let mut acc = T::default();
+            for step in 0..dim {
+                let k = if reverse { dim - 1 - step } else { step };
+                if exclusive {
+                    out[at(k)] = acc;
+                    acc = acc + v[at(k)];
+                } else {
+                    acc = acc + v[at(k)];
+                    out[at(k)] = acc;
+                }
+            }
+        }
+    }
+    out
+}
+
+pub(crate) fn cumsum(
+    x: &TensorValue,
+    axis: &TensorValue,
+    exclusive: bool,
+    reverse: bool,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let ax = ints(axis, node, "cumsum", "axis")?;
+    if ax.len() != 1 {
+        return Err(Error::op(node, "cumsum", "axis must be a scalar"));
+    }
+    let a = norm_axis(ax[0], x.rank(), node, "cumsum")?;
+    let outer: usize = x.shape()[..a].iter().product();
+    let dim = x.shape()[a];
+    let inner: usize = x.shape()[a + 1..].iter().product();
+    let d = match x.data() {
+        TensorData::F32(v) => {
+            TensorData::F32(cumsum_typed(v, outer, dim, inner, exclusive, reverse))
+        }
+        TensorData::I64(v) => {
+            TensorData::I64(cumsum_typed(v, outer, dim, inner, exclusive, reverse))
+        }
+        TensorData::I32(v) => {
+            TensorData::I32(cumsum_typed(v, outer, dim, inner, exclusive, reverse))
+        }
+        d => {
+            return Err(Error::op(
+                node,
+                "cumsum",
+                format!("not defined on {}", d.dtype()),
+            ))
+        }
+    };
+    Ok(TensorValue::raw_data(x.shape().to_vec(), d))
+}
+
+/// `reduce_*[axes, keepdims]` over f32, i64 or i32.
+pub(crate) fn reduce(
+    x: &TensorValue,
+    op: ReduceOp,
+    axes: &[i64],
+    keepdims: bool,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let rank = x.rank();
+    let mut red = vec![axes.is_empty(); rank];
+    for &a in axes {
+        red[norm_axis(a, rank, node, op.name())?] = true;
+    }
+    let kept: Vec<usize> = x
+        .shape()
+        .iter()
+        .zip(&red)
+        .map(|(&d, &r)| if r { 1 } else { d })
+        .collect();
+    let out_shape: Vec<usize> = if keepdims {
+        kept.clone()
+    } else {
+        x.shape()
+            .iter()
+            .zip(&red)
+            .filter(|(_, &r)| !r)
+            .map(|(&d, _)| d)
+            .collect()
+    };
+    let n_out: usize = kept.iter().product();
+    let count: usize = x
+        .shape()
+        .iter()
+        .zip(&red)
+        .filter(|(_, &r)| r)
+        .map(|(&d, _)| d)
+        .product();
+    // Output offset of each input element: strides of `kept` with 0 on reduced axes.
+    let ks = strides_of(&kept);
+    let os: Vec<usize> = ks
+        .iter()
+        .zip(&red)
+        .map(|(&s, &r)| if r { 0 } else { s })
+        .collect();
+    macro_rules! go {
+        ($v:expr, $t:ty, $zero:expr, $min:expr, $max:expr, $mean:expr) => {{
+            let v: &[$t] = $v;
+            let init = match op {
+                ReduceOp::Sum | ReduceOp::Mean => $zero,
+                ReduceOp::Max => $min,
+                ReduceOp::Min => $max,
+            };
+            let mut out = vec![init; n_out];
+            let sh = x.shape();
+            if !v.is_empty() {
+                let inner = *sh.last().unwrap();
+                let lo = *os.last().unwrap();
+                let in_strides = strides_of(sh);
+                for_each_row(sh, [&os, &in_strides], |_, [o, i]| {
+                    for k in 0..inner {
+                        let (dst, s) = (&mut out[o + k * lo], v[i + k]);
+                        *dst = match op {
+                            ReduceOp::Sum | ReduceOp::Mean => *dst + s,
+                            ReduceOp::Max => {
+                                if s > *dst {
+                                    s
+                                } else {
+                                    *dst
+                                }
+                            }
+                            ReduceOp::Min => {
+                                if s < *dst {
+                                    s
+                                } else {
+                                    *dst
+                                }
+                            }
+                        };
+                    }
+                });
+            }
+            if op == ReduceOp::Mean {
+                out.iter_mut().for_each(|o| *o = $mean(*o, count));
+            }
+            out
+        }};
+    }
+    let d = match x.data() {
+        TensorData::F32(v) => TensorData::F32(go!(
+            v,
+            f32,
+            0.0,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            |s: f32, c: usize| s / c as f32
+        )),
+        TensorData::I64(v) => {
+            TensorData::I64(go!(v, i64, 0, i64::MIN, i64::MAX, |s: i64, c: usize| s
+                / (c.max(1) as i64)))
+        }
+        TensorData::I32(v) => {
+            TensorData::I32(go!(v, i32, 0, i32::MIN, i32::MAX, |s: i32, c: usize| s
+                / (c.max(1) as i32)))
+        }
+        d => {
+            return Err(Error::op(
+                node,
+                op.name(),
+                format!("not defined on {}", d.dtype()),
+            ))
+        }
+    };
+    Ok(TensorValue::raw_data(out_shape, d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn i64s(shape: Vec<usize>, v: Vec<i64>) -> TensorValue {
+        TensorValue::from_i64(shape, v).unwrap()
+    }
+
+    #[test]
+    fn slice_clamps_and_steps_backwards() {
+        let x = i64s(vec![2, 5], (0..10).collect());
+        let s = |st: i64, en: i64, step: i64| {
+            slice(
+                &x,
+                &[
+                    &i64s(vec![1], vec![st]),
+                    &i64s(vec![1], vec![en]),
+                    &i64s(vec![1], vec![1]),
+                    &i64s(vec![1], vec![step]),
+                ],
+                "s",
+            )
+            .unwrap()
+        };
+        assert_eq!(
+            s(1, i64::MAX, 1).as_i64().unwrap(),
+            &[1, 2, 3, 4, 6, 7, 8, 9]
+        );
+        assert_eq!(
+            s(-1, i64::MIN, -1).as_i64().unwrap(),
+            &[4, 3, 2, 1, 0, 9, 8, 7, 6, 5]
+        );
+        assert_eq!(s(4, 0, -2).as_i64().unwrap(), &[4, 2, 9, 7]);
+        assert_eq!(s(3, 1, 1).shape(), &[2, 0]);
+    }
+
+    #[test]
+    fn gather_negative_and_out_of_range() {
+        let table = TensorValue::from_f32(vec![3, 2], vec![0., 1., 2., 3., 4., 5.]).unwrap();
+        let g = gather(&table, &i64s(vec![2], vec![-1, 0]), 0, true, "g")
+            .unwrap()
+            .ok()
+            .unwrap();
+        assert_eq!(g.as_f32().unwrap(), &[4., 5., 0., 1.]);
+        assert!(gather(&table, &i64s(vec![1], vec![-1]), 0, false, "g")
+            .unwrap()
+            .is_err());
+        assert!(gather(&table, &i64s(vec![1], vec![3]), 0, true, "g")
+            .unwrap()
+            .is_err());
+    }
+
+    #[test]
+    fn reshape_transpose_reduce() {
+        let x = TensorValue::from_f32(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]).unwrap();
+        let r = reshape(Input::Ref(&x), &i64s(vec![2], vec![0, -1]), false, "r").unwrap();
+        assert_eq!(r.shape(), &[2, 3]);
+        assert!(reshape(Input::Ref(&x), &i64s(vec![1], vec![4]), false, "r").is_err());
+        let t = transpose(&x, &[1, 0], "t").unwrap();
+        assert_eq!(t.as_f32().unwrap(), &[1., 4., 2., 5., 3., 6.]);
+        let m = reduce(&x, ReduceOp::Mean, &[-1], true, "m").unwrap();
+        assert_eq!(
+            (m.shape(), m.as_f32().unwrap()),
+            (&[2usize, 1][..], &[2.0f32, 5.0][..])
+        );
+        let s = reduce(&x, ReduceOp::Max, &[0], false, "m").unwrap();
+        assert_eq!(s.as_f32().unwrap(), &[4., 5., 6.]);
+        let c = cumsum(&x, &TensorValue::scalar(1i64), true, true, "c").unwrap();
+        assert_eq!(c.as_f32().unwrap(), &[5., 3., 0., 11., 6., 0.]);
+        let e = expand(
+            &TensorValue::from_f32(vec![3, 1], vec![1., 2., 3.]).unwrap(),
+            &i64s(vec![2], vec![1, 2]),
+            "e",
+        )
+        .unwrap();
+        assert_eq!(e.as_f32().unwrap(), &[1., 1., 2., 2., 3., 3.]);
+        let rg = range(
+            &TensorValue::scalar(5i64),
+            &TensorValue::scalar(0i64),
+            &TensorValue::scalar(-2i64),
+            "r",
+        )
+        .unwrap();
+        assert_eq!(rg.as_i64().unwrap(), &[5, 3, 1]);
+    }
+}

@@ -1,0 +1,66 @@
+//! FP32 matrix products on the codegen kernels: weights packed once at compile time
+//! ([`PackedWeight`]), activations × activations packed per call.
+
+use codegen::kernels::{gemm_f32, gemm_f32_unpacked, EpilogueF32, PackedF32};
+
+use crate::exec::Ctx;
+
+/// A constant weight in the layout of the GEMM kernel, made once per session.
+pub(crate) struct PackedWeight(PackedF32);
+
+impl PackedWeight {
+    /// Packs `b`, which is `[k, n]` row-major, or `[n, k]` when `transposed`.
+    pub fn pack(b: &[f32], k: usize, n: usize, transposed: bool) -> PackedWeight {
+        PackedWeight(PackedF32::pack(b, k, n, transposed))
+    }
+
+    pub fn k(&self) -> usize {
+        self.0.k()
+    }
+
+    pub fn n(&self) -> usize {
+        self.0.n()
+    }
+}
+
+/// `c[m, n] = a[m, k] · w (+ bias)`; `a` rows are `lda` apart, `c` is contiguous.
+pub(crate) fn gemm_packed(
+    ctx: &Ctx<'_>,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    w: &PackedWeight,
+    c: &mut [f32],
+    bias: Option<&[f32]>,
+) {
+    let n = w.n();
+    let ep = match bias {
+        Some(b) => EpilogueF32::bias(b),
+        None => EpilogueF32::none(),
+    };
+    gemm_f32(m, a, lda, &w.0, c, n, &ep, ctx.gemm_threads(m * n * w.k()));
+}
+
+/// `c[m, n] = alpha · a[m, k] · op(b)` with `op(b) = b` (`[k, n]`, rows `ldb` apart) or `bᵀ`
+/// (`b` is `[n, k]`). `c` is contiguous and overwritten.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_unpacked(
+    ctx: &Ctx<'_>,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    b_transposed: bool,
+    c: &mut [f32],
+    alpha: f32,
+) {
+    if k == 0 {
+        c[..m * n].fill(0.0);
+        return;
+    }
+    let threads = ctx.gemm_threads(m * n * k);
+    gemm_f32_unpacked(m, n, k, a, lda, b, ldb, b_transposed, c, n, alpha, threads);
+}

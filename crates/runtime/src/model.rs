@@ -1,0 +1,98 @@
+//! [`Model`]: an imported graph with its public inputs and outputs.
+
+use std::path::Path;
+
+use ir::{Graph, Op, TensorType};
+
+use crate::Error;
+
+/// A graph input or output: its public name and type (dtype and possibly symbolic shape).
+#[derive(Clone, Debug, PartialEq)]
+pub struct IoSpec {
+    pub name: String,
+    pub ty: TensorType,
+}
+
+/// An imported model, ready to compile into a [`crate::Session`].
+///
+/// ```
+/// use runtime::Model;
+/// let g = ir::text::parse(
+///     "%0 = input[name=\"x\"] : f32[B,2]\n%1 = relu(%0) : f32[B,2]\noutput \"y\" = %1\n",
+///     None,
+/// ).unwrap();
+/// let m = Model::from_graph(g).unwrap();
+/// assert_eq!(m.inputs()[0].name, "x");
+/// assert_eq!(m.outputs()[0].ty.to_string(), "f32[B,2]");
+/// ```
+#[derive(Clone, Debug)]
+pub struct Model {
+    graph: Graph,
+}
+
+impl Model {
+    /// Imports an ONNX file (weights memory-mapped where the importer can).
+    pub fn load(path: impl AsRef<Path>) -> Result<Model, Error> {
+        let graph = frontend_onnx::import_path(path.as_ref())?;
+        Model::from_graph(graph)
+    }
+
+    /// Wraps a graph built in memory (or parsed from the text form); checks it first.
+    pub fn from_graph(graph: Graph) -> Result<Model, Error> {
+        graph.verify()?;
+        Ok(Model { graph })
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    pub fn into_graph(self) -> Graph {
+        self.graph
+    }
+
+    /// The graph inputs, in declaration order.
+    pub fn inputs(&self) -> Vec<IoSpec> {
+        self.graph
+            .inputs()
+            .iter()
+            .map(|&id| {
+                let n = self.graph.node(id);
+                let name = match &n.op {
+                    Op::Input { name } => name.clone(),
+                    _ => n.name.clone(),
+                };
+                IoSpec {
+                    name,
+                    ty: n.outputs[0].clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// The names of the graph inputs, in declaration order.
+    pub fn input_names(&self) -> Vec<String> {
+        self.inputs().into_iter().map(|s| s.name).collect()
+    }
+
+    /// The graph outputs, in declaration order.
+    pub fn outputs(&self) -> Vec<IoSpec> {
+        self.graph
+            .outputs()
+            .iter()
+            .map(|(name, o)| IoSpec {
+                name: name.clone(),
+                ty: self.graph.outlet_type(*o).clone(),
+            })
+            .collect()
+    }
+
+    /// The names of the graph outputs, in declaration order.
+    pub fn output_names(&self) -> Vec<String> {
+        self.graph
+            .outputs()
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+}

@@ -1,0 +1,243 @@
+//! NumPy `.npy` files (format versions 1.0 to 3.0), little-endian, C order.
+//!
+//! The format is a magic string, a version, a Python-dict header (`descr`, `fortran_order`,
+//! `shape`) padded to 64 bytes, then the raw elements. Small enough that a hand-written reader
+//! beats a dependency.
+
+use std::path::Path;
+
+use crate::value::{TensorData, TensorValue};
+use crate::Error;
+
+const MAGIC: &[u8] = b"\x93NUMPY";
+
+fn npy_err(path: &Path, message: impl Into<String>) -> Error {
+    Error::Npy {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+/// The value of `'key':` in the header dict, up to the next top-level comma or brace.
+fn header_field<'a>(header: &'a str, key: &str) -> Option<&'a str> {
+    let pat_sq = format!("'{key}'");
+    let pat_dq = format!("\"{key}\"");
+    let start = header
+        .find(&pat_sq)
+        .map(|i| i + pat_sq.len())
+        .or_else(|| header.find(&pat_dq).map(|i| i + pat_dq.len()))?;
+    let rest = header[start..].trim_start().strip_prefix(':')?.trim_start();
+    if let Some(inner) = rest.strip_prefix('(') {
+        let end = inner.find(')')?;
+        return Some(&inner[..end]);
+    }
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    Some(rest[..end].trim())
+}
+
+/// Parses `.npy` bytes; `path` is only used in error messages.
+pub(crate) fn parse_npy(bytes: &[u8], path: &Path) -> Result<TensorValue, Error> {
+    if bytes.len() < 10 || &bytes[..6] != MAGIC {
+        return Err(npy_err(path, "not a .npy file (bad magic)"));
+    }
+    let major = bytes[6];
+    let (header_len, header_start) = match major {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        2 | 3 => {
+            if bytes.len() < 12 {
+                return Err(npy_err(path, "truncated header"));
+            }
+            (
+                u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+                12,
+            )
+        }
+        v => return Err(npy_err(path, format!("unsupported .npy version {v}"))),
+    };
+    let data_start = header_start + header_len;
+    if bytes.len() < data_start {
+        return Err(npy_err(path, "truncated header"));
+    }
+    let header = std::str::from_utf8(&bytes[header_start..data_start])
+        .map_err(|_| npy_err(path, "header is not UTF-8"))?;
+    let descr = header_field(header, "descr")
+        .ok_or_else(|| npy_err(path, "header has no descr"))?
+        .trim_matches(|c| c == '\'' || c == '"');
+    let fortran = header_field(header, "fortran_order")
+        .ok_or_else(|| npy_err(path, "header has no fortran_order"))?;
+    if fortran != "False" {
+        return Err(npy_err(path, "Fortran-order arrays are not supported"));
+    }
+    let shape_s =
+        header_field(header, "shape").ok_or_else(|| npy_err(path, "header has no shape"))?;
+    let shape = shape_s
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.trim_end_matches('L')
+                .parse::<usize>()
+                .map_err(|_| npy_err(path, format!("bad shape `({shape_s})`")))
+        })
+        .collect::<Result<Vec<usize>, _>>()?;
+    let n: usize = shape.iter().product();
+    let body = &bytes[data_start..];
+    let width = match descr {
+        "<f4" | "<i4" => 4,
+        "<i8" => 8,
+        "|u1" | "|i1" | "|b1" | "<u1" | "<i1" => 1,
+        other => {
+            return Err(npy_err(
+                path,
+                format!("unsupported dtype `{other}` (supported: <f4 <i8 <i4 |u1 |i1 |b1)"),
+            ))
+        }
+    };
+    if body.len() != n * width {
+        return Err(npy_err(
+            path,
+            format!(
+                "shape {shape:?} of `{descr}` needs {} data bytes, file has {}",
+                n * width,
+                body.len()
+            ),
+        ));
+    }
+    let data = match descr {
+        "<f4" => TensorData::F32(
+            body.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        ),
+        "<i4" => TensorData::I32(
+            body.chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        ),
+        "<i8" => TensorData::I64(
+            body.chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        ),
+        "|u1" | "<u1" => TensorData::U8(body.to_vec()),
+        "|i1" | "<i1" => TensorData::I8(body.iter().map(|&b| b as i8).collect()),
+        "|b1" => TensorData::Bool(body.iter().map(|&b| b != 0).collect()),
+        _ => unreachable!("descr checked above"),
+    };
+    TensorValue::new(shape, data)
+}
+
+/// Serialises a tensor as `.npy` version 1.0 bytes.
+pub(crate) fn to_npy_bytes(t: &TensorValue) -> Vec<u8> {
+    let descr = match t.data() {
+        TensorData::F32(_) => "<f4",
+        TensorData::I64(_) => "<i8",
+        TensorData::I32(_) => "<i4",
+        TensorData::U8(_) => "|u1",
+        TensorData::I8(_) => "|i1",
+        TensorData::Bool(_) => "|b1",
+    };
+    let shape = match t.shape() {
+        [] => "()".to_string(),
+        [d] => format!("({d},)"),
+        dims => format!(
+            "({})",
+            dims.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    // Magic (6) + version (2) + length (2) + header + '\n' is padded to a multiple of 64.
+    let total = 10 + header.len() + 1;
+    header.push_str(&" ".repeat((64 - total % 64) % 64));
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + t.len() * 8);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&[1, 0]);
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    match t.data() {
+        TensorData::F32(v) => v
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        TensorData::I64(v) => v
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        TensorData::I32(v) => v
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        TensorData::U8(v) => out.extend_from_slice(v),
+        TensorData::I8(v) => out.extend(v.iter().map(|&x| x as u8)),
+        TensorData::Bool(v) => out.extend(v.iter().map(|&x| x as u8)),
+    }
+    out
+}
+
+impl TensorValue {
+    /// Reads a NumPy `.npy` file (int64, int32, float32, uint8, int8 or bool; C order).
+    ///
+    /// ```
+    /// use runtime::TensorValue;
+    /// let t = TensorValue::from_i64(vec![2, 2], vec![1, 2, 3, 4]).unwrap();
+    /// let path = std::env::temp_dir().join("runtime_doc_npy.npy");
+    /// t.write_npy(&path).unwrap();
+    /// assert_eq!(TensorValue::read_npy(&path).unwrap(), t);
+    /// ```
+    pub fn read_npy(path: impl AsRef<Path>) -> Result<TensorValue, Error> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        parse_npy(&bytes, path)
+    }
+
+    /// Writes the tensor as a NumPy `.npy` file (version 1.0).
+    pub fn write_npy(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        let path = path.as_ref();
+        std::fs::write(path, to_npy_bytes(self)).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_every_dtype() {
+        let p = Path::new("mem");
+        let cases = vec![
+            TensorValue::from_f32(vec![2, 3], vec![1.5, -2.0, 0.0, 3.25, 1e-8, -7.0]).unwrap(),
+            TensorValue::from_i64(vec![3], vec![i64::MIN, 0, i64::MAX]).unwrap(),
+            TensorValue::from_i32(vec![1, 1, 2], vec![-5, 6]).unwrap(),
+            TensorValue::from_u8(vec![2], vec![0, 255]).unwrap(),
+            TensorValue::from_i8(vec![2], vec![-128, 127]).unwrap(),
+            TensorValue::from_bool(vec![2], vec![true, false]).unwrap(),
+            TensorValue::scalar(4.0f32),
+            TensorValue::from_f32(vec![0, 4], vec![]).unwrap(),
+        ];
+        for t in cases {
+            let bytes = to_npy_bytes(&t);
+            assert_eq!((bytes.len() - t.len() * t.dtype().size_of()) % 64, 0);
+            assert_eq!(parse_npy(&bytes, p).unwrap(), t);
+        }
+    }
+
+    #[test]
+    fn rejects_bad_files() {
+        let p = Path::new("bad.npy");
+        assert!(matches!(parse_npy(b"hello", p), Err(Error::Npy { .. })));
+        let mut b = to_npy_bytes(&TensorValue::from_i64(vec![2], vec![1, 2]).unwrap());
+        b.pop();
+        assert!(matches!(parse_npy(&b, p), Err(Error::Npy { .. })));
+        let mut f = to_npy_bytes(&TensorValue::from_f32(vec![1], vec![1.0]).unwrap());
+        let at = f.windows(3).position(|w| w == b"<f4").unwrap();
+        f[at + 2] = b'8';
+        assert!(matches!(parse_npy(&f, p), Err(Error::Npy { .. })));
+    }
+}

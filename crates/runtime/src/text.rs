@@ -1,0 +1,319 @@
+//! The text front: tokenize with a Hugging Face `tokenizer.json`, run, pool sentence embeddings.
+//!
+//! The sentence-transformers pipeline of all-MiniLM-L6-v2 is: tokenize (truncate to 256 tokens
+//! counting `[CLS]` and `[SEP]`, pad to the longest text of the batch), run the encoder, take the
+//! mean of `last_hidden_state` over the positions where `attention_mask == 1`, L2-normalise.
+//!
+//! ```no_run
+//! use runtime::text::{Padding, SentenceEncoder, Tokenizer, TokenizerOptions};
+//! use runtime::{CompileOptions, Model, Session};
+//! let tok = Tokenizer::from_file(
+//!     "minilm-l6/tokenizer.json",
+//!     TokenizerOptions { max_length: Some(256), padding: Padding::Longest },
+//! )?;
+//! let session = Session::new(&Model::load("minilm-l6/model.onnx")?, CompileOptions::default())?;
+//! let enc = SentenceEncoder::new(session, tok);
+//! let emb = enc.embed(&["A man is eating food.", "A man is riding a horse."])?;
+//! assert_eq!(emb.shape(), &[2, 384]);
+//! # Ok::<(), runtime::Error>(())
+//! ```
+
+use std::path::Path;
+
+use crate::{Error, Session, TensorValue};
+
+/// How a batch is padded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Padding {
+    /// To the longest sequence of the batch.
+    Longest,
+    /// To exactly this many tokens (longer texts are truncated to it).
+    Fixed(usize),
+}
+
+/// Truncation and padding of a [`Tokenizer`]; they replace whatever `tokenizer.json` sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenizerOptions {
+    /// Longest sequence in tokens, special tokens included; `None` keeps every token (a text
+    /// longer than the model's positions then fails at run time with
+    /// [`Error::SequenceTooLong`]).
+    pub max_length: Option<usize>,
+    pub padding: Padding,
+}
+
+impl Default for TokenizerOptions {
+    /// 512 tokens (BERT's positions), padded to the longest text.
+    fn default() -> Self {
+        TokenizerOptions {
+            max_length: Some(512),
+            padding: Padding::Longest,
+        }
+    }
+}
+
+/// A batch of tokenized texts: `[batch, sequence]` i64 tensors.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Encoded {
+    pub input_ids: TensorValue,
+    pub attention_mask: TensorValue,
+    pub token_type_ids: TensorValue,
+}
+
+impl Encoded {
+    /// The three tensors under the usual input names, restricted to those `session` takes
+    /// (DistilBERT has no `token_type_ids`).
+    pub fn feeds(&self, session: &Session) -> Vec<(&'static str, TensorValue)> {
+        let names: Vec<String> = session.inputs().into_iter().map(|s| s.name).collect();
+        [
+            ("input_ids", &self.input_ids),
+            ("attention_mask", &self.attention_mask),
+            ("token_type_ids", &self.token_type_ids),
+        ]
+        .into_iter()
+        .filter(|(n, _)| names.iter().any(|x| x == n))
+        .map(|(n, t)| (n, t.clone()))
+        .collect()
+    }
+}
+
+/// A tokenizer read from a Hugging Face `tokenizer.json`.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+}
+
+fn tok_err(e: impl std::fmt::Display) -> Error {
+    Error::Tokenizer(e.to_string())
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` and applies `opts` (the pad token and id come from the file's
+    /// padding settings, else `[PAD]` / `<pad>` in its vocabulary, else id 0).
+    pub fn from_file(path: impl AsRef<Path>, opts: TokenizerOptions) -> Result<Tokenizer, Error> {
+        let path = path.as_ref();
+        let mut inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let (pad_id, pad_token) = match inner.get_padding() {
+            Some(p) => (p.pad_id, p.pad_token.clone()),
+            None => ["[PAD]", "<pad>"]
+                .iter()
+                .find_map(|t| inner.token_to_id(t).map(|id| (id, t.to_string())))
+                .unwrap_or((0, "[PAD]".to_string())),
+        };
+        let max_length = match (opts.max_length, opts.padding) {
+            (Some(m), Padding::Fixed(f)) => Some(m.min(f)),
+            (None, Padding::Fixed(f)) => Some(f),
+            (m, Padding::Longest) => m,
+        };
+        match max_length {
+            Some(max_length) => {
+                inner
+                    .with_truncation(Some(tokenizers::TruncationParams {
+                        max_length,
+                        ..Default::default()
+                    }))
+                    .map_err(tok_err)?;
+            }
+            None => {
+                inner.with_truncation(None).map_err(tok_err)?;
+            }
+        }
+        let strategy = match opts.padding {
+            Padding::Longest => tokenizers::PaddingStrategy::BatchLongest,
+            Padding::Fixed(n) => tokenizers::PaddingStrategy::Fixed(n),
+        };
+        inner.with_padding(Some(tokenizers::PaddingParams {
+            strategy,
+            pad_id,
+            pad_type_id: 0,
+            pad_token,
+            ..Default::default()
+        }));
+        Ok(Tokenizer { inner })
+    }
+
+    /// The id of a token, if the vocabulary has it.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Tokenizes single texts (token types 0).
+    ///
+    /// An empty list, or an empty or blank text, is [`Error::EmptyText`]: it would embed only
+    /// `[CLS] [SEP]`, which is never what a caller meant.
+    pub fn encode(&self, texts: &[&str]) -> Result<Encoded, Error> {
+        check_texts(texts.iter().copied())?;
+        let encs = self
+            .inner
+            .encode_batch(texts.to_vec(), true)
+            .map_err(tok_err)?;
+        to_tensors(&encs)
+    }
+
+    /// Tokenizes text pairs (`[CLS] a [SEP] b [SEP]`, token type 1 on `b`).
+    pub fn encode_pairs(&self, pairs: &[(&str, &str)]) -> Result<Encoded, Error> {
+        check_texts(pairs.iter().flat_map(|(a, b)| [*a, *b]))?;
+        let inputs: Vec<tokenizers::EncodeInput> = pairs
+            .iter()
+            .map(|&(a, b)| tokenizers::EncodeInput::Dual(a.into(), b.into()))
+            .collect();
+        let encs = self.inner.encode_batch(inputs, true).map_err(tok_err)?;
+        to_tensors(&encs)
+    }
+}
+
+fn check_texts<'a>(texts: impl Iterator<Item = &'a str>) -> Result<(), Error> {
+    let mut n = 0;
+    for (i, t) in texts.enumerate() {
+        if t.trim().is_empty() {
+            return Err(Error::EmptyText { index: Some(i) });
+        }
+        n += 1;
+    }
+    if n == 0 {
+        return Err(Error::EmptyText { index: None });
+    }
+    Ok(())
+}
+
+fn to_tensors(encs: &[tokenizers::Encoding]) -> Result<Encoded, Error> {
+    let b = encs.len();
+    let s = encs.first().map_or(0, |e| e.get_ids().len());
+    if encs.iter().any(|e| e.get_ids().len() != s) {
+        return Err(Error::Tokenizer(
+            "encodings of one batch differ in length".into(),
+        ));
+    }
+    let grab = |f: &dyn Fn(&tokenizers::Encoding) -> &[u32]| -> Result<TensorValue, Error> {
+        let v: Vec<i64> = encs
+            .iter()
+            .flat_map(|e| f(e).iter().map(|&x| x as i64))
+            .collect();
+        TensorValue::from_i64(vec![b, s], v)
+    };
+    Ok(Encoded {
+        input_ids: grab(&|e| e.get_ids())?,
+        attention_mask: grab(&|e| e.get_attention_mask())?,
+        token_type_ids: grab(&|e| e.get_type_ids())?,
+    })
+}
+
+/// Mean of `hidden` `[B, S, H]` over the positions where `mask` `[B, S]` is non-zero → `[B, H]`.
+/// A row without any valid position gives zeros.
+///
+/// ```
+/// use runtime::{text::mean_pool, TensorValue};
+/// let h = TensorValue::from_f32(vec![1, 3, 2], vec![1., 2., 3., 4., 100., 100.]).unwrap();
+/// let m = TensorValue::from_i64(vec![1, 3], vec![1, 1, 0]).unwrap();
+/// assert_eq!(mean_pool(&h, &m).unwrap().as_f32().unwrap(), &[2., 3.]);
+/// ```
+pub fn mean_pool(hidden: &TensorValue, mask: &TensorValue) -> Result<TensorValue, Error> {
+    let hv = hidden.typed::<f32>()?;
+    if hidden.rank() != 3 || mask.shape() != &hidden.shape()[..2] {
+        return Err(Error::Invalid(format!(
+            "mean_pool: hidden {:?} and mask {:?} must be [B, S, H] and [B, S]",
+            hidden.shape(),
+            mask.shape()
+        )));
+    }
+    let m = mask.to_f32_vec();
+    let (b, s, h) = (hidden.shape()[0], hidden.shape()[1], hidden.shape()[2]);
+    let mut out = vec![0.0f32; b * h];
+    for bi in 0..b {
+        let row = &mut out[bi * h..(bi + 1) * h];
+        let mut count = 0.0f32;
+        for si in 0..s {
+            let w = m[bi * s + si];
+            if w != 0.0 {
+                count += w;
+                let x = &hv[(bi * s + si) * h..(bi * s + si + 1) * h];
+                row.iter_mut().zip(x).for_each(|(r, &v)| *r += v * w);
+            }
+        }
+        // As sentence-transformers: divide by the clamped count.
+        let inv = 1.0 / count.max(1e-9);
+        row.iter_mut().for_each(|r| *r *= inv);
+    }
+    TensorValue::from_f32(vec![b, h], out)
+}
+
+/// Each row of a `[B, H]` tensor divided by its L2 norm (clamped at 1e-12).
+///
+/// ```
+/// use runtime::{text::l2_normalize, TensorValue};
+/// let x = TensorValue::from_f32(vec![1, 2], vec![3., 4.]).unwrap();
+/// assert_eq!(l2_normalize(&x).unwrap().as_f32().unwrap(), &[0.6, 0.8]);
+/// ```
+pub fn l2_normalize(x: &TensorValue) -> Result<TensorValue, Error> {
+    let v = x.typed::<f32>()?;
+    if x.rank() != 2 {
+        return Err(Error::Invalid(format!(
+            "l2_normalize: expected [B, H], got {:?}",
+            x.shape()
+        )));
+    }
+    let h = x.shape()[1];
+    let mut out = v.to_vec();
+    if h > 0 {
+        for row in out.chunks_exact_mut(h) {
+            let norm = row
+                .iter()
+                .map(|&a| (a as f64) * (a as f64))
+                .sum::<f64>()
+                .sqrt() as f32;
+            let inv = 1.0 / norm.max(1e-12);
+            row.iter_mut().for_each(|a| *a *= inv);
+        }
+    }
+    TensorValue::from_f32(x.shape().to_vec(), out)
+}
+
+/// Mean pooling then L2 normalisation: the sentence embedding of sentence-transformers.
+pub fn sentence_embeddings(hidden: &TensorValue, mask: &TensorValue) -> Result<TensorValue, Error> {
+    l2_normalize(&mean_pool(hidden, mask)?)
+}
+
+/// Tokenizer + encoder session + pooling: texts in, normalised sentence embeddings out.
+pub struct SentenceEncoder {
+    session: Session,
+    tokenizer: Tokenizer,
+    output: String,
+}
+
+impl SentenceEncoder {
+    /// Pools the session's `last_hidden_state` output (else its first output).
+    pub fn new(session: Session, tokenizer: Tokenizer) -> SentenceEncoder {
+        let names = session.output_names();
+        let output = names
+            .iter()
+            .find(|n| *n == "last_hidden_state")
+            .or(names.first())
+            .cloned()
+            .unwrap_or_default();
+        SentenceEncoder {
+            session,
+            tokenizer,
+            output,
+        }
+    }
+
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// `[texts.len(), hidden]` unit-norm embeddings.
+    pub fn embed(&self, texts: &[&str]) -> Result<TensorValue, Error> {
+        let enc = self.tokenizer.encode(texts)?;
+        let feeds = enc.feeds(&self.session);
+        let out = self.session.run(&feeds)?;
+        let hidden = out
+            .into_iter()
+            .find(|(n, _)| *n == self.output)
+            .map(|(_, t)| t)
+            .ok_or_else(|| Error::Invalid(format!("the model has no output `{}`", self.output)))?;
+        sentence_embeddings(&hidden, &enc.attention_mask)
+    }
+}

@@ -1,0 +1,303 @@
+//! Owned, typed tensors: what goes into and comes out of a [`crate::Session`].
+
+use ir::DType;
+
+use crate::Error;
+
+/// The elements of a [`TensorValue`], one vector per supported dtype.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TensorData {
+    F32(Vec<f32>),
+    I64(Vec<i64>),
+    I32(Vec<i32>),
+    I8(Vec<i8>),
+    U8(Vec<u8>),
+    Bool(Vec<bool>),
+}
+
+impl TensorData {
+    pub fn dtype(&self) -> DType {
+        match self {
+            TensorData::F32(_) => DType::F32,
+            TensorData::I64(_) => DType::I64,
+            TensorData::I32(_) => DType::I32,
+            TensorData::I8(_) => DType::I8,
+            TensorData::U8(_) => DType::U8,
+            TensorData::Bool(_) => DType::Bool,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            TensorData::F32(v) => v.len(),
+            TensorData::I64(v) => v.len(),
+            TensorData::I32(v) => v.len(),
+            TensorData::I8(v) => v.len(),
+            TensorData::U8(v) => v.len(),
+            TensorData::Bool(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A Rust element type that a [`TensorValue`] can hold.
+pub trait ValueElement: Copy + Send + Sync + 'static {
+    const DTYPE: DType;
+    fn wrap(v: Vec<Self>) -> TensorData;
+    fn slice(d: &TensorData) -> Option<&[Self]>;
+    fn vec_mut(d: &mut TensorData) -> Option<&mut Vec<Self>>;
+    fn unwrap(d: TensorData) -> Result<Vec<Self>, TensorData>;
+}
+
+macro_rules! value_element {
+    ($t:ty, $v:ident, $d:expr) => {
+        impl ValueElement for $t {
+            const DTYPE: DType = $d;
+            fn wrap(v: Vec<Self>) -> TensorData {
+                TensorData::$v(v)
+            }
+            fn slice(d: &TensorData) -> Option<&[Self]> {
+                match d {
+                    TensorData::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn vec_mut(d: &mut TensorData) -> Option<&mut Vec<Self>> {
+                match d {
+                    TensorData::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn unwrap(d: TensorData) -> Result<Vec<Self>, TensorData> {
+                match d {
+                    TensorData::$v(v) => Ok(v),
+                    other => Err(other),
+                }
+            }
+        }
+    };
+}
+value_element!(f32, F32, DType::F32);
+value_element!(i64, I64, DType::I64);
+value_element!(i32, I32, DType::I32);
+value_element!(i8, I8, DType::I8);
+value_element!(u8, U8, DType::U8);
+value_element!(bool, Bool, DType::Bool);
+
+/// An owned tensor: a shape and typed, row-major elements.
+///
+/// ```
+/// use runtime::{DType, TensorValue};
+/// let ids = TensorValue::from_i64(vec![1, 3], vec![101, 7592, 102]).unwrap();
+/// assert_eq!(ids.dtype(), DType::I64);
+/// assert_eq!(ids.shape(), &[1, 3]);
+/// assert_eq!(ids.as_i64().unwrap()[0], 101);
+/// assert!(TensorValue::from_f32(vec![2, 2], vec![0.0; 3]).is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorValue {
+    shape: Vec<usize>,
+    data: TensorData,
+}
+
+impl TensorValue {
+    /// A tensor over `data`; the number of elements must match the shape.
+    pub fn new(shape: Vec<usize>, data: TensorData) -> Result<TensorValue, Error> {
+        let expected: usize = shape.iter().product();
+        if expected != data.len() {
+            return Err(Error::TensorSize {
+                shape,
+                expected,
+                actual: data.len(),
+            });
+        }
+        Ok(TensorValue { shape, data })
+    }
+
+    /// Like [`TensorValue::new`] for a typed vector.
+    pub fn from_vec<T: ValueElement>(shape: Vec<usize>, v: Vec<T>) -> Result<TensorValue, Error> {
+        TensorValue::new(shape, T::wrap(v))
+    }
+
+    pub fn from_f32(shape: Vec<usize>, v: Vec<f32>) -> Result<TensorValue, Error> {
+        TensorValue::from_vec(shape, v)
+    }
+    pub fn from_i64(shape: Vec<usize>, v: Vec<i64>) -> Result<TensorValue, Error> {
+        TensorValue::from_vec(shape, v)
+    }
+    pub fn from_i32(shape: Vec<usize>, v: Vec<i32>) -> Result<TensorValue, Error> {
+        TensorValue::from_vec(shape, v)
+    }
+    pub fn from_u8(shape: Vec<usize>, v: Vec<u8>) -> Result<TensorValue, Error> {
+        TensorValue::from_vec(shape, v)
+    }
+    pub fn from_i8(shape: Vec<usize>, v: Vec<i8>) -> Result<TensorValue, Error> {
+        TensorValue::from_vec(shape, v)
+    }
+    pub fn from_bool(shape: Vec<usize>, v: Vec<bool>) -> Result<TensorValue, Error> {
+        TensorValue::from_vec(shape, v)
+    }
+
+    /// A rank-0 tensor.
+    pub fn scalar<T: ValueElement>(v: T) -> TensorValue {
+        TensorValue {
+            shape: vec![],
+            data: T::wrap(vec![v]),
+        }
+    }
+
+    /// Internal constructor for kernels that computed the length themselves.
+    pub(crate) fn raw<T: ValueElement>(shape: Vec<usize>, v: Vec<T>) -> TensorValue {
+        debug_assert_eq!(shape.iter().product::<usize>(), v.len());
+        TensorValue {
+            shape,
+            data: T::wrap(v),
+        }
+    }
+
+    pub(crate) fn raw_data(shape: Vec<usize>, data: TensorData) -> TensorValue {
+        debug_assert_eq!(shape.iter().product::<usize>(), data.len());
+        TensorValue { shape, data }
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    pub fn data(&self) -> &TensorData {
+        &self.data
+    }
+
+    pub fn into_data(self) -> TensorData {
+        self.data
+    }
+
+    pub fn into_parts(self) -> (Vec<usize>, TensorData) {
+        (self.shape, self.data)
+    }
+
+    /// The elements as `T`, when `T` is the tensor's dtype.
+    pub fn as_slice<T: ValueElement>(&self) -> Option<&[T]> {
+        T::slice(&self.data)
+    }
+
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        self.as_slice()
+    }
+    pub fn as_i64(&self) -> Option<&[i64]> {
+        self.as_slice()
+    }
+    pub fn as_i32(&self) -> Option<&[i32]> {
+        self.as_slice()
+    }
+    pub fn as_u8(&self) -> Option<&[u8]> {
+        self.as_slice()
+    }
+    pub fn as_i8(&self) -> Option<&[i8]> {
+        self.as_slice()
+    }
+    pub fn as_bool(&self) -> Option<&[bool]> {
+        self.as_slice()
+    }
+
+    /// The elements as `T`, or a [`Error::DType`] naming both dtypes.
+    pub fn typed<T: ValueElement>(&self) -> Result<&[T], Error> {
+        T::slice(&self.data).ok_or(Error::DType {
+            expected: T::DTYPE,
+            actual: self.dtype(),
+        })
+    }
+
+    pub(crate) fn typed_mut<T: ValueElement>(&mut self) -> Option<&mut Vec<T>> {
+        T::vec_mut(&mut self.data)
+    }
+
+    /// Moves the elements out as `Vec<T>`.
+    pub fn into_vec<T: ValueElement>(self) -> Result<Vec<T>, Error> {
+        let actual = self.dtype();
+        T::unwrap(self.data).map_err(|_| Error::DType {
+            expected: T::DTYPE,
+            actual,
+        })
+    }
+
+    /// The same elements under another shape with as many elements.
+    pub fn reshaped(self, shape: Vec<usize>) -> Result<TensorValue, Error> {
+        TensorValue::new(shape, self.data)
+    }
+
+    /// The elements converted to i64 (integers and bools); used for shape arithmetic.
+    pub fn to_i64_vec(&self) -> Result<Vec<i64>, Error> {
+        Ok(match &self.data {
+            TensorData::I64(v) => v.clone(),
+            TensorData::I32(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::I8(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::U8(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::Bool(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::F32(_) => {
+                return Err(Error::DType {
+                    expected: DType::I64,
+                    actual: DType::F32,
+                })
+            }
+        })
+    }
+
+    /// The elements converted to f32.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match &self.data {
+            TensorData::F32(v) => v.clone(),
+            TensorData::I64(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::I32(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::I8(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::U8(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::Bool(v) => v.iter().map(|&x| x as u8 as f32).collect(),
+        }
+    }
+
+    /// Copies an IR constant into an owned tensor.
+    pub fn from_ir(t: &ir::Tensor) -> Result<TensorValue, Error> {
+        let shape = t.shape().to_vec();
+        let data = match t.dtype() {
+            DType::F32 | DType::BF16 => TensorData::F32(t.to_f32_vec()?),
+            DType::I64 => TensorData::I64(t.to_vec()?),
+            DType::I32 => TensorData::I32(t.to_vec()?),
+            DType::I8 => TensorData::I8(t.to_vec()?),
+            DType::U8 => TensorData::U8(t.to_vec()?),
+            DType::Bool => TensorData::Bool(t.to_vec()?),
+        };
+        TensorValue::new(shape, data)
+    }
+
+    /// Copies into an IR constant (e.g. to feed values back into a graph).
+    pub fn to_ir(&self) -> ir::Tensor {
+        let shape = self.shape.clone();
+        match &self.data {
+            TensorData::F32(v) => ir::Tensor::from_vec(shape, v.clone()),
+            TensorData::I64(v) => ir::Tensor::from_vec(shape, v.clone()),
+            TensorData::I32(v) => ir::Tensor::from_vec(shape, v.clone()),
+            TensorData::I8(v) => ir::Tensor::from_vec(shape, v.clone()),
+            TensorData::U8(v) => ir::Tensor::from_vec(shape, v.clone()),
+            TensorData::Bool(v) => ir::Tensor::from_vec(shape, v.clone()),
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Shared helpers of the model tests: where the models are, the manifest, reference batches.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use runtime::TensorValue;
+use serde_json::Value;
+
+/// The shared models folder: `$ENCORE_MODELS`, else `../shared/models` beside the workspace.
+/// `None` (after a loud SKIP line) when absent; a failure when `CI` is set.
+pub fn models_dir(test: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("ENCORE_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models"));
+    if dir.join("manifest.json").exists() {
+        return Some(dir);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!(
+            "{test}: shared models not found at {} (set ENCORE_MODELS)",
+            dir.display()
+        );
+    }
+    eprintln!(
+        "SKIP {test}: shared models not found at {} (set ENCORE_MODELS)",
+        dir.display()
+    );
+    None
+}
+
+pub fn manifest(dir: &Path) -> Value {
+    let s = std::fs::read_to_string(dir.join("manifest.json")).expect("read manifest.json");
+    serde_json::from_str(&s).expect("parse manifest.json")
+}
+
+pub fn model_entry<'a>(manifest: &'a Value, id: &str) -> &'a Value {
+    manifest["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == id)
+        .unwrap_or_else(|| panic!("model {id} not in manifest"))
+}
+
+/// One reference batch: name, inputs and expected outputs, in manifest order.
+pub struct RefBatch {
+    pub name: String,
+    pub inputs: Vec<(String, TensorValue)>,
+    pub outputs: Vec<(String, TensorValue)>,
+    pub derived: Vec<(String, TensorValue)>,
+}
+
+impl RefBatch {
+    pub fn input(&self, name: &str) -> &TensorValue {
+        &self.inputs.iter().find(|(n, _)| n == name).unwrap().1
+    }
+    pub fn feeds(&self) -> Vec<(&str, TensorValue)> {
+        self.inputs
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.clone()))
+            .collect()
+    }
+}
+
+fn read_group(dir: &Path, v: &Value) -> Vec<(String, TensorValue)> {
+    let Some(obj) = v.as_object() else {
+        return vec![];
+    };
+    obj.iter()
+        .map(|(name, spec)| {
+            let file = dir.join(spec["file"].as_str().unwrap());
+            (name.clone(), TensorValue::read_npy(&file).unwrap())
+        })
+        .collect()
+}
+
+pub fn ref_batches(dir: &Path, entry: &Value) -> Vec<RefBatch> {
+    entry["references"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| RefBatch {
+            name: r["name"].as_str().unwrap().to_string(),
+            inputs: read_group(dir, &r["inputs"]),
+            outputs: read_group(dir, &r["outputs"]),
+            derived: read_group(dir, &r["derived"]),
+        })
+        .collect()
+}
+
+/// Max and mean absolute error of `got` against `want`, split by whether the row (the leading
+/// `[B, S]` position) is valid under `mask` (all rows valid when `mask` is None or the output is
+/// not `[B, S, ...]`).
+pub struct ErrStats {
+    pub valid_max: f32,
+    pub valid_mean: f64,
+    pub pad_max: f32,
+    pub pad_count: usize,
+}
+
+pub fn compare(got: &TensorValue, want: &TensorValue, mask: Option<&TensorValue>) -> ErrStats {
+    assert_eq!(got.shape(), want.shape(), "shape");
+    let (g, w) = (got.as_f32().unwrap(), want.as_f32().unwrap());
+    let mask_v = mask
+        .filter(|m| got.rank() >= 2 && m.shape() == &got.shape()[..2])
+        .map(|m| m.to_i64_vec().unwrap());
+    let row = if mask_v.is_some() {
+        got.shape()[2..].iter().product::<usize>()
+    } else {
+        1
+    };
+    let mut s = ErrStats {
+        valid_max: 0.0,
+        valid_mean: 0.0,
+        pad_max: 0.0,
+        pad_count: 0,
+    };
+    let mut n_valid = 0usize;
+    for (i, (&a, &b)) in g.iter().zip(w).enumerate() {
+        let e = (a - b).abs();
+        let e = if e.is_nan() { f32::INFINITY } else { e };
+        let valid = mask_v.as_ref().is_none_or(|m| m[i / row] != 0);
+        if valid {
+            s.valid_max = s.valid_max.max(e);
+            s.valid_mean += e as f64;
+            n_valid += 1;
+        } else {
+            s.pad_max = s.pad_max.max(e);
+            s.pad_count += 1;
+        }
+    }
+    s.valid_mean /= n_valid.max(1) as f64;
+    s
+}
