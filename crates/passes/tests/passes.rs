@@ -588,3 +588,63 @@ fn attention_wrong_permutation_is_left_alone() {
     let (_, changed, _) = before_after(&RecognizeAttention, &text);
     assert!(!changed);
 }
+
+#[test]
+fn constant_folding_error_names_the_node() {
+    let mut g = parse(
+        "%0 = const[value=f32[3]{1.0, 2.0, 3.0}] : f32[3]\n\
+         %1 = const[value=i64[1]{5}] : i64[1]\n\
+         %2 = gather[axis=0](%0, %1) : f32[*]  # /emb/Gather\n\
+         output \"y\" = %2\n",
+    );
+    ShapeInference.run(&mut g).unwrap();
+    let err = ConstantFolding.run(&mut g).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "ConstantFolding on node /emb/Gather: gather index 5 out of range for axis of size 3"
+    );
+}
+
+/// Layout ops evaluated on constants agree with their definitions.
+#[test]
+fn constant_folding_layout_ops() {
+    let text = "\
+%0 = const[value=i64[2,3]{0, 1, 2, 3, 4, 5}] : i64[2,3]
+%1 = const[value=i64[1]{-1}] : i64[1]
+%2 = const[value=i64[1]{-100}] : i64[1]
+%3 = const[value=i64[1]{1}] : i64[1]
+%4 = const[value=i64[1]{-2}] : i64[1]
+%5 = slice(%0, %1, %2, %3, %4) : i64[*]
+%6 = const[value=i64[2]{2, 0}] : i64[2]
+%7 = gather[axis=1](%0, %6) : i64[*]
+%8 = concat[axis=1](%0, %7) : i64[*]
+%9 = const[value=i64[3]{2, 2, 3}] : i64[3]
+%10 = expand(%0, %9) : i64[*]
+%11 = transpose[perm=[1, 0]](%0) : i64[*]
+%12 = unsqueeze[axes=[0, 3]](%0) : i64[*]
+%13 = const[value=f32[2]{-1.7, 2.5}] : f32[2]
+%14 = cast[to=i32](%13) : i32[*]
+output \"slice\" = %5
+output \"gather\" = %7
+output \"concat\" = %8
+output \"expand\" = %10
+output \"transpose\" = %11
+output \"unsqueeze\" = %12
+output \"cast\" = %14
+";
+    let (snap, _, g) = before_after(&ConstantFolding, text);
+    let t = print(&g);
+    for want in [
+        "i64[2,2]{2, 0, 5, 3}",
+        "i64[2,5]{0, 1, 2, 2, 0, 3, 4, 5, 5, 3}",
+        "i64[2,2,3]{0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5}",
+        "i64[3,2]{0, 3, 1, 4, 2, 5}",
+        "i64[1,2,3,1]{0, 1, 2, 3, 4, 5}",
+        "i32[2]{-1, 2}",
+    ] {
+        assert!(t.contains(want), "{want} missing in\n{t}");
+    }
+    // slice(starts=-1, ends=-100, axes=1, steps=-2) of each row [a, b, c] is [c, a].
+    assert!(t.starts_with("%0 = const[value=i64[2,2]{2, 0, 5, 3}] : i64[2,2]\n"), "{t}");
+    insta::assert_snapshot!(snap);
+}
