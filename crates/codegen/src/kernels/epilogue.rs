@@ -655,7 +655,7 @@ pub fn erfc_f64(x: f64) -> f64 {
             term *= -x2 / n;
             let t = term / (2.0 * n + 1.0);
             sum += t;
-            if t.abs() < 1e-17 * sum.abs() {
+            if t.abs() <= 1e-17 * sum.abs() {
                 break;
             }
         }

@@ -1,0 +1,293 @@
+//! The epilogue program: accuracy of its math, the vectorised path against the scalar one, and
+//! every micro-op through every int8 kernel this CPU runs (and AMX on the tile model).
+//!
+//! Tolerances (stated per output type):
+//! * f32 outputs: |got − want| ≤ 2e-5·(1 + |want|) against an f64 evaluation from the exact i32
+//!   product (f32 rounding of the dequantised value, bias and activation); with LayerNorm 2e-4.
+//! * bf16 outputs: relative 2⁻⁸ (one bf16 ulp) + 1e-6.
+//! * u8/s8 requantised outputs: |got − want| ≤ 1 everywhere (a value within f32 rounding of a
+//!   .5 tie may round the other way) and ≥ 99 % exactly equal.
+
+mod common;
+use codegen::kernels::epilogue::reference_eval;
+use codegen::kernels::int8::{gemm_i8_amx_model, gemm_i8_with, Activations, PackedI8};
+use codegen::kernels::math::{bf16_to_f32, exp, gelu_erf, gelu_tanh};
+use codegen::kernels::{gemm_f32, Epilogue, EpilogueOp, Int8Kernel, Output, PackedF32, QType, RowParam};
+use common::Rng;
+
+fn gelu_ref(x: f64) -> f64 {
+    0.5 * x * codegen::kernels::epilogue::erfc_f64(-x / std::f64::consts::SQRT_2)
+}
+
+fn grid() -> impl Iterator<Item = f32> {
+    (0..=460_000).map(|i| -13.0 + i as f32 * 5e-5)
+}
+
+#[test]
+fn gelu_erf_within_1e6_relative() {
+    let mut worst = (0f64, 0f32);
+    for x in grid().chain([0.0, -0.0, 1e-30, -1e-30, 1e-8, 3.0e-3, 100.0, 1e4]) {
+        let want = gelu_ref(x as f64);
+        let got = gelu_erf(x) as f64;
+        if want.abs() < 1e-30 {
+            assert!((got - want).abs() <= 1e-30, "x={x}: {got} vs {want}");
+            continue;
+        }
+        let rel = ((got - want) / want).abs();
+        if rel > worst.0 {
+            worst = (rel, x);
+        }
+    }
+    eprintln!("gelu_erf worst relative error {:.3e} at x = {}", worst.0, worst.1);
+    assert!(worst.0 <= 1e-6, "gelu_erf relative error {} at {}", worst.0, worst.1);
+    assert_eq!(gelu_erf(-20.0), -0.0);
+    assert_eq!(gelu_erf(f32::INFINITY), f32::INFINITY);
+    assert_eq!(gelu_erf(f32::NEG_INFINITY), 0.0);
+}
+
+#[test]
+fn gelu_tanh_tolerance() {
+    let mut worst_hi = 0f64;
+    let mut worst_lo = 0f64;
+    for x in grid() {
+        let xd = x as f64;
+        let u = (2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd * xd * xd);
+        // x/2·(1 + tanh u) = x / (1 + e^(−2u)), the form without cancellation for x ≪ 0.
+        let want = xd / (1.0 + (-2.0 * u).exp());
+        let got = gelu_tanh(x) as f64;
+        if want.abs() < 1e-30 {
+            assert!((got - want).abs() <= 1e-30);
+            continue;
+        }
+        let rel = ((got - want) / want).abs();
+        if x >= -5.0 {
+            worst_hi = worst_hi.max(rel);
+        } else {
+            worst_lo = worst_lo.max(rel);
+        }
+    }
+    eprintln!("gelu_tanh worst relative error {worst_hi:.3e} (x ≥ -5), {worst_lo:.3e} (x < -5)");
+    assert!(worst_hi <= 4e-6 && worst_lo <= 2e-5);
+}
+
+#[test]
+fn exp_within_2ulp() {
+    for i in 0..=200_000 {
+        let x = -87.0 + i as f32 * (175.0 / 200_000.0);
+        let want = (x as f64).exp();
+        let got = exp(x) as f64;
+        let ulp = f32::EPSILON as f64 * want;
+        assert!((got - want).abs() <= 2.0 * ulp, "exp({x}) = {got}, want {want}");
+    }
+}
+
+/// The epilogue's row loop (vectorised with AVX-512 / AVX2 where present) must give bit-identical
+/// results to the scalar functions: same IEEE operations in the same order.
+#[test]
+fn vector_epilogue_bit_identical_to_scalar() {
+    let xs: Vec<f32> = grid().step_by(7).collect();
+    let n = xs.len();
+    let b = PackedF32::pack(&xs, 1, n, false);
+    for (op, f) in [(EpilogueOp::GeluErf, gelu_erf as fn(f32) -> f32), (EpilogueOp::GeluTanh, gelu_tanh)] {
+        let mut c = vec![0f32; n];
+        gemm_f32(1, &[1.0], 1, &b, &mut c, n, &Epilogue::new(vec![op]), 1);
+        for (x, got) in xs.iter().zip(&c) {
+            assert_eq!(got.to_bits(), f(*x).to_bits(), "{op:?} at x = {x}");
+        }
+    }
+}
+
+#[test]
+fn validation_errors() {
+    let p = PackedI8::pack_for(Int8Kernel::Scalar, &[1; 8], 4, 2, 2, false).unwrap();
+    let a = [1u8; 4];
+    let short = [1.0f32; 1];
+    let mut c = [0f32; 2];
+    let mut q = [0u8; 2];
+    let run = |ep: &Epilogue<'_>, out: Output<'_>| gemm_i8_with(Int8Kernel::Scalar, 1, Activations::U8(&a), 4, &p, out, ep, 1);
+    assert!(run(&Epilogue::bias(&short), Output::F32 { c: &mut c, ldc: 2 }).is_err());
+    assert!(run(&Epilogue::none(), Output::U8 { c: &mut q, ldc: 2 }).is_err(), "u8 output without Requant");
+    let rq = EpilogueOp::Requant { inv_scale: 1.0, zero_point: 0, ty: QType::S8 };
+    assert!(run(&Epilogue::new(vec![rq]), Output::U8 { c: &mut q, ldc: 2 }).is_err(), "s8 requant into u8");
+    assert!(run(&Epilogue::new(vec![rq, EpilogueOp::Relu]), Output::F32 { c: &mut c, ldc: 2 }).is_err(), "requant not last");
+    let dq = EpilogueOp::Dequant { a_scale: RowParam::PerTensor(1.0), a_zero: RowParam::PerTensor(0), w_scale: &[1.0] };
+    assert!(run(&Epilogue::new(vec![EpilogueOp::Relu, dq]), Output::F32 { c: &mut c, ldc: 2 }).is_err(), "dequant not first");
+    assert!(run(&Epilogue::new(vec![dq]), Output::F32 { c: &mut c, ldc: 1 }).is_err(), "ldc < n");
+}
+
+struct Data {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Vec<u8>,
+    b: Vec<i8>,
+    acc: Vec<i64>,
+    colsum: Vec<i32>,
+    a_scale: Vec<f32>,
+    a_zero: Vec<i32>,
+    w_scale: Vec<f32>,
+    bias: Vec<f32>,
+    res: Vec<f32>,
+    gamma: Vec<f32>,
+    beta: Vec<f32>,
+}
+
+impl Data {
+    fn new(m: usize, n: usize, k: usize, signed: bool, seed: u64) -> Self {
+        let mut r = Rng(seed);
+        let a: Vec<u8> = (0..m * k).map(|_| r.u8()).collect();
+        let b: Vec<i8> = (0..n * k).map(|_| r.i8()).collect();
+        let val = |v: u8| if signed { v as i8 as i64 } else { v as i64 };
+        let mut acc = vec![0i64; m * n];
+        let mut colsum = vec![0i32; n];
+        for j in 0..n {
+            colsum[j] = (0..k).map(|kk| b[j * k + kk] as i32).sum();
+            for i in 0..m {
+                acc[i * n + j] = (0..k).map(|kk| val(a[i * k + kk]) * b[j * k + kk] as i64).sum();
+            }
+        }
+        let zp_range = if signed { (-5, 5) } else { (120, 136) };
+        Data {
+            m,
+            n,
+            k,
+            a,
+            b,
+            acc,
+            colsum,
+            a_scale: (0..m).map(|_| 0.01 + 0.01 * r.f32().abs()).collect(),
+            a_zero: (0..m).map(|_| zp_range.0 + (r.u8() as i32 % (zp_range.1 - zp_range.0))).collect(),
+            w_scale: (0..n).map(|_| 0.001 + 0.002 * r.f32().abs()).collect(),
+            bias: r.vec_f32(n),
+            res: r.vec_f32(m * n),
+            gamma: r.vec_f32(n),
+            beta: r.vec_f32(n),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum OutKind {
+    F32,
+    Bf16,
+    U8,
+    S8,
+}
+
+fn programs(d: &Data) -> Vec<(Vec<EpilogueOp<'_>>, OutKind, &'static str)> {
+    let dq_t = EpilogueOp::Dequant { a_scale: RowParam::PerTensor(0.02), a_zero: RowParam::PerTensor(d.a_zero[0]), w_scale: &d.w_scale[..1] };
+    let dq_r = EpilogueOp::Dequant { a_scale: RowParam::PerRow(&d.a_scale), a_zero: RowParam::PerRow(&d.a_zero), w_scale: &d.w_scale };
+    let ln = EpilogueOp::LayerNorm { gamma: &d.gamma, beta: &d.beta, eps: 1e-5 };
+    let res = EpilogueOp::AddResidual { data: &d.res, ld: d.n };
+    vec![
+        (vec![], OutKind::F32, "plain"),
+        (vec![dq_t], OutKind::F32, "dequant per-tensor"),
+        (vec![dq_r, EpilogueOp::Bias(&d.bias), EpilogueOp::GeluErf], OutKind::F32, "dequant per-row + bias + gelu"),
+        (vec![dq_r, EpilogueOp::Bias(&d.bias), EpilogueOp::GeluTanh], OutKind::Bf16, "gelu tanh -> bf16"),
+        (vec![dq_r, EpilogueOp::Bias(&d.bias), res, ln], OutKind::F32, "bias + residual + layernorm"),
+        (vec![dq_r, ln, EpilogueOp::Requant { inv_scale: 20.0, zero_point: 3, ty: QType::S8 }], OutKind::S8, "layernorm -> requant s8"),
+        (
+            vec![dq_t, EpilogueOp::MulCol(&d.gamma), EpilogueOp::Relu, EpilogueOp::Scale(3.0), EpilogueOp::Requant { inv_scale: 40.0, zero_point: 7, ty: QType::U8 }],
+            OutKind::U8,
+            "mulcol + relu + scale -> requant u8",
+        ),
+        (vec![dq_r, EpilogueOp::Bias(&d.bias), EpilogueOp::Requant { inv_scale: 10.0, zero_point: -2, ty: QType::S8 }], OutKind::S8, "bias -> requant s8"),
+    ]
+}
+
+fn run_program(kernel: Option<Int8Kernel>, d: &Data, signed: bool, ops: &[EpilogueOp<'_>], kind: OutKind, threads: usize) -> Vec<f64> {
+    let pk = kernel.unwrap_or(Int8Kernel::Amx);
+    let p = PackedI8::pack_for(pk, &d.b, d.k, d.n, d.k, true).unwrap();
+    let a_s8: Vec<i8> = d.a.iter().map(|&v| v as i8).collect();
+    let act = if signed { Activations::S8(&a_s8) } else { Activations::U8(&d.a) };
+    let ep = Epilogue::new(ops.to_vec());
+    let len = d.m * d.n;
+    let go = |out: Output<'_>| match kernel {
+        Some(k) => gemm_i8_with(k, d.m, act, d.k, &p, out, &ep, threads).unwrap(),
+        None => {
+            gemm_i8_amx_model(d.m, act, d.k, &p, out, &ep, threads).unwrap();
+        }
+    };
+    match kind {
+        OutKind::F32 => {
+            let mut c = vec![0f32; len];
+            go(Output::F32 { c: &mut c, ldc: d.n });
+            c.iter().map(|&v| v as f64).collect()
+        }
+        OutKind::Bf16 => {
+            let mut c = vec![0u16; len];
+            go(Output::Bf16 { c: &mut c, ldc: d.n });
+            c.iter().map(|&v| bf16_to_f32(v) as f64).collect()
+        }
+        OutKind::U8 => {
+            let mut c = vec![0u8; len];
+            go(Output::U8 { c: &mut c, ldc: d.n });
+            c.iter().map(|&v| v as f64).collect()
+        }
+        OutKind::S8 => {
+            let mut c = vec![0i8; len];
+            go(Output::S8 { c: &mut c, ldc: d.n });
+            c.iter().map(|&v| v as f64).collect()
+        }
+    }
+}
+
+fn reference(d: &Data, ops: &[EpilogueOp<'_>]) -> Vec<f64> {
+    let split = ops.iter().position(|o| matches!(o, EpilogueOp::LayerNorm { .. })).unwrap_or(ops.len());
+    let mut out = vec![0f64; d.m * d.n];
+    for i in 0..d.m {
+        let pre: Vec<f64> = (0..d.n).map(|j| reference_eval(&ops[..split], i, j, d.acc[i * d.n + j] as f64, d.colsum[j], None)).collect();
+        for j in 0..d.n {
+            out[i * d.n + j] = if split < ops.len() {
+                reference_eval(&ops[split..], i, j, pre[j], d.colsum[j], Some(&pre))
+            } else {
+                pre[j]
+            };
+        }
+    }
+    out
+}
+
+fn check_all(kernel: Option<Int8Kernel>, m: usize, n: usize, k: usize, threads: usize) {
+    let name = kernel.map_or("amx(tile model)", |k| k.name());
+    for signed in [false, true] {
+        let d = Data::new(m, n, k, signed, 17 + m as u64 * 31 + n as u64);
+        for (ops, kind, label) in programs(&d) {
+            let got = run_program(kernel, &d, signed, &ops, kind, threads);
+            let want = reference(&d, &ops);
+            let has_ln = ops.iter().any(|o| matches!(o, EpilogueOp::LayerNorm { .. }));
+            let mut inexact = 0;
+            for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
+                let ok = match kind {
+                    OutKind::F32 => (g - w).abs() <= if has_ln { 2e-4 } else { 2e-5 } * (1.0 + w.abs()),
+                    OutKind::Bf16 => (g - w).abs() <= w.abs() / 256.0 + 1e-6,
+                    OutKind::U8 | OutKind::S8 => {
+                        if g != w {
+                            inexact += 1;
+                        }
+                        (g - w).abs() <= 1.0
+                    }
+                };
+                assert!(ok, "{name} [{label}] m={m} n={n} k={k} s8={signed} t={threads}: [{},{}] got {g} want {w}", idx / n, idx % n);
+            }
+            assert!(inexact * 100 <= got.len(), "{name} [{label}]: {inexact} of {} requantised values off by one", got.len());
+        }
+    }
+}
+
+#[test]
+fn every_epilogue_op_through_every_kernel() {
+    for kern in Int8Kernel::ALL {
+        if !kern.is_supported() {
+            eprintln!("SKIPPING epilogue test on hardware kernel {}: this CPU lacks its instructions", kern.name());
+            continue;
+        }
+        for &(m, n, k) in &[(7, 45, 33), (40, 300, 128), (3, 1200, 20)] {
+            for t in 1..=2 {
+                check_all(Some(kern), m, n, k, t);
+            }
+        }
+    }
+    // The AMX kernel shares the epilogue: exercise it through the tile model too.
+    check_all(None, 37, 70, 100, 1);
+}
