@@ -96,6 +96,11 @@ pub struct ErrStats {
     pub valid_mean: f64,
     pub pad_max: f32,
     pub pad_count: usize,
+    /// Valid values whose error exceeds 1e-4.
+    pub valid_off: usize,
+    pub valid_count: usize,
+    /// Max error per batch row (over valid positions).
+    pub row_max: Vec<f32>,
 }
 
 pub fn compare(got: &TensorValue, want: &TensorValue, mask: Option<&TensorValue>) -> ErrStats {
@@ -109,11 +114,15 @@ pub fn compare(got: &TensorValue, want: &TensorValue, mask: Option<&TensorValue>
     } else {
         1
     };
+    let per_batch: usize = got.shape()[1..].iter().product();
     let mut s = ErrStats {
         valid_max: 0.0,
         valid_mean: 0.0,
         pad_max: 0.0,
         pad_count: 0,
+        valid_off: 0,
+        valid_count: 0,
+        row_max: vec![0.0; got.shape().first().copied().unwrap_or(1)],
     };
     let mut n_valid = 0usize;
     for (i, (&a, &b)) in g.iter().zip(w).enumerate() {
@@ -124,11 +133,21 @@ pub fn compare(got: &TensorValue, want: &TensorValue, mask: Option<&TensorValue>
             s.valid_max = s.valid_max.max(e);
             s.valid_mean += e as f64;
             n_valid += 1;
+            if e > 1e-4 {
+                s.valid_off += 1;
+            }
+            let r = if got.rank() == 0 {
+                0
+            } else {
+                i / per_batch.max(1)
+            };
+            s.row_max[r] = s.row_max[r].max(e);
         } else {
             s.pad_max = s.pad_max.max(e);
             s.pad_count += 1;
         }
     }
     s.valid_mean /= n_valid.max(1) as f64;
+    s.valid_count = n_valid;
     s
 }
