@@ -1,0 +1,265 @@
+//! Bad inputs give typed errors, never a panic or a silent answer.
+
+mod common;
+
+use common::*;
+use runtime::{CompileOptions, DType, Error, Model, Session, TensorValue};
+
+fn session(id: &str, optimize: bool, max_batch: Option<usize>) -> Option<Session> {
+    let dir = models_dir(&format!("bad inputs on {id}"))?;
+    let man = manifest(&dir);
+    let entry = model_entry(&man, id);
+    let model = Model::load(dir.join(entry["file"].as_str().unwrap())).unwrap();
+    Some(
+        Session::new(
+            &model,
+            CompileOptions {
+                optimize,
+                max_batch,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    )
+}
+
+fn ids(b: usize, s: usize, f: impl Fn(usize, usize) -> i64) -> TensorValue {
+    TensorValue::from_i64(vec![b, s], (0..b * s).map(|i| f(i / s, i % s)).collect()).unwrap()
+}
+
+fn bert_feeds(b: usize, s: usize) -> Vec<(&'static str, TensorValue)> {
+    vec![
+        ("input_ids", ids(b, s, |_, j| 5 + j as i64)),
+        ("attention_mask", ids(b, s, |_, _| 1)),
+        ("token_type_ids", ids(b, s, |_, _| 0)),
+    ]
+}
+
+fn replace(
+    mut f: Vec<(&'static str, TensorValue)>,
+    name: &str,
+    t: TensorValue,
+) -> Vec<(&'static str, TensorValue)> {
+    f.iter_mut().find(|(n, _)| *n == name).unwrap().1 = t;
+    f
+}
+
+fn for_both(id: &str, check: impl Fn(&Session)) {
+    for optimize in [false, true] {
+        if let Some(s) = session(id, optimize, None) {
+            check(&s);
+        }
+    }
+}
+
+#[test]
+fn good_input_runs() {
+    for_both("tiny-bert", |s| {
+        let out = s.run(&bert_feeds(2, 128)).unwrap();
+        assert_eq!(out[0].1.shape(), &[2, 128, 128]);
+    });
+}
+
+#[test]
+fn wrong_dtype() {
+    for_both("tiny-bert", |s| {
+        let f = TensorValue::from_f32(vec![1, 4], vec![5.0; 4]).unwrap();
+        let e = s
+            .run(&replace(bert_feeds(1, 4), "input_ids", f))
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::InputDType { name, expected: DType::I64, actual: DType::F32 } if name == "input_ids"),
+            "{e}"
+        );
+    });
+}
+
+#[test]
+fn wrong_rank() {
+    for_both("tiny-bert", |s| {
+        let t = TensorValue::from_i64(vec![4], vec![5; 4]).unwrap();
+        let e = s
+            .run(&replace(bert_feeds(1, 4), "attention_mask", t))
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::InputRank { name, expected: 2, .. } if name == "attention_mask"),
+            "{e}"
+        );
+    });
+}
+
+#[test]
+fn mismatched_batch_and_sequence() {
+    for_both("tiny-bert", |s| {
+        let e = s
+            .run(&replace(
+                bert_feeds(2, 4),
+                "attention_mask",
+                ids(3, 4, |_, _| 1),
+            ))
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::InputShape { name, dim: 0, actual: 3, .. } if name == "attention_mask"),
+            "{e}"
+        );
+        let e = s
+            .run(&replace(
+                bert_feeds(2, 4),
+                "token_type_ids",
+                ids(2, 5, |_, _| 0),
+            ))
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::InputShape { name, dim: 1, actual: 5, .. } if name == "token_type_ids"),
+            "{e}"
+        );
+    });
+}
+
+#[test]
+fn missing_unknown_duplicate() {
+    for_both("tiny-bert", |s| {
+        let mut f = bert_feeds(1, 4);
+        f.pop();
+        let e = s.run(&f).unwrap_err();
+        assert!(
+            matches!(&e, Error::MissingInput { name } if name == "token_type_ids"),
+            "{e}"
+        );
+        let mut f = bert_feeds(1, 4);
+        f.push(("position_ids", ids(1, 4, |_, j| j as i64)));
+        let e = s.run(&f).unwrap_err();
+        assert!(
+            matches!(&e, Error::UnknownInput { name, .. } if name == "position_ids"),
+            "{e}"
+        );
+        let mut f = bert_feeds(1, 4);
+        f.push(("input_ids", ids(1, 4, |_, _| 7)));
+        let e = s.run(&f).unwrap_err();
+        assert!(
+            matches!(&e, Error::DuplicateInput { name } if name == "input_ids"),
+            "{e}"
+        );
+    });
+}
+
+#[test]
+fn token_out_of_vocab() {
+    for_both("tiny-bert", |s| {
+        for bad in [1000, 1 << 40, -1, i64::MIN] {
+            let e = s
+                .run(&replace(
+                    bert_feeds(2, 4),
+                    "input_ids",
+                    ids(2, 4, |i, j| if (i, j) == (1, 2) { bad } else { 5 }),
+                ))
+                .unwrap_err();
+            match &e {
+                Error::TokenOutOfVocab {
+                    input,
+                    token_id,
+                    vocab_size: 1000,
+                    node,
+                } => {
+                    assert_eq!((input.as_str(), *token_id), ("input_ids", bad));
+                    assert!(!node.is_empty());
+                }
+                _ => panic!("{bad}: {e}"),
+            }
+        }
+        let e = s
+            .run(&replace(
+                bert_feeds(1, 4),
+                "token_type_ids",
+                ids(1, 4, |_, _| 2),
+            ))
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::TokenOutOfVocab { input, token_id: 2, vocab_size: 2, .. } if input == "token_type_ids"),
+            "{e}"
+        );
+    });
+}
+
+#[test]
+fn sequence_too_long_bert() {
+    for_both("tiny-bert", |s| {
+        let e = s.run(&bert_feeds(1, 129)).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::SequenceTooLong {
+                    len: 129,
+                    max_positions: 128,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        println!("{e}");
+    });
+}
+
+#[test]
+fn sequence_too_long_xlm_roberta() {
+    // Positions are cumsum(ids != pad) + pad: 130 rows hold 128 tokens.
+    for_both("tiny-xlm-roberta", |s| {
+        let f = |n: usize| {
+            vec![
+                ("input_ids", ids(1, n, |_, j| 5 + j as i64)),
+                ("attention_mask", ids(1, n, |_, _| 1)),
+            ]
+        };
+        assert!(s.run(&f(128)).is_ok());
+        let e = s.run(&f(129)).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::SequenceTooLong {
+                    len: 129,
+                    max_positions: 128,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        println!("{e}");
+    });
+}
+
+#[test]
+fn batch_too_large() {
+    let Some(s) = session("tiny-distilbert", false, Some(2)) else {
+        return;
+    };
+    let f = |b: usize| {
+        vec![
+            ("input_ids", ids(b, 4, |_, _| 5)),
+            ("attention_mask", ids(b, 4, |_, _| 1)),
+        ]
+    };
+    assert!(s.run(&f(2)).is_ok());
+    let e = s.run(&f(3)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::BatchTooLarge {
+                batch: 3,
+                max_batch: 2
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn empty_batch_or_sequence_does_not_panic() {
+    for_both("tiny-bert", |s| {
+        for (b, n) in [(0, 4), (1, 0)] {
+            match s.run(&bert_feeds(b, n)) {
+                Ok(out) => assert_eq!(out[0].1.shape()[..2], [b, n]),
+                Err(e) => println!("[{b}, {n}]: {e}"),
+            }
+        }
+    });
+}
