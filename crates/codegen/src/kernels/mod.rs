@@ -12,8 +12,10 @@ pub mod buf;
 pub mod epilogue;
 pub mod error;
 pub mod f32;
+pub mod hwbench;
 pub mod int8;
 pub mod math;
+pub mod peak;
 pub mod pool;
 pub mod select;
 
@@ -21,6 +23,8 @@ pub use buf::AlignedBuf;
 pub use epilogue::{Epilogue, EpilogueF32, EpilogueOp, Output, QType, RowParam};
 pub use error::KernelError;
 pub use f32::{gemm_f32, gemm_f32_unpacked, PackedF32};
+pub use hwbench::{hwbench, KernelBenchResult};
+pub use peak::{measure_peak, Peak};
 pub use select::{
     cache_sizes, cpu_features, parse_cache_override, pick_f32, pick_int8, CacheSizes, CpuFeatures,
     F32Kernel, Int8Kernel,
