@@ -195,11 +195,10 @@ fn evaluate(g: &Graph, id: NodeId) -> Result<Option<Tensor>, String> {
         return Ok(None);
     }
     let ty = &node.outputs[0];
-    let Some(n) = ty
-        .shape
-        .as_ref()
-        .and_then(|s| s.iter().map(Dim::as_fixed).product::<Option<usize>>())
-    else {
+    let Some(n) = ty.shape.as_ref().and_then(|s| {
+        s.iter()
+            .try_fold(1usize, |a, d| a.checked_mul(d.as_fixed()?))
+    }) else {
         return Ok(None);
     };
     let layout = matches!(

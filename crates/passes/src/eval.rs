@@ -94,6 +94,30 @@ fn broadcast_index(shape: &[usize], out: &[usize]) -> Vec<usize> {
         .collect()
 }
 
+fn axis(a: i64, rank: usize) -> Result<usize, String> {
+    let r = rank as i64;
+    let v = if a < 0 { a + r } else { a };
+    if (0..r).contains(&v) {
+        Ok(v as usize)
+    } else {
+        Err(format!("axis {a} is out of range for rank {rank}"))
+    }
+}
+
+/// Checks that `shape` broadcasts to `out` (numpy rules), so indexing cannot go wrong.
+fn check_broadcast(shape: &[usize], out: &[usize]) -> Result<(), String> {
+    let ok = shape.len() <= out.len()
+        && shape
+            .iter()
+            .zip(&out[out.len() - shape.len()..])
+            .all(|(&d, &o)| d == o || d == 1);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("shape {shape:?} does not broadcast to {out:?}"))
+    }
+}
+
 fn fixed_shape(ty: &TensorType) -> Result<Vec<usize>, String> {
     ty.shape
         .as_ref()
@@ -114,7 +138,18 @@ fn fixed_shape(ty: &TensorType) -> Result<Vec<usize>, String> {
 /// ```
 pub fn eval_node(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Option<Tensor>, String> {
     let oshape = fixed_shape(out)?;
-    let n: usize = oshape.iter().product();
+    let n = oshape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| format!("output {out} is too large"))?;
+    if matches!(op, Op::Binary(_) | Op::Where | Op::Expand) {
+        for t in inputs
+            .iter()
+            .take(if matches!(op, Op::Expand) { 1 } else { 3 })
+        {
+            check_broadcast(t.shape(), &oshape)?;
+        }
+    }
     let data = match op {
         Op::Binary(b) => {
             let (x, y) = (load(inputs[0])?, load(inputs[1])?);
@@ -166,15 +201,17 @@ pub fn eval_node(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Option
                 (0..s.len()).rev().collect()
             } else {
                 perm.iter()
-                    .map(|&p| {
-                        if p < 0 {
-                            (p + s.len() as i64) as usize
-                        } else {
-                            p as usize
-                        }
-                    })
-                    .collect()
+                    .map(|&p| axis(p, s.len()))
+                    .collect::<Result<_, _>>()?
             };
+            let mut seen = vec![false; s.len()];
+            for &p in &perm {
+                seen[p] = true;
+            }
+            let permuted: Vec<usize> = perm.iter().map(|&p| s[p]).collect();
+            if perm.len() != s.len() || seen.contains(&false) || permuted != oshape {
+                return Err(format!("bad transpose {perm:?} of {s:?} into {oshape:?}"));
+            }
             let st = strides(s);
             let ost = strides(&oshape);
             let idx: Vec<usize> = (0..n)
@@ -187,9 +224,25 @@ pub fn eval_node(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Option
                 .collect();
             load(inputs[0])?.pick(&idx)
         }
-        Op::Concat { axis } => {
-            let r = oshape.len() as i64;
-            let a = (if *axis < 0 { axis + r } else { *axis }) as usize;
+        Op::Concat { axis: ax } => {
+            let a = axis(*ax, oshape.len())?;
+            let mut total = 0;
+            for t in inputs {
+                let ts = t.shape();
+                let same = ts.len() == oshape.len()
+                    && ts
+                        .iter()
+                        .zip(&oshape)
+                        .enumerate()
+                        .all(|(i, (x, y))| i == a || x == y);
+                if !same {
+                    return Err(format!("concat of {ts:?} into {oshape:?}"));
+                }
+                total += ts[a];
+            }
+            if total != oshape[a] {
+                return Err(format!("concat sizes add up to {total}, not {}", oshape[a]));
+            }
             let outer: usize = oshape[..a].iter().product();
             let mut parts = Vec::new();
             for t in inputs {
@@ -211,13 +264,9 @@ pub fn eval_node(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Option
                 Data::F(f)
             }
         }
-        Op::Gather { axis } => {
+        Op::Gather { axis: ax } => {
             let s = inputs[0].shape();
-            let a = (if *axis < 0 {
-                axis + s.len() as i64
-            } else {
-                *axis
-            }) as usize;
+            let a = axis(*ax, s.len())?;
             let idx = inputs[1].to_i64_vec().map_err(|e| e.to_string())?;
             let outer: usize = s[..a].iter().product();
             let inner: usize = s[a + 1..].iter().product();
@@ -240,41 +289,51 @@ pub fn eval_node(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Option
         }
         Op::Slice => {
             let s = inputs[0].shape();
-            let starts = inputs[1].to_i64_vec().map_err(|e| e.to_string())?;
-            let axes: Vec<usize> = match inputs.get(3) {
-                Some(t) => t
-                    .to_i64_vec()
-                    .map_err(|e| e.to_string())?
+            let ints = |i: usize| -> Result<Option<Vec<i64>>, String> {
+                inputs
+                    .get(i)
+                    .map(|t| t.to_i64_vec().map_err(|e| e.to_string()))
+                    .transpose()
+            };
+            let starts = ints(1)?.unwrap_or_default();
+            let ends = ints(2)?.unwrap_or_default();
+            let axes: Vec<usize> = match ints(3)? {
+                Some(v) => v
                     .into_iter()
-                    .map(|a| {
-                        if a < 0 {
-                            (a + s.len() as i64) as usize
-                        } else {
-                            a as usize
-                        }
-                    })
-                    .collect(),
+                    .map(|a| axis(a, s.len()))
+                    .collect::<Result<_, _>>()?,
                 None => (0..starts.len()).collect(),
             };
-            let steps = match inputs.get(4) {
-                Some(t) => t.to_i64_vec().map_err(|e| e.to_string())?,
-                None => vec![1; starts.len()],
-            };
+            let steps = ints(4)?.unwrap_or_else(|| vec![1; starts.len()]);
+            if ends.len() != starts.len()
+                || axes.len() != starts.len()
+                || steps.len() != starts.len()
+            {
+                return Err("slice starts, ends, axes and steps differ in length".into());
+            }
             let mut first = vec![0i64; s.len()];
             let mut step = vec![1i64; s.len()];
+            let mut len: Vec<usize> = s.to_vec();
             for (j, &a) in axes.iter().enumerate() {
+                if steps[j] == 0 {
+                    return Err("slice step 0".into());
+                }
                 let d = s[a] as i64;
                 let st = if starts[j] < 0 {
-                    starts[j] + d
+                    starts[j].saturating_add(d)
                 } else {
                     starts[j]
                 };
                 first[a] = if steps[j] > 0 {
                     st.clamp(0, d)
                 } else {
-                    st.clamp(0, d - 1)
+                    st.max(0).min(d - 1)
                 };
                 step[a] = steps[j];
+                len[a] = crate::shape_infer::slice_len(d, starts[j], ends[j], steps[j])?;
+            }
+            if len != oshape {
+                return Err(format!("slice of {s:?} gives {len:?}, not {oshape:?}"));
             }
             let st = strides(s);
             let ost = strides(&oshape);
@@ -296,9 +355,15 @@ pub fn eval_node(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Option
             Data::I(v) => Data::I(vec![*v.first().ok_or("empty value")?; n]),
         },
         Op::Range => match (load(inputs[0])?, load(inputs[2])?) {
-            (Data::I(a), Data::I(d)) => Data::I((0..n as i64).map(|i| a[0] + i * d[0]).collect()),
-            (Data::F(a), Data::F(d)) => Data::F((0..n).map(|i| a[0] + i as f32 * d[0]).collect()),
-            _ => return Err("range operands of different kinds".into()),
+            (Data::I(a), Data::I(d)) if !a.is_empty() && !d.is_empty() => Data::I(
+                (0..n as i64)
+                    .map(|i| a[0].wrapping_add(i.wrapping_mul(d[0])))
+                    .collect(),
+            ),
+            (Data::F(a), Data::F(d)) if !a.is_empty() && !d.is_empty() => {
+                Data::F((0..n).map(|i| a[0] + i as f32 * d[0]).collect())
+            }
+            _ => return Err("range operands are empty or of different kinds".into()),
         },
         _ => return Ok(None),
     };

@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 
 use ir::{BinaryOp, DType, Dim, Graph, Op, Outlet, Shape, TensorType, UnaryOp};
 
-use crate::sym::{dim_add, SymInt, SymTensor, SMALL};
+use crate::sym::{dim_add, dim_mul, SymInt, SymTensor, SMALL};
 use crate::{Pass, PassError};
 
 /// Fills every node's output types from its inputs.
@@ -143,16 +143,10 @@ fn merge(
             (Some(os), None) => Some(os.clone()),
             (None, ns) => ns,
             (Some(os), Some(ns)) if os.len() != ns.len() => {
-                if os.iter().any(|d| ctx.is_fresh(d)) || ns.iter().all(|d| d.as_fixed().is_none()) {
-                    Some(ns)
-                } else {
-                    return Err(format!(
-                        "output {i}: inferred rank {} ({}), the graph says {}",
-                        ns.len(),
-                        TensorType::new(n.dtype, ns.clone()),
-                        o
-                    ));
-                }
+                return Err(format!(
+                    "output {i}: inferred {}, the graph says {o}",
+                    TensorType::new(n.dtype, ns)
+                ));
             }
             (Some(os), Some(ns)) => {
                 let mut s = Vec::with_capacity(ns.len());
@@ -253,8 +247,10 @@ fn broadcast(ctx: &mut Ctx, shapes: &[&Shape]) -> Result<Shape, String> {
     Ok(out)
 }
 
-fn product(dims: &[Dim]) -> Dim {
-    dims.iter().fold(Dim::fixed(1), |acc, d| acc.mul(d))
+fn product(dims: &[Dim]) -> Result<Dim, String> {
+    dims.iter()
+        .try_fold(Dim::fixed(1), |acc, d| dim_mul(&acc, d))
+        .ok_or_else(|| format!("the product of dims {dims:?} overflows"))
 }
 
 fn check_inner(k1: &Dim, k2: &Dim, what: &str) -> Result<(), String> {
@@ -523,7 +519,8 @@ fn infer(
                     (Some(a), Some(b), Some(c))
                         if a.len() == 1 && b.len() == 1 && c.len() == 1 && c[0] != 0 =>
                     {
-                        let n = ((b[0] - a[0]) as f64 / c[0] as f64).ceil().max(0.0) as usize;
+                        let n =
+                            ((b[0] as f64 - a[0] as f64) / c[0] as f64).ceil().max(0.0) as usize;
                         Some(Dim::fixed(n))
                     }
                     _ => None,
@@ -543,7 +540,7 @@ fn infer(
                         return Err(format!("flatten axis {axis} for rank {r}"));
                     }
                     let a = a as usize;
-                    Some(vec![product(&s[..a]), product(&s[a..])])
+                    Some(vec![product(&s[..a])?, product(&s[a..])?])
                 }
             };
             one(dtype(0), s)
@@ -746,8 +743,8 @@ fn reshape_shape(
             .map(|(_, d)| d.clone())
             .collect();
         if let Some(known) = known {
-            let total = product(s);
-            let rest = product(&known);
+            let total = product(s)?;
+            let rest = product(&known)?;
             match total.div(&rest) {
                 Some(d) => out[i] = Some(d),
                 None => {
@@ -762,8 +759,8 @@ fn reshape_shape(
     }
     if let (Some(s), true) = (&x.shape, infer_at.is_none()) {
         let all: Option<Vec<Dim>> = out.iter().cloned().collect();
-        if let (Some(all), Some(a)) = (all, product(s).as_fixed()) {
-            if let Some(b) = product(&all).as_fixed() {
+        if let (Some(all), Some(a)) = (all, product(s)?.as_fixed()) {
+            if let Some(b) = product(&all)?.as_fixed() {
                 if a != b {
                     return Err(format!("cannot reshape {a} elements into {b}"));
                 }
@@ -806,7 +803,9 @@ fn slice_shape(
         None => (0..k).map(Some).collect(),
     };
     let get = |i: usize, j: usize| -> Option<SymInt> {
-        vals.get(i).and_then(|v| *v).map(|v| v.data[j].clone())
+        vals.get(i)
+            .and_then(|v| *v)
+            .and_then(|v| v.data.get(j).cloned())
     };
     let mut out = data.clone();
     for (j, axis) in axes.iter().enumerate() {
@@ -841,23 +840,22 @@ fn slice_shape(
 }
 
 /// The ONNX slice length on an axis of size `n`.
-fn slice_len(n: i64, start: i64, end: i64, step: i64) -> Result<usize, String> {
+pub(crate) fn slice_len(n: i64, start: i64, end: i64, step: i64) -> Result<usize, String> {
     if step == 0 {
         return Err("slice step 0".into());
     }
-    let clamp = |v: i64, lo: i64, hi: i64| v.clamp(lo, hi);
-    let fix = |v: i64| if v < 0 { v.saturating_add(n) } else { v };
-    let (s, e) = if step > 0 {
-        (clamp(fix(start), 0, n), clamp(fix(end), 0, n))
-    } else {
-        (clamp(fix(start), 0, n - 1), clamp(fix(end), -1, n - 1))
-    };
+    // In i128 so that extreme starts, ends and steps cannot overflow; `min`/`max` rather than
+    // `clamp`, which panics on an empty axis.
+    let (n, start, end, step) = (n as i128, start as i128, end as i128, step as i128);
+    let fix = |v: i128| if v < 0 { v + n } else { v };
     let len = if step > 0 {
+        let (s, e) = (fix(start).max(0).min(n), fix(end).max(0).min(n));
         (e - s + step - 1).div_euclid(step)
     } else {
-        (s - e + (-step) - 1).div_euclid(-step)
+        let (s, e) = (fix(start).max(0).min(n - 1), fix(end).max(-1).min(n - 1));
+        (s - e - step - 1).div_euclid(-step)
     };
-    Ok(len.max(0) as usize)
+    usize::try_from(len.max(0)).map_err(|_| "slice length overflows".to_string())
 }
 
 /// Symbolic values: what shape arithmetic computes, element by element.
@@ -1040,7 +1038,7 @@ fn infer_value(op: &Op, ins: &[TensorType], vals: &[Option<&SymTensor>]) -> Opti
         }
         Op::ConstantOfShape { value } => {
             let dims = vals[0]?.as_ints()?;
-            let n: i64 = dims.iter().product();
+            let n = dims.iter().try_fold(1i64, |a, &d| a.checked_mul(d))?;
             if dims.iter().any(|&d| d < 0)
                 || n as usize > SMALL
                 || !(value.dtype().is_integer() || value.dtype() == DType::Bool)

@@ -57,7 +57,9 @@ impl SymInt {
             }
             (SymInt::Int(0), SymInt::Dim(_)) | (SymInt::Dim(_), SymInt::Int(0)) => SymInt::Int(0),
             _ => match (self.as_dim(), o.as_dim()) {
-                (Some(a), Some(b)) => SymInt::from_dim(&a.mul(&b)),
+                (Some(a), Some(b)) => {
+                    dim_mul(&a, &b).map_or(SymInt::Unknown, |d| SymInt::from_dim(&d))
+                }
                 _ => SymInt::Unknown,
             },
         }
@@ -122,15 +124,21 @@ impl std::fmt::Display for SymInt {
     }
 }
 
+/// `a · b`, unless the coefficient overflows.
+pub fn dim_mul(a: &Dim, b: &Dim) -> Option<Dim> {
+    a.coeff().checked_mul(b.coeff())?;
+    Some(a.mul(b))
+}
+
 /// `a + b` when both are multiples of the same symbols (`S + S = 2*S`).
 pub fn dim_add(a: &Dim, b: &Dim) -> Option<Dim> {
     if let (Some(x), Some(y)) = (a.as_fixed(), b.as_fixed()) {
-        return Some(Dim::fixed(x + y));
+        return x.checked_add(y).map(Dim::fixed);
     }
     if a.symbols() != b.symbols() {
         return None;
     }
-    let mut d = Dim::fixed((a.coeff() + b.coeff()) as usize);
+    let mut d = Dim::fixed(usize::try_from(a.coeff().checked_add(b.coeff())?).ok()?);
     for s in a.symbols() {
         d = d.mul(&Dim::sym(s));
     }
