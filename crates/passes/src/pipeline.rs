@@ -129,19 +129,24 @@ impl Pipeline {
     }
 
     /// Runs the pipeline on `graph`: to a fixpoint, or until `opts.stop_after`. The graph is
-    /// verified after every pass. Dumps: `import` before the first pass; each pass after its
+    /// verified after every pass. Pass names in `stop_after` and `dump_after` must be `import`
+    /// or passes of this pipeline. Dumps: `import` before the first pass; each pass after its
     /// runs of the first round, and after later runs that changed the graph.
     pub fn run(
         &self,
         graph: &mut Graph,
         opts: &mut RunOptions<'_>,
     ) -> Result<RunReport, PassError> {
-        if let Some(stop) = &opts.stop_after {
-            if stop != "import" && !self.passes.iter().any(|p| p.name() == stop) {
+        let mut named: Vec<&String> = opts.stop_after.iter().collect();
+        if let DumpSpec::Named(v) = &opts.dump_after {
+            named.extend(v);
+        }
+        for name in named {
+            if name != "import" && !self.passes.iter().any(|p| p.name() == name) {
                 return Err(PassError::UnknownPass {
                     pipeline: self.name,
-                    name: stop.clone(),
-                    known: self.pass_names().join(", "),
+                    name: name.clone(),
+                    known: format!("import, {}", self.pass_names().join(", ")),
                 });
             }
         }

@@ -61,6 +61,21 @@ pub struct Analysis {
 const PASS: &str = "ShapeInference";
 
 /// Infers and writes every node's output types, and returns the symbolic values found.
+///
+/// ```
+/// use ir::Dim;
+/// use passes::{analyse, SymInt};
+/// let mut g = ir::text::parse(
+///     "%0 = input[name=\"x\"] : f32[batch,sequence,128]\n\
+///      %1 = shape[start=0](%0) : i64[*]\n\
+///      output \"s\" = %1\n",
+///     None,
+/// ).unwrap();
+/// let a = analyse(&mut g).unwrap();
+/// let s = g.outputs()[0].1;
+/// assert_eq!(a.values[&s].data[1], SymInt::Dim(Dim::sym("sequence")));
+/// assert_eq!(a.values[&s].to_string(), "[batch, sequence, 128]");
+/// ```
 pub fn analyse(graph: &mut Graph) -> Result<Analysis, PassError> {
     let order = graph
         .topo_order()

@@ -254,4 +254,20 @@ fn dumps_and_stop_after() {
         err.starts_with("pipeline `declutter` has no pass named `Nope`"),
         "{err}"
     );
+    let err = Pipeline::declutter()
+        .run(
+            &mut g0.clone(),
+            &mut RunOptions {
+                dump_after: DumpSpec::parse("import,RecognizeGelus"),
+                ..RunOptions::default()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "pipeline `declutter` has no pass named `RecognizeGelus` (it has: import, ShapeInference, \
+         ConstantFolding, DeadCodeElimination, RecognizeLinear, RecognizeLayerNorm, RecognizeGelu, \
+         RecognizeAttention)"
+    );
 }

@@ -645,6 +645,9 @@ output \"cast\" = %14
         assert!(t.contains(want), "{want} missing in\n{t}");
     }
     // slice(starts=-1, ends=-100, axes=1, steps=-2) of each row [a, b, c] is [c, a].
-    assert!(t.starts_with("%0 = const[value=i64[2,2]{2, 0, 5, 3}] : i64[2,2]\n"), "{t}");
+    assert!(
+        t.starts_with("%0 = const[value=i64[2,2]{2, 0, 5, 3}] : i64[2,2]\n"),
+        "{t}"
+    );
     insta::assert_snapshot!(snap);
 }

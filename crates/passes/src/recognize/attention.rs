@@ -24,6 +24,36 @@ use crate::{Pass, PassError};
 /// which becomes the additive bias `Where(cond, fill, 0)`: adding such a fill to a finite score
 /// gives the fill again, so the softmax inputs are the same. A broadcasting `Expand` of `cond` to
 /// the scores' shape is dropped, since `Where` broadcasts anyway.
+///
+/// ```
+/// use passes::{Pass, RecognizeAttention, ShapeInference};
+/// let mut g = ir::text::parse(
+///     "%0 = input[name=\"q\"] : f32[B,S,8]\n\
+///      %1 = input[name=\"k\"] : f32[B,S,8]\n\
+///      %2 = input[name=\"v\"] : f32[B,S,8]\n\
+///      %3 = const[value=i64[4]{0, 0, 2, 4}] : i64[4]\n\
+///      %4 = reshape[allowzero=false](%0, %3) : f32[*]\n\
+///      %5 = transpose[perm=[0, 2, 1, 3]](%4) : f32[*]\n\
+///      %6 = reshape[allowzero=false](%1, %3) : f32[*]\n\
+///      %7 = transpose[perm=[0, 2, 3, 1]](%6) : f32[*]\n\
+///      %8 = reshape[allowzero=false](%2, %3) : f32[*]\n\
+///      %9 = transpose[perm=[0, 2, 1, 3]](%8) : f32[*]\n\
+///      %10 = matmul(%5, %7) : f32[*]\n\
+///      %11 = const[value=f32[]{0.5}] : f32[]\n\
+///      %12 = mul(%10, %11) : f32[*]\n\
+///      %13 = softmax[axis=-1](%12) : f32[*]\n\
+///      %14 = matmul(%13, %9) : f32[*]\n\
+///      %15 = transpose[perm=[0, 2, 1, 3]](%14) : f32[*]\n\
+///      %16 = const[value=i64[3]{0, 0, 8}] : i64[3]\n\
+///      %17 = reshape[allowzero=false](%15, %16) : f32[*]\n\
+///      output \"y\" = %17\n",
+///     None,
+/// ).unwrap();
+/// ShapeInference.run(&mut g).unwrap();
+/// assert!(RecognizeAttention.run(&mut g).unwrap());
+/// let text = ir::text::print(&g).unwrap();
+/// assert!(text.contains("attention[num_heads=2, scale=0.5](%0, %1, %2) : f32[B,S,8]"), "{text}");
+/// ```
 pub struct RecognizeAttention;
 
 const PASS: &str = "RecognizeAttention";
