@@ -1,1 +1,58 @@
-fn main() {}
+//! `encore`: the command line of the encore compiler and runtime.
+
+mod commands;
+mod error;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::commands::{bench, build_model, demo, dump, hwbench, run};
+
+/// INT8 compiler and runtime for BERT-family encoders on x86 CPUs.
+#[derive(Parser)]
+#[command(name = "encore", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a model on text or on .npy inputs and print or save the outputs.
+    Run(run::RunArgs),
+    /// Print the IR after import and after each pass.
+    Dump(dump::DumpArgs),
+    /// Measure throughput and latency on random inputs.
+    Bench(bench::BenchArgs),
+    /// Write a BERT, DistilBERT or XLM-RoBERTa ONNX model with seeded random weights.
+    BuildModel(build_model::BuildModelArgs),
+    /// Time every GEMM kernel this CPU can run on one shape, and mark the picker's choice.
+    Hwbench(hwbench::HwbenchArgs),
+    /// The main job on a built-in default: a BERT-base-shaped model, compiled, run, timed.
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Dump(a) => dump::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::BuildModel(a) => build_model::run(a),
+        Command::Hwbench(a) => hwbench::run(a),
+        Command::Demo(a) => demo::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                eprintln!("  caused by: {s}");
+                source = s.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

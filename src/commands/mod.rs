@@ -1,0 +1,8 @@
+//! One module per subcommand.
+
+pub mod bench;
+pub mod build_model;
+pub mod demo;
+pub mod dump;
+pub mod hwbench;
+pub mod run;

@@ -1,0 +1,288 @@
+//! End-to-end tests of the command line on the shared models.
+
+mod common;
+
+use common::{assert_clean_failure, encore, models_dir, scratch, stderr, stdout};
+use runtime::TensorValue;
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn run_with_npy_inputs_writes_every_output_matching_the_reference() {
+    let Some(m) = models_dir("run_with_npy_inputs") else {
+        return;
+    };
+    let out = scratch("run_npy");
+    let r = |t: &str| m.join(format!("reference/tiny-bert/b1.{t}.npy"));
+    let o = encore(&[
+        "run",
+        "--model",
+        m.join("tiny/bert/model.onnx").to_str().unwrap(),
+        "--input",
+        &format!("input_ids={}", r("input_ids").display()),
+        "--input",
+        &format!("attention_mask={}", r("attention_mask").display()),
+        "--input",
+        &format!("token_type_ids={}", r("token_type_ids").display()),
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for name in ["last_hidden_state", "pooler_output"] {
+        let ours = TensorValue::read_npy(out.join(format!("{name}.npy"))).unwrap();
+        let want = TensorValue::read_npy(r(name)).unwrap();
+        assert_eq!(ours.shape(), want.shape());
+        let d = max_abs_diff(ours.as_f32().unwrap(), want.as_f32().unwrap());
+        // Padded rows included: the same graph defines them, so they match too.
+        assert!(d <= 1e-4, "{name}: max abs diff {d}");
+    }
+}
+
+#[test]
+fn run_on_text_prints_normalised_sentence_embeddings() {
+    let Some(m) = models_dir("run_on_text") else {
+        return;
+    };
+    let out = scratch("run_text");
+    let o = encore(&[
+        "run",
+        "--model",
+        m.join("minilm-l6/model.onnx").to_str().unwrap(),
+        "--tokenizer",
+        m.join("minilm-l6/tokenizer.json").to_str().unwrap(),
+        "--text",
+        "A man is playing a guitar.",
+        "--text",
+        "The weather is lovely today, and the children are out in the park.",
+        "--pooling",
+        "mean",
+        "--normalize",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = TensorValue::read_npy(out.join("sentence_embedding.npy")).unwrap();
+    assert_eq!(e.shape(), &[2, 384]);
+    for row in e.as_f32().unwrap().chunks(384) {
+        let norm: f32 = row.iter().map(|v| v * v).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "norm {norm}");
+    }
+    let printed = encore(&[
+        "run",
+        "--model",
+        m.join("minilm-l6/model.onnx").to_str().unwrap(),
+        "--tokenizer",
+        m.join("minilm-l6/tokenizer.json").to_str().unwrap(),
+        "--text",
+        "hello",
+        "--pooling",
+        "mean",
+        "--normalize",
+    ]);
+    assert!(printed.status.success(), "{}", stderr(&printed));
+    assert!(
+        stdout(&printed).starts_with("sentence_embedding: f32[1, 384]"),
+        "{}",
+        stdout(&printed)
+    );
+}
+
+#[test]
+fn dump_prints_the_graph_after_each_pass() {
+    let Some(m) = models_dir("dump") else { return };
+    let model = m.join("tiny/bert/model.onnx");
+    let o = encore(&["dump", "--model", model.to_str().unwrap(), "--after", "all"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    for pass in [
+        "import",
+        "ShapeInference",
+        "ConstantFolding",
+        "RecognizeAttention",
+    ] {
+        assert!(
+            text.contains(&format!("// after {pass}")),
+            "no dump after {pass}"
+        );
+    }
+    let o = encore(&["dump", "--model", model.to_str().unwrap()]);
+    let final_text = stdout(&o);
+    assert_eq!(
+        final_text.matches(" = attention[").count(),
+        2,
+        "{final_text}"
+    );
+    assert_eq!(final_text.matches(" = gelu[").count(), 2);
+
+    let o = encore(&[
+        "dump",
+        "--model",
+        model.to_str().unwrap(),
+        "--stop-after",
+        "import",
+    ]);
+    assert!(
+        stdout(&o).contains(" = shape"),
+        "the import still has its Shape nodes"
+    );
+    let o = encore(&[
+        "dump",
+        "--model",
+        model.to_str().unwrap(),
+        "--stop-after",
+        "NoSuchPass",
+    ]);
+    assert_clean_failure(&o, &["NoSuchPass"]);
+}
+
+#[test]
+fn built_models_run_and_bench_prints_json() {
+    let dir = scratch("built");
+    let path = dir.join("distil.onnx");
+    let o = encore(&[
+        "build-model",
+        "--preset",
+        "distilbert-tiny",
+        "--opset",
+        "14",
+        "--out",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = encore(&[
+        "bench",
+        "--model",
+        path.to_str().unwrap(),
+        "--batch",
+        "2",
+        "--seq",
+        "16",
+        "--seconds",
+        "0.2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert!(v["throughput_seq_per_s"].as_f64().unwrap() > 0.0);
+    assert!(v["latency_ms_p99"].as_f64().unwrap() >= v["latency_ms_p50"].as_f64().unwrap());
+    assert_eq!(v["batch"], 2);
+}
+
+#[test]
+fn bad_models_fail_cleanly() {
+    let dir = scratch("bad_models");
+    let garbage = dir.join("garbage.onnx");
+    std::fs::write(&garbage, b"\x08\x07\xff\xff\xff\xff garbage").unwrap();
+    let o = encore(&["dump", "--model", garbage.to_str().unwrap()]);
+    assert_clean_failure(&o, &["ONNX"]);
+    let missing = dir.join("missing.onnx");
+    let o = encore(&[
+        "run",
+        "--model",
+        missing.to_str().unwrap(),
+        "--input",
+        "a=b.npy",
+    ]);
+    assert_clean_failure(&o, &["missing.onnx"]);
+
+    let Some(m) = models_dir("bad_models") else {
+        return;
+    };
+    let bytes = std::fs::read(m.join("tiny/distilbert/model.onnx")).unwrap();
+    for cut in [1, 100, bytes.len() / 3, bytes.len() - 1] {
+        let p = dir.join(format!("cut{cut}.onnx"));
+        std::fs::write(&p, &bytes[..cut]).unwrap();
+        let o = encore(&["dump", "--model", p.to_str().unwrap()]);
+        assert_clean_failure(&o, &[]);
+    }
+}
+
+#[test]
+fn bad_inputs_fail_cleanly() {
+    let Some(m) = models_dir("bad_inputs") else {
+        return;
+    };
+    let dir = scratch("bad_inputs");
+    let model = m.join("tiny/bert/model.onnx");
+    let write = |name: &str, t: TensorValue| {
+        let p = dir.join(name);
+        t.write_npy(&p).unwrap();
+        p
+    };
+    let ids = |v: i64, seq: usize| TensorValue::from_i64(vec![1, seq], vec![v; seq]).unwrap();
+    let ones = |seq: usize| TensorValue::from_i64(vec![1, seq], vec![1; seq]).unwrap();
+    let zeros = |seq: usize| TensorValue::from_i64(vec![1, seq], vec![0; seq]).unwrap();
+    let run = |ids_p: &std::path::Path, mask_p: &std::path::Path, tt_p: &std::path::Path| {
+        encore(&[
+            "run",
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            &format!("input_ids={}", ids_p.display()),
+            "--input",
+            &format!("attention_mask={}", mask_p.display()),
+            "--input",
+            &format!("token_type_ids={}", tt_p.display()),
+        ])
+    };
+    let mask8 = write("mask8.npy", ones(8));
+    let tt8 = write("tt8.npy", zeros(8));
+
+    let oov = write("oov.npy", ids(1000, 8));
+    assert_clean_failure(
+        &run(&oov, &mask8, &tt8),
+        &["input_ids", "1000", "vocabulary"],
+    );
+    let neg = write("neg.npy", ids(-5, 8));
+    assert_clean_failure(&run(&neg, &mask8, &tt8), &["input_ids", "-5"]);
+
+    let long = write("long.npy", ids(7, 129));
+    let (mask129, tt129) = (write("m129.npy", ones(129)), write("t129.npy", zeros(129)));
+    assert_clean_failure(&run(&long, &mask129, &tt129), &["129", "128"]);
+
+    let f32ids = write(
+        "f32.npy",
+        TensorValue::from_f32(vec![1, 8], vec![7.0; 8]).unwrap(),
+    );
+    assert_clean_failure(&run(&f32ids, &mask8, &tt8), &["input_ids", "f32"]);
+
+    let rank1 = write(
+        "rank1.npy",
+        TensorValue::from_i64(vec![8], vec![7; 8]).unwrap(),
+    );
+    assert_clean_failure(&run(&rank1, &mask8, &tt8), &["input_ids", "rank"]);
+
+    let ids8 = write("ids8.npy", ids(7, 8));
+    let mask9 = write("mask9.npy", ones(9));
+    assert_clean_failure(&run(&ids8, &mask9, &tt8), &["attention_mask"]);
+
+    let o = encore(&[
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        &format!("input_ids={}", ids8.display()),
+    ]);
+    assert_clean_failure(&o, &["missing input", "attention_mask"]);
+
+    let notnpy = dir.join("not.npy");
+    std::fs::write(&notnpy, b"hello").unwrap();
+    assert_clean_failure(&run(&notnpy, &mask8, &tt8), &["not.npy"]);
+
+    let o = encore(&[
+        "run",
+        "--model",
+        m.join("minilm-l6/model.onnx").to_str().unwrap(),
+        "--tokenizer",
+        m.join("minilm-l6/tokenizer.json").to_str().unwrap(),
+        "--text",
+        "",
+    ]);
+    assert_clean_failure(&o, &["empty"]);
+}

@@ -1,0 +1,69 @@
+//! Helpers shared by the end-to-end tests: where the shared models are, and running the CLI.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// The shared models folder: `$ENCORE_MODELS`, else `../shared/models` beside the workspace.
+/// Returns `None` (after a loud message) when it is missing outside CI; panics in CI, where a
+/// missing folder is a failure.
+pub fn models_dir(test: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("ENCORE_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/models"));
+    if dir.join("manifest.json").is_file() {
+        return Some(dir);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!(
+            "{test}: shared models missing at {} (CI requires them)",
+            dir.display()
+        );
+    }
+    eprintln!(
+        "SKIP {test}: shared models missing at {} (set ENCORE_MODELS)",
+        dir.display()
+    );
+    None
+}
+
+/// Runs the `encore` binary with `args`.
+pub fn encore(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_encore"))
+        .args(args)
+        .output()
+        .expect("the encore binary runs")
+}
+
+/// A fresh scratch folder under the target directory.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Asserts the command failed cleanly: non-zero exit, an `error:` message mentioning each of
+/// `needles`, and no panic.
+pub fn assert_clean_failure(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert!(
+        !o.status.success(),
+        "expected failure, got success; stderr: {err}"
+    );
+    assert_eq!(o.status.code(), Some(1), "exit code; stderr: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert!(err.starts_with("error: "), "stderr: {err}");
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks `{n}`: {err}");
+    }
+}
