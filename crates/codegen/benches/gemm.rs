@@ -7,10 +7,10 @@
 //! (2304, 768), (3072, 768), (768, 3072)}, threads ∈ {1, 2}. The scalar kernels only run at
 //! M = 128 (they would take minutes on the larger shapes).
 
-use codegen::kernels::hwbench::{hwbench_with, render_json, render_table, KernelBenchResult};
-use codegen::kernels::{measure_peak, F32Kernel, Int8Kernel};
 use codegen::kernels::hwbench::time_best;
+use codegen::kernels::hwbench::{hwbench_with, render_json, render_table, KernelBenchResult};
 use codegen::kernels::int8::{gemm_i8, Activations, PackedI8};
+use codegen::kernels::{measure_peak, F32Kernel, Int8Kernel};
 use codegen::kernels::{pick_int8, Epilogue, EpilogueOp, Output, QType, RowParam};
 use std::time::Duration;
 
@@ -23,43 +23,90 @@ fn requant_row(m: usize, n: usize, k: usize, threads: usize) -> KernelBenchResul
     let b = PackedI8::pack_for(kern, &w, k, n, k, true).expect("packing");
     let ws = vec![0.01f32; n];
     let ep = Epilogue::new(vec![
-        EpilogueOp::Dequant { a_scale: RowParam::PerTensor(0.02), a_zero: RowParam::PerTensor(128), w_scale: &ws },
-        EpilogueOp::Requant { inv_scale: 0.5, zero_point: 128, ty: QType::U8 },
+        EpilogueOp::Dequant {
+            a_scale: RowParam::PerTensor(0.02),
+            a_zero: RowParam::PerTensor(128),
+            w_scale: &ws,
+        },
+        EpilogueOp::Requant {
+            inv_scale: 0.5,
+            zero_point: 128,
+            ty: QType::U8,
+        },
     ]);
     let mut y = vec![0u8; m * n];
     let s = time_best(Duration::from_millis(150), || {
-        gemm_i8(m, Activations::U8(&a), k, &b, Output::U8 { c: &mut y, ldc: n }, &ep, threads).expect("int8 gemm");
+        gemm_i8(
+            m,
+            Activations::U8(&a),
+            k,
+            &b,
+            Output::U8 { c: &mut y, ldc: n },
+            &ep,
+            threads,
+        )
+        .expect("int8 gemm");
     });
     let gops = 2.0 * (m * n * k) as f64 / s / 1e9;
-    KernelBenchResult { kernel: format!("{}+rq", kern.name()), dtype: "int8", m, n, k, threads, seconds: s, gops, fraction_of_peak: 0.0, picked: false }
+    KernelBenchResult {
+        kernel: format!("{}+rq", kern.name()),
+        dtype: "int8",
+        m,
+        n,
+        k,
+        threads,
+        seconds: s,
+        gops,
+        fraction_of_peak: 0.0,
+        picked: false,
+    }
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let json_path = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
+    let json_path = args
+        .iter()
+        .position(|a| a == "--json")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
     let quick = args.iter().any(|a| a == "--quick");
-    let ms: &[usize] = if quick { &[128, 1024] } else { &[128, 1024, 4096] };
+    let ms: &[usize] = if quick {
+        &[128, 1024]
+    } else {
+        &[128, 1024, 4096]
+    };
     let nks: &[(usize, usize)] = &[(768, 768), (2304, 768), (3072, 768), (768, 3072)];
     let threads_list: Vec<usize> = vec![1, 2];
     let mut peaks = Vec::new();
     for &t in &threads_list {
         let p = measure_peak(t);
-        println!("peak {t} thread(s): int8 vpdpbusd {:.1} GOPS, f32 FMA {:.1} GFLOP/s", p.vnni_ops_per_s / 1e9, p.fma_flops_per_s / 1e9);
+        println!(
+            "peak {t} thread(s): int8 vpdpbusd {:.1} GOPS, f32 FMA {:.1} GFLOP/s",
+            p.vnni_ops_per_s / 1e9,
+            p.fma_flops_per_s / 1e9
+        );
         peaks.push(p);
     }
     let mut all: Vec<KernelBenchResult> = Vec::new();
     for &m in ms {
         for &(n, k) in nks {
             for (ti, &t) in threads_list.iter().enumerate() {
-                let int8: Vec<Int8Kernel> = Int8Kernel::ALL.into_iter().filter(|k| *k != Int8Kernel::Scalar || m == 128).collect();
-                let f32k: Vec<F32Kernel> = F32Kernel::ALL.into_iter().filter(|k| *k != F32Kernel::Scalar || m == 128).collect();
+                let int8: Vec<Int8Kernel> = Int8Kernel::ALL
+                    .into_iter()
+                    .filter(|k| *k != Int8Kernel::Scalar || m == 128)
+                    .collect();
+                let f32k: Vec<F32Kernel> = F32Kernel::ALL
+                    .into_iter()
+                    .filter(|k| *k != F32Kernel::Scalar || m == 128)
+                    .collect();
                 // The machine may be shared: re-measure the peak next to each configuration and
                 // keep the best seen, so a busy spell does not inflate the fractions.
                 let fresh = measure_peak(t);
                 let p = &mut peaks[ti];
                 p.vnni_ops_per_s = p.vnni_ops_per_s.max(fresh.vnni_ops_per_s);
                 p.fma_flops_per_s = p.fma_flops_per_s.max(fresh.fma_flops_per_s);
-                let mut rows = hwbench_with(m, n, k, t, p, &int8, &f32k, Duration::from_millis(150));
+                let mut rows =
+                    hwbench_with(m, n, k, t, p, &int8, &f32k, Duration::from_millis(150));
                 rows.push(requant_row(m, n, k, t));
                 eprint!("{}", render_table(&rows));
                 all.extend(rows);
@@ -68,27 +115,66 @@ fn main() {
     }
     // Fractions against the best peak seen during the whole run.
     for r in &mut all {
-        let p = peaks.iter().find(|p| p.threads == r.threads).expect("peak per thread count");
-        let peak = if r.dtype == "int8" { p.vnni_ops_per_s } else { p.fma_flops_per_s };
+        let p = peaks
+            .iter()
+            .find(|p| p.threads == r.threads)
+            .expect("peak per thread count");
+        let peak = if r.dtype == "int8" {
+            p.vnni_ops_per_s
+        } else {
+            p.fma_flops_per_s
+        };
         r.fraction_of_peak = if peak > 0.0 { r.gops * 1e9 / peak } else { 0.0 };
     }
     println!("\nresults (fraction of the best peak seen):");
     print!("{}", render_table(&all));
     println!("\nsummary (mean fraction of measured peak, M >= 1024):");
-    for kern in ["avx512vnni", "avxvnni", "avx2", "amx", "f32-avx512", "f32-avx2"] {
+    for kern in [
+        "avx512vnni",
+        "avxvnni",
+        "avx2",
+        "amx",
+        "f32-avx512",
+        "f32-avx2",
+    ] {
         for &t in &threads_list {
-            let v: Vec<f64> = all.iter().filter(|r| r.kernel == kern && r.threads == t && r.m >= 1024).map(|r| r.fraction_of_peak).collect();
+            let v: Vec<f64> = all
+                .iter()
+                .filter(|r| r.kernel == kern && r.threads == t && r.m >= 1024)
+                .map(|r| r.fraction_of_peak)
+                .collect();
             if !v.is_empty() {
-                println!("  {kern:<11} {t} thread(s): {:.1}% (min {:.1}%)", 100.0 * v.iter().sum::<f64>() / v.len() as f64, 100.0 * v.iter().cloned().fold(f64::INFINITY, f64::min));
+                println!(
+                    "  {kern:<11} {t} thread(s): {:.1}% (min {:.1}%)",
+                    100.0 * v.iter().sum::<f64>() / v.len() as f64,
+                    100.0 * v.iter().cloned().fold(f64::INFINITY, f64::min)
+                );
             }
         }
     }
     for p in &peaks {
-        println!("best peak seen, {} thread(s): int8 {:.1} GOPS, f32 {:.1} GFLOP/s", p.threads, p.vnni_ops_per_s / 1e9, p.fma_flops_per_s / 1e9);
+        println!(
+            "best peak seen, {} thread(s): int8 {:.1} GOPS, f32 {:.1} GFLOP/s",
+            p.threads,
+            p.vnni_ops_per_s / 1e9,
+            p.fma_flops_per_s / 1e9
+        );
     }
     if let Some(p) = json_path {
-        let peaks_json: Vec<String> = peaks.iter().map(|p| format!("{{\"threads\":{},\"vnni_ops_per_s\":{:e},\"fma_flops_per_s\":{:e}}}", p.threads, p.vnni_ops_per_s, p.fma_flops_per_s)).collect();
-        let doc = format!("{{\"peaks\":[{}],\"results\":{}}}\n", peaks_json.join(","), render_json(&all));
+        let peaks_json: Vec<String> = peaks
+            .iter()
+            .map(|p| {
+                format!(
+                    "{{\"threads\":{},\"vnni_ops_per_s\":{:e},\"fma_flops_per_s\":{:e}}}",
+                    p.threads, p.vnni_ops_per_s, p.fma_flops_per_s
+                )
+            })
+            .collect();
+        let doc = format!(
+            "{{\"peaks\":[{}],\"results\":{}}}\n",
+            peaks_json.join(","),
+            render_json(&all)
+        );
         std::fs::write(&p, doc).expect("writing the JSON report");
         println!("wrote {p}");
     }

@@ -12,7 +12,9 @@ mod common;
 use codegen::kernels::epilogue::reference_eval;
 use codegen::kernels::int8::{gemm_i8_amx_model, gemm_i8_with, Activations, PackedI8};
 use codegen::kernels::math::{bf16_to_f32, exp, gelu_erf, gelu_tanh};
-use codegen::kernels::{gemm_f32, Epilogue, EpilogueOp, Int8Kernel, Output, PackedF32, QType, RowParam};
+use codegen::kernels::{
+    gemm_f32, Epilogue, EpilogueOp, Int8Kernel, Output, PackedF32, QType, RowParam,
+};
 use common::Rng;
 
 fn gelu_ref(x: f64) -> f64 {
@@ -38,8 +40,16 @@ fn gelu_erf_within_1e6_relative() {
             worst = (rel, x);
         }
     }
-    eprintln!("gelu_erf worst relative error {:.3e} at x = {}", worst.0, worst.1);
-    assert!(worst.0 <= 1e-6, "gelu_erf relative error {} at {}", worst.0, worst.1);
+    eprintln!(
+        "gelu_erf worst relative error {:.3e} at x = {}",
+        worst.0, worst.1
+    );
+    assert!(
+        worst.0 <= 1e-6,
+        "gelu_erf relative error {} at {}",
+        worst.0,
+        worst.1
+    );
     assert_eq!(gelu_erf(-20.0), -0.0);
     assert_eq!(gelu_erf(f32::INFINITY), f32::INFINITY);
     assert_eq!(gelu_erf(f32::NEG_INFINITY), 0.0);
@@ -77,7 +87,10 @@ fn exp_within_2ulp() {
         let want = (x as f64).exp();
         let got = exp(x) as f64;
         let ulp = f32::EPSILON as f64 * want;
-        assert!((got - want).abs() <= 2.0 * ulp, "exp({x}) = {got}, want {want}");
+        assert!(
+            (got - want).abs() <= 2.0 * ulp,
+            "exp({x}) = {got}, want {want}"
+        );
     }
 }
 
@@ -88,7 +101,10 @@ fn vector_epilogue_bit_identical_to_scalar() {
     let xs: Vec<f32> = grid().step_by(7).collect();
     let n = xs.len();
     let b = PackedF32::pack(&xs, 1, n, false);
-    for (op, f) in [(EpilogueOp::GeluErf, gelu_erf as fn(f32) -> f32), (EpilogueOp::GeluTanh, gelu_tanh)] {
+    for (op, f) in [
+        (EpilogueOp::GeluErf, gelu_erf as fn(f32) -> f32),
+        (EpilogueOp::GeluTanh, gelu_tanh),
+    ] {
         let mut c = vec![0f32; n];
         gemm_f32(1, &[1.0], 1, &b, &mut c, n, &Epilogue::new(vec![op]), 1);
         for (x, got) in xs.iter().zip(&c) {
@@ -104,15 +120,57 @@ fn validation_errors() {
     let short = [1.0f32; 1];
     let mut c = [0f32; 2];
     let mut q = [0u8; 2];
-    let run = |ep: &Epilogue<'_>, out: Output<'_>| gemm_i8_with(Int8Kernel::Scalar, 1, Activations::U8(&a), 4, &p, out, ep, 1);
+    let run = |ep: &Epilogue<'_>, out: Output<'_>| {
+        gemm_i8_with(
+            Int8Kernel::Scalar,
+            1,
+            Activations::U8(&a),
+            4,
+            &p,
+            out,
+            ep,
+            1,
+        )
+    };
     assert!(run(&Epilogue::bias(&short), Output::F32 { c: &mut c, ldc: 2 }).is_err());
-    assert!(run(&Epilogue::none(), Output::U8 { c: &mut q, ldc: 2 }).is_err(), "u8 output without Requant");
-    let rq = EpilogueOp::Requant { inv_scale: 1.0, zero_point: 0, ty: QType::S8 };
-    assert!(run(&Epilogue::new(vec![rq]), Output::U8 { c: &mut q, ldc: 2 }).is_err(), "s8 requant into u8");
-    assert!(run(&Epilogue::new(vec![rq, EpilogueOp::Relu]), Output::F32 { c: &mut c, ldc: 2 }).is_err(), "requant not last");
-    let dq = EpilogueOp::Dequant { a_scale: RowParam::PerTensor(1.0), a_zero: RowParam::PerTensor(0), w_scale: &[1.0] };
-    assert!(run(&Epilogue::new(vec![EpilogueOp::Relu, dq]), Output::F32 { c: &mut c, ldc: 2 }).is_err(), "dequant not first");
-    assert!(run(&Epilogue::new(vec![dq]), Output::F32 { c: &mut c, ldc: 1 }).is_err(), "ldc < n");
+    assert!(
+        run(&Epilogue::none(), Output::U8 { c: &mut q, ldc: 2 }).is_err(),
+        "u8 output without Requant"
+    );
+    let rq = EpilogueOp::Requant {
+        inv_scale: 1.0,
+        zero_point: 0,
+        ty: QType::S8,
+    };
+    assert!(
+        run(&Epilogue::new(vec![rq]), Output::U8 { c: &mut q, ldc: 2 }).is_err(),
+        "s8 requant into u8"
+    );
+    assert!(
+        run(
+            &Epilogue::new(vec![rq, EpilogueOp::Relu]),
+            Output::F32 { c: &mut c, ldc: 2 }
+        )
+        .is_err(),
+        "requant not last"
+    );
+    let dq = EpilogueOp::Dequant {
+        a_scale: RowParam::PerTensor(1.0),
+        a_zero: RowParam::PerTensor(0),
+        w_scale: &[1.0],
+    };
+    assert!(
+        run(
+            &Epilogue::new(vec![EpilogueOp::Relu, dq]),
+            Output::F32 { c: &mut c, ldc: 2 }
+        )
+        .is_err(),
+        "dequant not first"
+    );
+    assert!(
+        run(&Epilogue::new(vec![dq]), Output::F32 { c: &mut c, ldc: 1 }).is_err(),
+        "ldc < n"
+    );
 }
 
 struct Data {
@@ -143,7 +201,9 @@ impl Data {
         for j in 0..n {
             colsum[j] = (0..k).map(|kk| b[j * k + kk] as i32).sum();
             for i in 0..m {
-                acc[i * n + j] = (0..k).map(|kk| val(a[i * k + kk]) * b[j * k + kk] as i64).sum();
+                acc[i * n + j] = (0..k)
+                    .map(|kk| val(a[i * k + kk]) * b[j * k + kk] as i64)
+                    .sum();
             }
         }
         let zp_range = if signed { (-5, 5) } else { (120, 136) };
@@ -156,7 +216,9 @@ impl Data {
             acc,
             colsum,
             a_scale: (0..m).map(|_| 0.01 + 0.01 * r.f32().abs()).collect(),
-            a_zero: (0..m).map(|_| zp_range.0 + (r.u8() as i32 % (zp_range.1 - zp_range.0))).collect(),
+            a_zero: (0..m)
+                .map(|_| zp_range.0 + (r.u8() as i32 % (zp_range.1 - zp_range.0)))
+                .collect(),
             w_scale: (0..n).map(|_| 0.001 + 0.002 * r.f32().abs()).collect(),
             bias: r.vec_f32(n),
             res: r.vec_f32(m * n),
@@ -175,31 +237,103 @@ enum OutKind {
 }
 
 fn programs(d: &Data) -> Vec<(Vec<EpilogueOp<'_>>, OutKind, &'static str)> {
-    let dq_t = EpilogueOp::Dequant { a_scale: RowParam::PerTensor(0.02), a_zero: RowParam::PerTensor(d.a_zero[0]), w_scale: &d.w_scale[..1] };
-    let dq_r = EpilogueOp::Dequant { a_scale: RowParam::PerRow(&d.a_scale), a_zero: RowParam::PerRow(&d.a_zero), w_scale: &d.w_scale };
-    let ln = EpilogueOp::LayerNorm { gamma: &d.gamma, beta: &d.beta, eps: 1e-5 };
-    let res = EpilogueOp::AddResidual { data: &d.res, ld: d.n };
+    let dq_t = EpilogueOp::Dequant {
+        a_scale: RowParam::PerTensor(0.02),
+        a_zero: RowParam::PerTensor(d.a_zero[0]),
+        w_scale: &d.w_scale[..1],
+    };
+    let dq_r = EpilogueOp::Dequant {
+        a_scale: RowParam::PerRow(&d.a_scale),
+        a_zero: RowParam::PerRow(&d.a_zero),
+        w_scale: &d.w_scale,
+    };
+    let ln = EpilogueOp::LayerNorm {
+        gamma: &d.gamma,
+        beta: &d.beta,
+        eps: 1e-5,
+    };
+    let res = EpilogueOp::AddResidual {
+        data: &d.res,
+        ld: d.n,
+    };
     vec![
         (vec![], OutKind::F32, "plain"),
         (vec![dq_t], OutKind::F32, "dequant per-tensor"),
-        (vec![dq_r, EpilogueOp::Bias(&d.bias), EpilogueOp::GeluErf], OutKind::F32, "dequant per-row + bias + gelu"),
-        (vec![dq_r, EpilogueOp::Bias(&d.bias), EpilogueOp::GeluTanh], OutKind::Bf16, "gelu tanh -> bf16"),
-        (vec![dq_r, EpilogueOp::Bias(&d.bias), res, ln], OutKind::F32, "bias + residual + layernorm"),
-        (vec![dq_r, ln, EpilogueOp::Requant { inv_scale: 20.0, zero_point: 3, ty: QType::S8 }], OutKind::S8, "layernorm -> requant s8"),
         (
-            vec![dq_t, EpilogueOp::MulCol(&d.gamma), EpilogueOp::Relu, EpilogueOp::Scale(3.0), EpilogueOp::Requant { inv_scale: 40.0, zero_point: 7, ty: QType::U8 }],
+            vec![dq_r, EpilogueOp::Bias(&d.bias), EpilogueOp::GeluErf],
+            OutKind::F32,
+            "dequant per-row + bias + gelu",
+        ),
+        (
+            vec![dq_r, EpilogueOp::Bias(&d.bias), EpilogueOp::GeluTanh],
+            OutKind::Bf16,
+            "gelu tanh -> bf16",
+        ),
+        (
+            vec![dq_r, EpilogueOp::Bias(&d.bias), res, ln],
+            OutKind::F32,
+            "bias + residual + layernorm",
+        ),
+        (
+            vec![
+                dq_r,
+                ln,
+                EpilogueOp::Requant {
+                    inv_scale: 20.0,
+                    zero_point: 3,
+                    ty: QType::S8,
+                },
+            ],
+            OutKind::S8,
+            "layernorm -> requant s8",
+        ),
+        (
+            vec![
+                dq_t,
+                EpilogueOp::MulCol(&d.gamma),
+                EpilogueOp::Relu,
+                EpilogueOp::Scale(3.0),
+                EpilogueOp::Requant {
+                    inv_scale: 40.0,
+                    zero_point: 7,
+                    ty: QType::U8,
+                },
+            ],
             OutKind::U8,
             "mulcol + relu + scale -> requant u8",
         ),
-        (vec![dq_r, EpilogueOp::Bias(&d.bias), EpilogueOp::Requant { inv_scale: 10.0, zero_point: -2, ty: QType::S8 }], OutKind::S8, "bias -> requant s8"),
+        (
+            vec![
+                dq_r,
+                EpilogueOp::Bias(&d.bias),
+                EpilogueOp::Requant {
+                    inv_scale: 10.0,
+                    zero_point: -2,
+                    ty: QType::S8,
+                },
+            ],
+            OutKind::S8,
+            "bias -> requant s8",
+        ),
     ]
 }
 
-fn run_program(kernel: Option<Int8Kernel>, d: &Data, signed: bool, ops: &[EpilogueOp<'_>], kind: OutKind, threads: usize) -> Vec<f64> {
+fn run_program(
+    kernel: Option<Int8Kernel>,
+    d: &Data,
+    signed: bool,
+    ops: &[EpilogueOp<'_>],
+    kind: OutKind,
+    threads: usize,
+) -> Vec<f64> {
     let pk = kernel.unwrap_or(Int8Kernel::Amx);
     let p = PackedI8::pack_for(pk, &d.b, d.k, d.n, d.k, true).unwrap();
     let a_s8: Vec<i8> = d.a.iter().map(|&v| v as i8).collect();
-    let act = if signed { Activations::S8(&a_s8) } else { Activations::U8(&d.a) };
+    let act = if signed {
+        Activations::S8(&a_s8)
+    } else {
+        Activations::U8(&d.a)
+    };
     let ep = Epilogue::new(ops.to_vec());
     let len = d.m * d.n;
     let go = |out: Output<'_>| match kernel {
@@ -211,32 +345,58 @@ fn run_program(kernel: Option<Int8Kernel>, d: &Data, signed: bool, ops: &[Epilog
     match kind {
         OutKind::F32 => {
             let mut c = vec![0f32; len];
-            go(Output::F32 { c: &mut c, ldc: d.n });
+            go(Output::F32 {
+                c: &mut c,
+                ldc: d.n,
+            });
             c.iter().map(|&v| v as f64).collect()
         }
         OutKind::Bf16 => {
             let mut c = vec![0u16; len];
-            go(Output::Bf16 { c: &mut c, ldc: d.n });
+            go(Output::Bf16 {
+                c: &mut c,
+                ldc: d.n,
+            });
             c.iter().map(|&v| bf16_to_f32(v) as f64).collect()
         }
         OutKind::U8 => {
             let mut c = vec![0u8; len];
-            go(Output::U8 { c: &mut c, ldc: d.n });
+            go(Output::U8 {
+                c: &mut c,
+                ldc: d.n,
+            });
             c.iter().map(|&v| v as f64).collect()
         }
         OutKind::S8 => {
             let mut c = vec![0i8; len];
-            go(Output::S8 { c: &mut c, ldc: d.n });
+            go(Output::S8 {
+                c: &mut c,
+                ldc: d.n,
+            });
             c.iter().map(|&v| v as f64).collect()
         }
     }
 }
 
 fn reference(d: &Data, ops: &[EpilogueOp<'_>]) -> Vec<f64> {
-    let split = ops.iter().position(|o| matches!(o, EpilogueOp::LayerNorm { .. })).unwrap_or(ops.len());
+    let split = ops
+        .iter()
+        .position(|o| matches!(o, EpilogueOp::LayerNorm { .. }))
+        .unwrap_or(ops.len());
     let mut out = vec![0f64; d.m * d.n];
     for i in 0..d.m {
-        let pre: Vec<f64> = (0..d.n).map(|j| reference_eval(&ops[..split], i, j, d.acc[i * d.n + j] as f64, d.colsum[j], None)).collect();
+        let pre: Vec<f64> = (0..d.n)
+            .map(|j| {
+                reference_eval(
+                    &ops[..split],
+                    i,
+                    j,
+                    d.acc[i * d.n + j] as f64,
+                    d.colsum[j],
+                    None,
+                )
+            })
+            .collect();
         for j in 0..d.n {
             out[i * d.n + j] = if split < ops.len() {
                 reference_eval(&ops[split..], i, j, pre[j], d.colsum[j], Some(&pre))
@@ -255,11 +415,15 @@ fn check_all(kernel: Option<Int8Kernel>, m: usize, n: usize, k: usize, threads: 
         for (ops, kind, label) in programs(&d) {
             let got = run_program(kernel, &d, signed, &ops, kind, threads);
             let want = reference(&d, &ops);
-            let has_ln = ops.iter().any(|o| matches!(o, EpilogueOp::LayerNorm { .. }));
+            let has_ln = ops
+                .iter()
+                .any(|o| matches!(o, EpilogueOp::LayerNorm { .. }));
             let mut inexact = 0;
             for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
                 let ok = match kind {
-                    OutKind::F32 => (g - w).abs() <= if has_ln { 2e-4 } else { 2e-5 } * (1.0 + w.abs()),
+                    OutKind::F32 => {
+                        (g - w).abs() <= if has_ln { 2e-4 } else { 2e-5 } * (1.0 + w.abs())
+                    }
                     OutKind::Bf16 => (g - w).abs() <= w.abs() / 256.0 + 1e-6,
                     OutKind::U8 | OutKind::S8 => {
                         if g != w {
@@ -270,7 +434,11 @@ fn check_all(kernel: Option<Int8Kernel>, m: usize, n: usize, k: usize, threads: 
                 };
                 assert!(ok, "{name} [{label}] m={m} n={n} k={k} s8={signed} t={threads}: [{},{}] got {g} want {w}", idx / n, idx % n);
             }
-            assert!(inexact * 100 <= got.len(), "{name} [{label}]: {inexact} of {} requantised values off by one", got.len());
+            assert!(
+                inexact * 100 <= got.len(),
+                "{name} [{label}]: {inexact} of {} requantised values off by one",
+                got.len()
+            );
         }
     }
 }
@@ -279,7 +447,10 @@ fn check_all(kernel: Option<Int8Kernel>, m: usize, n: usize, k: usize, threads: 
 fn every_epilogue_op_through_every_kernel() {
     for kern in Int8Kernel::ALL {
         if !kern.is_supported() {
-            eprintln!("SKIPPING epilogue test on hardware kernel {}: this CPU lacks its instructions", kern.name());
+            eprintln!(
+                "SKIPPING epilogue test on hardware kernel {}: this CPU lacks its instructions",
+                kern.name()
+            );
             continue;
         }
         for &(m, n, k) in &[(7, 45, 33), (40, 300, 128), (3, 1200, 20)] {

@@ -21,7 +21,17 @@ pub fn kernels() -> Vec<Int8Kernel> {
 }
 
 /// Naive Σ a·b in i64 over unpacked data.
-fn oracle(m: usize, n: usize, k: usize, a: &[i32], lda: usize, b: &[i8], ldb: usize, bt: bool) -> Vec<i64> {
+#[allow(clippy::too_many_arguments)]
+fn oracle(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[i32],
+    lda: usize,
+    b: &[i8],
+    ldb: usize,
+    bt: bool,
+) -> Vec<i64> {
     let mut c = vec![0i64; m * n];
     for i in 0..m {
         for j in 0..n {
@@ -55,8 +65,20 @@ impl Case {
         let ldb = if bt { k } else { n } + pad;
         let a_u8: Vec<u8> = (0..m * lda).map(|_| r.u8()).collect();
         let a_s8: Vec<i8> = a_u8.iter().map(|&v| v as i8).collect();
-        let b: Vec<i8> = (0..if bt { n * ldb } else { k * ldb }).map(|_| r.i8()).collect();
-        Case { m, n, k, signed, bt, pad, a_u8, a_s8, b }
+        let b: Vec<i8> = (0..if bt { n * ldb } else { k * ldb })
+            .map(|_| r.i8())
+            .collect();
+        Case {
+            m,
+            n,
+            k,
+            signed,
+            bt,
+            pad,
+            a_u8,
+            a_s8,
+            b,
+        }
     }
     fn lda(&self) -> usize {
         self.k + self.pad
@@ -65,11 +87,28 @@ impl Case {
         (if self.bt { self.k } else { self.n }) + self.pad
     }
     fn act(&self) -> Activations<'_> {
-        if self.signed { Activations::S8(&self.a_s8) } else { Activations::U8(&self.a_u8) }
+        if self.signed {
+            Activations::S8(&self.a_s8)
+        } else {
+            Activations::U8(&self.a_u8)
+        }
     }
     fn want(&self) -> Vec<i64> {
-        let a: Vec<i32> = if self.signed { self.a_s8.iter().map(|&v| v as i32).collect() } else { self.a_u8.iter().map(|&v| v as i32).collect() };
-        oracle(self.m, self.n, self.k, &a, self.lda(), &self.b, self.ldb(), self.bt)
+        let a: Vec<i32> = if self.signed {
+            self.a_s8.iter().map(|&v| v as i32).collect()
+        } else {
+            self.a_u8.iter().map(|&v| v as i32).collect()
+        };
+        oracle(
+            self.m,
+            self.n,
+            self.k,
+            &a,
+            self.lda(),
+            &self.b,
+            self.ldb(),
+            self.bt,
+        )
     }
     /// Runs `kernel` (None = AMX on the tile model) and returns the i32 output (ldc = n + 1).
     fn run(&self, kernel: Option<Int8Kernel>, threads: usize) -> Vec<i32> {
@@ -79,11 +118,34 @@ impl Case {
         let mut c = vec![i32::MIN; self.m * ldc];
         let out = Output::I32 { c: &mut c, ldc };
         match kernel {
-            Some(k) => gemm_i8_with(k, self.m, self.act(), self.lda(), &packed, out, &Epilogue::none(), threads).unwrap(),
+            Some(k) => gemm_i8_with(
+                k,
+                self.m,
+                self.act(),
+                self.lda(),
+                &packed,
+                out,
+                &Epilogue::none(),
+                threads,
+            )
+            .unwrap(),
             None => {
-                let dots = gemm_i8_amx_model(self.m, self.act(), self.lda(), &packed, out, &Epilogue::none(), threads).unwrap();
-                let expect = self.m.div_ceil(32) * self.n.div_ceil(32) * 4 * self.k.max(1).div_ceil(64);
-                assert_eq!(dots, expect, "AMX tiling issued the wrong number of tdpbusd");
+                let dots = gemm_i8_amx_model(
+                    self.m,
+                    self.act(),
+                    self.lda(),
+                    &packed,
+                    out,
+                    &Epilogue::none(),
+                    threads,
+                )
+                .unwrap();
+                let expect =
+                    self.m.div_ceil(32) * self.n.div_ceil(32) * 4 * self.k.max(1).div_ceil(64);
+                assert_eq!(
+                    dots, expect,
+                    "AMX tiling issued the wrong number of tdpbusd"
+                );
             }
         }
         c
@@ -129,8 +191,25 @@ proptest! {
 
 #[test]
 fn int8_awkward_shapes_all_kernels() {
-    for &(m, n, k) in &[(1, 1, 1), (1, 1, 3), (13, 33, 17), (12, 32, 64), (33, 31, 65), (64, 64, 300), (5, 100, 4), (100, 5, 129)] {
-        let c = Case::random(m, n, k, m % 2 == 0, n % 2 == 0, 1, (m * 1000 + n * 10 + k) as u64);
+    for &(m, n, k) in &[
+        (1, 1, 1),
+        (1, 1, 3),
+        (13, 33, 17),
+        (12, 32, 64),
+        (33, 31, 65),
+        (64, 64, 300),
+        (5, 100, 4),
+        (100, 5, 129),
+    ] {
+        let c = Case::random(
+            m,
+            n,
+            k,
+            m % 2 == 0,
+            n % 2 == 0,
+            1,
+            (m * 1000 + n * 10 + k) as u64,
+        );
         for kern in kernels() {
             for t in 1..=2 {
                 c.check(Some(kern), t);
@@ -151,7 +230,13 @@ fn extreme_case(m: usize, n: usize, k: usize, av: u8, bv: i8, signed: bool) -> C
 #[test]
 fn int8_extremes_no_saturation() {
     // 255·(−128) everywhere is what saturates a naive vpmaddubsw kernel.
-    for (av, bv, signed) in [(255u8, -128i8, false), (255, 127, false), (0x80, -128, true), (0x7f, 127, true), (0x80, 127, true)] {
+    for (av, bv, signed) in [
+        (255u8, -128i8, false),
+        (255, 127, false),
+        (0x80, -128, true),
+        (0x7f, 127, true),
+        (0x80, 127, true),
+    ] {
         let c = extreme_case(20, 40, 1000, av, bv, signed);
         for kern in kernels() {
             c.check(Some(kern), 2);
@@ -178,7 +263,16 @@ fn unsupported_kernel_is_an_error() {
         if !k.is_supported() {
             let p = PackedI8::pack_for(k, &[1; 4], 4, 1, 1, false).unwrap();
             let mut c = [0i32; 1];
-            let r = gemm_i8_with(k, 1, Activations::U8(&[1; 4]), 4, &p, Output::I32 { c: &mut c, ldc: 1 }, &Epilogue::none(), 1);
+            let r = gemm_i8_with(
+                k,
+                1,
+                Activations::U8(&[1; 4]),
+                4,
+                &p,
+                Output::I32 { c: &mut c, ldc: 1 },
+                &Epilogue::none(),
+                1,
+            );
             assert!(r.is_err(), "{} should be refused", k.name());
         }
     }
@@ -188,6 +282,15 @@ fn unsupported_kernel_is_an_error() {
 fn kernel_packing_mismatch_is_an_error() {
     let p = PackedI8::pack_for(Int8Kernel::Amx, &[1; 64], 64, 1, 1, false).unwrap();
     let mut c = [0i32; 1];
-    let r = gemm_i8_with(Int8Kernel::Scalar, 1, Activations::U8(&[1; 64]), 64, &p, Output::I32 { c: &mut c, ldc: 1 }, &Epilogue::none(), 1);
+    let r = gemm_i8_with(
+        Int8Kernel::Scalar,
+        1,
+        Activations::U8(&[1; 64]),
+        64,
+        &p,
+        Output::I32 { c: &mut c, ldc: 1 },
+        &Epilogue::none(),
+        1,
+    );
     assert!(matches!(r, Err(codegen::kernels::KernelError::BadArgs(_))));
 }

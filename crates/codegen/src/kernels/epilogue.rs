@@ -320,10 +320,10 @@ impl<'a> Epilogue<'a> {
                         v.len()
                     ));
                 }
-                EpilogueOp::AddResidual { data, ld } => {
-                    if m > 0 && n > 0 && (*ld < n || data.len() < (m - 1) * ld + n) {
-                        return bad("residual too small".into());
-                    }
+                EpilogueOp::AddResidual { data, ld }
+                    if m > 0 && n > 0 && (*ld < n || data.len() < (m - 1) * ld + n) =>
+                {
+                    return bad("residual too small".into());
                 }
                 EpilogueOp::LayerNorm { gamma, beta, .. } if gamma.len() < n || beta.len() < n => {
                     return bad("LayerNorm gamma/beta shorter than n".into());

@@ -57,11 +57,30 @@ pub fn time_best(budget: Duration, mut f: impl FnMut()) -> f64 {
 /// print!("{}", codegen::kernels::hwbench::render_table(&rows));
 /// ```
 pub fn hwbench(m: usize, n: usize, k: usize, threads: usize) -> Vec<KernelBenchResult> {
-    hwbench_with(m, n, k, threads, &measure_peak(threads), &Int8Kernel::ALL, &F32Kernel::ALL, Duration::from_millis(200))
+    hwbench_with(
+        m,
+        n,
+        k,
+        threads,
+        &measure_peak(threads),
+        &Int8Kernel::ALL,
+        &F32Kernel::ALL,
+        Duration::from_millis(200),
+    )
 }
 
 /// [`hwbench`] with the peak, the kernel lists and the time budget per kernel given.
-pub fn hwbench_with(m: usize, n: usize, k: usize, threads: usize, peak: &Peak, int8: &[Int8Kernel], f32k: &[F32Kernel], budget: Duration) -> Vec<KernelBenchResult> {
+#[allow(clippy::too_many_arguments)]
+pub fn hwbench_with(
+    m: usize,
+    n: usize,
+    k: usize,
+    threads: usize,
+    peak: &Peak,
+    int8: &[Int8Kernel],
+    f32k: &[F32Kernel],
+    budget: Duration,
+) -> Vec<KernelBenchResult> {
     let ops = 2.0 * (m * n * k) as f64;
     let mut out = Vec::new();
     let a8: Vec<u8> = (0..m * k).map(|i| (i * 7 % 251) as u8).collect();
@@ -72,13 +91,43 @@ pub fn hwbench_with(m: usize, n: usize, k: usize, threads: usize, peak: &Peak, i
         if !kern.is_supported() {
             continue;
         }
-        let Ok(p) = PackedI8::pack_for(kern, &b8, k, n, k, true) else { continue };
+        let Ok(p) = PackedI8::pack_for(kern, &b8, k, n, k, true) else {
+            continue;
+        };
         let s = time_best(budget, || {
-            gemm_i8_with(kern, m, Activations::U8(&a8), k, &p, Output::I32 { c: &mut c32, ldc: n }, &Epilogue::none(), threads).expect("supported kernel");
+            gemm_i8_with(
+                kern,
+                m,
+                Activations::U8(&a8),
+                k,
+                &p,
+                Output::I32 {
+                    c: &mut c32,
+                    ldc: n,
+                },
+                &Epilogue::none(),
+                threads,
+            )
+            .expect("supported kernel");
         });
         let gops = ops / s / 1e9;
-        let frac = if peak.vnni_ops_per_s > 0.0 { gops * 1e9 / peak.vnni_ops_per_s } else { 0.0 };
-        out.push(KernelBenchResult { kernel: kern.name().into(), dtype: "int8", m, n, k, threads, seconds: s, gops, fraction_of_peak: frac, picked: kern == picked8 });
+        let frac = if peak.vnni_ops_per_s > 0.0 {
+            gops * 1e9 / peak.vnni_ops_per_s
+        } else {
+            0.0
+        };
+        out.push(KernelBenchResult {
+            kernel: kern.name().into(),
+            dtype: "int8",
+            m,
+            n,
+            k,
+            threads,
+            seconds: s,
+            gops,
+            fraction_of_peak: frac,
+            picked: kern == picked8,
+        });
     }
     let af: Vec<f32> = a8.iter().map(|&v| v as f32 / 255.0).collect();
     let bf: Vec<f32> = b8.iter().map(|&v| v as f32 / 127.0).collect();
@@ -89,10 +138,27 @@ pub fn hwbench_with(m: usize, n: usize, k: usize, threads: usize, peak: &Peak, i
             continue;
         }
         let p = PackedF32::pack_strided(kern, &bf, k, n, k, true);
-        let s = time_best(budget, || gemm_f32(m, &af, k, &p, &mut cf, n, &Epilogue::none(), threads));
+        let s = time_best(budget, || {
+            gemm_f32(m, &af, k, &p, &mut cf, n, &Epilogue::none(), threads)
+        });
         let gops = ops / s / 1e9;
-        let frac = if peak.fma_flops_per_s > 0.0 { gops * 1e9 / peak.fma_flops_per_s } else { 0.0 };
-        out.push(KernelBenchResult { kernel: kern.name().into(), dtype: "f32", m, n, k, threads, seconds: s, gops, fraction_of_peak: frac, picked: kern == pickedf });
+        let frac = if peak.fma_flops_per_s > 0.0 {
+            gops * 1e9 / peak.fma_flops_per_s
+        } else {
+            0.0
+        };
+        out.push(KernelBenchResult {
+            kernel: kern.name().into(),
+            dtype: "f32",
+            m,
+            n,
+            k,
+            threads,
+            seconds: s,
+            gops,
+            fraction_of_peak: frac,
+            picked: kern == pickedf,
+        });
     }
     out
 }
@@ -106,7 +172,10 @@ pub fn hwbench_with(m: usize, n: usize, k: usize, threads: usize, peak: &Peak, i
 /// assert!(render_table(&[r]).contains("<--"));
 /// ```
 pub fn render_table(rows: &[KernelBenchResult]) -> String {
-    let mut s = format!("{:<12} {:<5} {:>6} {:>6} {:>6} {:>3} {:>11} {:>9} {:>7}\n", "kernel", "dtype", "M", "N", "K", "thr", "time(us)", "GOPS", "%peak");
+    let mut s = format!(
+        "{:<12} {:<5} {:>6} {:>6} {:>6} {:>3} {:>11} {:>9} {:>7}\n",
+        "kernel", "dtype", "M", "N", "K", "thr", "time(us)", "GOPS", "%peak"
+    );
     for r in rows {
         s += &format!(
             "{:<12} {:<5} {:>6} {:>6} {:>6} {:>3} {:>11.1} {:>9.1} {:>6.1}%{}\n",

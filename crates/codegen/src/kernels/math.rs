@@ -36,7 +36,7 @@ pub fn exp_sum(a: f32, b: f32) -> f32 {
     p = p.mul_add(r, 8.333_452e-3);
     p = p.mul_add(r, 4.166_579_6e-2);
     p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 5.000_000_1e-1);
+    p = p.mul_add(r, 5e-1);
     let e = p.mul_add(r2, r) + 1.0;
     let y = e * pow2i(n);
     let y = if x < -87.336_55 { 0.0 } else { y };
@@ -75,14 +75,14 @@ pub fn gelu_erf(x: f32) -> f32 {
     let t = 1.0 / (0.5f32).mul_add(z, 1.0);
     let mut p = 0.170_872_77f32;
     p = p.mul_add(t, -0.822_152_23);
-    p = p.mul_add(t, 1.488_515_87);
-    p = p.mul_add(t, -1.135_203_98);
+    p = p.mul_add(t, 1.488_515_9);
+    p = p.mul_add(t, -1.135_204);
     p = p.mul_add(t, 0.278_868_07);
     p = p.mul_add(t, -0.186_288_06);
     p = p.mul_add(t, 0.096_784_18);
     p = p.mul_add(t, 0.374_091_96);
-    p = p.mul_add(t, 1.000_023_68);
-    p = p.mul_add(t, -1.265_512_23);
+    p = p.mul_add(t, 1.000_023_7);
+    p = p.mul_add(t, -1.265_512_2);
     let hi = ax * ax;
     let lo = ax.mul_add(ax, -hi);
     let erfc = t * exp_sum(-0.5 * hi, p - 0.5 * lo);

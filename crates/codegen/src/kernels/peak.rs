@@ -34,7 +34,10 @@ mod loops {
                 *a = _mm512_dpbusd_epi32(*a, x, y);
             }
         }
-        _mm512_reduce_add_epi32(acc.iter().fold(_mm512_setzero_si512(), |s, a| _mm512_add_epi32(s, *a)))
+        _mm512_reduce_add_epi32(
+            acc.iter()
+                .fold(_mm512_setzero_si512(), |s, a| _mm512_add_epi32(s, *a)),
+        )
     }
 
     /// 12 independent `vpdpbusd ymm` chains (AVX-VNNI).
@@ -48,7 +51,9 @@ mod loops {
                 *a = _mm256_dpbusd_avx_epi32(*a, x, y);
             }
         }
-        let s = acc.iter().fold(_mm256_setzero_si256(), |s, a| _mm256_add_epi32(s, *a));
+        let s = acc
+            .iter()
+            .fold(_mm256_setzero_si256(), |s, a| _mm256_add_epi32(s, *a));
         _mm256_extract_epi32::<0>(s)
     }
 
@@ -63,7 +68,10 @@ mod loops {
                 *a = _mm512_fmadd_ps(*a, x, y);
             }
         }
-        _mm512_reduce_add_ps(acc.iter().fold(_mm512_setzero_ps(), |s, a| _mm512_add_ps(s, *a)))
+        _mm512_reduce_add_ps(
+            acc.iter()
+                .fold(_mm512_setzero_ps(), |s, a| _mm512_add_ps(s, *a)),
+        )
     }
 
     /// 12 independent `vfmadd231ps ymm` chains.
@@ -77,39 +85,43 @@ mod loops {
                 *a = _mm256_fmadd_ps(*a, x, y);
             }
         }
-        let s = acc.iter().fold(_mm256_setzero_ps(), |s, a| _mm256_add_ps(s, *a));
+        let s = acc
+            .iter()
+            .fold(_mm256_setzero_ps(), |s, a| _mm256_add_ps(s, *a));
         _mm256_cvtss_f32(s)
     }
-
 }
 
 /// Ops per iteration and the loop for the best int8 / f32 instruction the CPU has.
-fn pick_loops() -> (f64, Option<fn(usize) -> f64>, f64, Option<fn(usize) -> f64>) {
+/// Ops per iteration and the loop, if the CPU has one.
+type Loop = (f64, Option<fn(usize) -> f64>);
+
+fn pick_loops() -> (Loop, Loop) {
     let f = cpu_features();
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY (all four closures): each is selected only when the CPU has the feature set
         // the loop is compiled for.
-        let vnni: (f64, Option<fn(usize) -> f64>) = if f.avx512vnni {
+        let vnni: Loop = if f.avx512vnni {
             (24.0 * 128.0, Some(|n| unsafe { loops::vnni512(n) } as f64))
         } else if f.avxvnni {
             (12.0 * 64.0, Some(|n| unsafe { loops::vnni256(n) } as f64))
         } else {
             (0.0, None)
         };
-        let fma: (f64, Option<fn(usize) -> f64>) = if f.avx512 {
+        let fma: Loop = if f.avx512 {
             (24.0 * 32.0, Some(|n| unsafe { loops::fma512(n) } as f64))
         } else if f.avx2_fma {
             (12.0 * 16.0, Some(|n| unsafe { loops::fma256(n) } as f64))
         } else {
             (0.0, None)
         };
-        (vnni.0, vnni.1, fma.0, fma.1)
+        (vnni, fma)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = f;
-        (0.0, None, 0.0, None)
+        ((0.0, None), (0.0, None))
     }
 }
 
@@ -149,7 +161,7 @@ fn run_loop(threads: usize, ops_per_iter: f64, f: fn(usize) -> f64) -> f64 {
 /// ```
 pub fn measure_peak(threads: usize) -> Peak {
     let threads = threads.max(1);
-    let (vo, vf, fo, ff) = pick_loops();
+    let ((vo, vf), (fo, ff)) = pick_loops();
     Peak {
         threads,
         vnni_ops_per_s: vf.map_or(0.0, |f| run_loop(threads, vo, f)),

@@ -90,7 +90,7 @@ fn worker_main(index: usize, slot: Arc<Slot>) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if spins % 256 != 0 || start.elapsed() < SPIN {
+            if !spins.is_multiple_of(256) || start.elapsed() < SPIN {
                 std::hint::spin_loop();
                 continue;
             }

@@ -30,6 +30,7 @@ impl Rng {
 
 /// f64 reference of A·B with B given as [k, n] (row stride ldb) or [n, k] when transposed.
 /// Returns (value, Σ|a·b|) per element.
+#[allow(clippy::too_many_arguments)]
 pub fn ref_gemm_f32(
     m: usize,
     n: usize,

@@ -116,12 +116,7 @@ impl PackedF32 {
                 }
             }
         }
-        PackedF32 {
-            k,
-            n,
-            kernel,
-            data,
-        }
+        PackedF32 { k, n, kernel, data }
     }
 
     /// Depth (rows of B).
@@ -169,6 +164,13 @@ struct SendPtr(*mut f32);
 unsafe impl Send for SendPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// Method access makes closures capture the whole (Sync) wrapper, not the raw field.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 
 /// C[m×n] (row stride ldc) = A[m×k] (row stride lda) × B, then the epilogue (bias etc).
 /// `threads` = how many threads may be used (1 or more; capped at the machine's parallelism).
@@ -270,17 +272,16 @@ pub fn gemm_f32(
         let parts = threads.min(m);
         parallel_for(parts, &|t| {
             let rows = split_range(m, parts, t);
-            let cp = cp;
             EPI_TMP.with_borrow_mut(|tmp| {
                 // SAFETY: each part owns whole rows `rows` of C, which were fully computed.
                 unsafe {
                     run_block(
                         row_ops,
                         None,
-                        Src::F32(cp.0.add(rows.start * ldc), ldc),
+                        Src::F32(cp.get().add(rows.start * ldc), ldc),
                         rows,
                         0..n,
-                        OutPtr::F32(cp.0, ldc),
+                        OutPtr::F32(cp.get(), ldc),
                         tmp,
                     )
                 }

@@ -43,7 +43,9 @@ pub fn cpuid_has_amx_int8() -> bool {
         }
         let xcr0_lo: u32;
         // SAFETY: OSXSAVE is set, so xgetbv with ecx = 0 is defined; it only reads XCR0.
-        unsafe { std::arch::asm!("xgetbv", in("ecx") 0u32, out("eax") xcr0_lo, out("edx") _, options(nomem, nostack, preserves_flags)) };
+        unsafe {
+            std::arch::asm!("xgetbv", in("ecx") 0u32, out("eax") xcr0_lo, out("edx") _, options(nomem, nostack, preserves_flags))
+        };
         (xcr0_lo >> 17) & 3 == 3
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -66,9 +68,17 @@ pub fn request_amx_permission() -> Result<(), KernelError> {
         {
             // SAFETY: arch_prctl(ARCH_REQ_XCOMP_PERM, 18) only changes this process's permitted
             // XSAVE features; it takes integer arguments and touches no memory of ours.
-            let r = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) };
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                )
+            };
             if r != 0 {
-                return Err(KernelError::AmxPermission(std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)));
+                return Err(KernelError::AmxPermission(
+                    std::io::Error::last_os_error().raw_os_error().unwrap_or(-1),
+                ));
             }
             Ok(())
         }
@@ -118,7 +128,12 @@ macro_rules! dot_match {
                 // SAFETY: HwTiles exists only after the AMX permission was granted; the kernel
                 // configured compatible shapes before calling (tile ops on unconfigured tiles
                 // would fault, never corrupt memory: tdpb* touches registers only).
-                unsafe { std::arch::asm!(concat!($op, " tmm", $cc, ", tmm", $aa, ", tmm", $bb), options(nostack)) }
+                unsafe {
+                    std::arch::asm!(
+                        concat!($op, " tmm", $cc, ", tmm", $aa, ", tmm", $bb),
+                        options(nostack)
+                    )
+                }
             };
         }
         match ($c, $a, $b) {
@@ -148,7 +163,9 @@ impl TileUnit for HwTiles {
     fn configure(&mut self, cfg: &TileConfig) {
         // SAFETY: cfg is a valid, 64-byte aligned palette-1 configuration (TileConfig::new
         // checks the shapes); permission was granted when self was created.
-        unsafe { std::arch::asm!("ldtilecfg [{}]", in(reg) cfg as *const TileConfig, options(nostack, readonly)) }
+        unsafe {
+            std::arch::asm!("ldtilecfg [{}]", in(reg) cfg as *const TileConfig, options(nostack, readonly))
+        }
     }
 
     unsafe fn load(&mut self, tile: usize, base: *const u8, stride: usize) {
@@ -207,7 +224,14 @@ pub fn kernel_config() -> TileConfig {
 /// # Safety
 /// `a` holds `32 · kc4·4` bytes (row stride `kc4·4`), `b` holds `kc4·32·4` bytes, `c` addresses
 /// 32 rows (stride `ldc`) of 32 writable i32. `kc4 % 16 == 0`.
-pub unsafe fn ukernel_with<T: TileUnit>(t: &mut T, kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
+pub unsafe fn ukernel_with<T: TileUnit>(
+    t: &mut T,
+    kc4: usize,
+    a: *const u8,
+    b: *const i8,
+    c: *mut i32,
+    ldc: usize,
+) {
     debug_assert_eq!(kc4 % 16, 0);
     let kc = kc4 * 4;
     t.configure(&kernel_config());

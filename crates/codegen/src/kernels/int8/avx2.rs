@@ -36,7 +36,8 @@ pub unsafe fn ukernel(kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: 
             let b0 = _mm256_load_si256(b.add(g * NR * 4) as *const __m256i);
             let b1 = _mm256_load_si256(b.add(g * NR * 4 + 32) as *const __m256i);
             for (i, acc) in acc.iter_mut().enumerate() {
-                let av = _mm256_set1_epi32((a.add((g * MR + i) * 4) as *const i32).read_unaligned());
+                let av =
+                    _mm256_set1_epi32((a.add((g * MR + i) * 4) as *const i32).read_unaligned());
                 let lo = _mm256_and_si256(av, lo_mask);
                 let hi = _mm256_and_si256(av, hi_mask);
                 for (j, bv) in [b0, b1].into_iter().enumerate() {

@@ -24,7 +24,8 @@ pub unsafe fn ukernel(kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: 
             let b0 = _mm256_load_si256(b.add(g * NR * 4) as *const __m256i);
             let b1 = _mm256_load_si256(b.add(g * NR * 4 + 32) as *const __m256i);
             for (i, acc) in acc.iter_mut().enumerate() {
-                let av = _mm256_set1_epi32((a.add((g * MR + i) * 4) as *const i32).read_unaligned());
+                let av =
+                    _mm256_set1_epi32((a.add((g * MR + i) * 4) as *const i32).read_unaligned());
                 acc[0] = _mm256_dpbusd_avx_epi32(acc[0], av, b0);
                 acc[1] = _mm256_dpbusd_avx_epi32(acc[1], av, b1);
             }

@@ -59,7 +59,12 @@ pub fn desc(k: Int8Kernel) -> KernelDesc {
         Int8Kernel::Avx512Vnni => (avx512vnni::MR, avx512vnni::NR, 4, ALayout::Quad),
         Int8Kernel::Amx => (amx::MR, amx::NR, amx::K_ALIGN, ALayout::RowMajor),
     };
-    KernelDesc { mr, nr, k_align, a_layout }
+    KernelDesc {
+        mr,
+        nr,
+        k_align,
+        a_layout,
+    }
 }
 
 /// Activations of an int8 GEMM.
@@ -151,7 +156,15 @@ fn hw_kernel(k: Int8Kernel) -> Result<FnKernel, KernelError> {
 /// gemm_i8(m, Activations::S8(&a), k, &b, Output::S8 { c: &mut y, ldc: n }, &ep, 2).unwrap();
 /// ```
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_i8(m: usize, a: Activations<'_>, lda: usize, b: &PackedI8, out: Output<'_>, epilogue: &Epilogue<'_>, threads: usize) -> Result<(), KernelError> {
+pub fn gemm_i8(
+    m: usize,
+    a: Activations<'_>,
+    lda: usize,
+    b: &PackedI8,
+    out: Output<'_>,
+    epilogue: &Epilogue<'_>,
+    threads: usize,
+) -> Result<(), KernelError> {
     let mut kernel = b.kernel;
     if kernel == Int8Kernel::Amx && m < amx::MR && Int8Kernel::Avx512Vnni.is_supported() {
         kernel = Int8Kernel::Avx512Vnni;
@@ -162,7 +175,16 @@ pub fn gemm_i8(m: usize, a: Activations<'_>, lda: usize, b: &PackedI8, out: Outp
 
 /// [`gemm_i8`] with an explicit kernel, which must be supported and compatible with the packing.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_i8_with(kernel: Int8Kernel, m: usize, a: Activations<'_>, lda: usize, b: &PackedI8, out: Output<'_>, epilogue: &Epilogue<'_>, threads: usize) -> Result<(), KernelError> {
+pub fn gemm_i8_with(
+    kernel: Int8Kernel,
+    m: usize,
+    a: Activations<'_>,
+    lda: usize,
+    b: &PackedI8,
+    out: Output<'_>,
+    epilogue: &Epilogue<'_>,
+    threads: usize,
+) -> Result<(), KernelError> {
     let k = hw_kernel(kernel)?;
     drive(&k, m, a, lda, b, out, epilogue, threads)
 }
@@ -170,7 +192,15 @@ pub fn gemm_i8_with(kernel: Int8Kernel, m: usize, a: Activations<'_>, lda: usize
 /// [`gemm_i8`] running the AMX kernel on the software [`TileModel`] (single model, any CPU);
 /// `b` must be packed for [`Int8Kernel::Amx`]. Returns the number of tile dot products issued.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_i8_amx_model(m: usize, a: Activations<'_>, lda: usize, b: &PackedI8, out: Output<'_>, epilogue: &Epilogue<'_>, threads: usize) -> Result<usize, KernelError> {
+pub fn gemm_i8_amx_model(
+    m: usize,
+    a: Activations<'_>,
+    lda: usize,
+    b: &PackedI8,
+    out: Output<'_>,
+    epilogue: &Epilogue<'_>,
+    threads: usize,
+) -> Result<usize, KernelError> {
     let k = ModelKernel(Mutex::new(TileModel::default()));
     drive(&k, m, a, lda, b, out, epilogue, threads)?;
     Ok(k.0.into_inner().unwrap_or_else(|e| e.into_inner()).dot_ops)
@@ -197,38 +227,71 @@ fn blocking(d: &KernelDesc, k_pad: usize) -> Blocking {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn drive(kern: &dyn MicroKernel, m: usize, a: Activations<'_>, lda: usize, b: &PackedI8, mut out: Output<'_>, ep: &Epilogue<'_>, threads: usize) -> Result<(), KernelError> {
+fn drive(
+    kern: &dyn MicroKernel,
+    m: usize,
+    a: Activations<'_>,
+    lda: usize,
+    b: &PackedI8,
+    mut out: Output<'_>,
+    ep: &Epilogue<'_>,
+    threads: usize,
+) -> Result<(), KernelError> {
     let d = kern.desc();
     if !b.compatible_with_desc(&d) {
-        return Err(KernelError::BadArgs(format!("weight packed for {} cannot run on this kernel", b.kernel.name())));
+        return Err(KernelError::BadArgs(format!(
+            "weight packed for {} cannot run on this kernel",
+            b.kernel.name()
+        )));
     }
     let (k, n) = (b.k, b.n);
     ep.validate(m, n, &out, true)?;
     let (a_bytes, xor): (&[u8], u8) = match a {
         Activations::U8(s) => (s, 0),
         // SAFETY: i8 and u8 have the same size and alignment; every bit pattern is valid.
-        Activations::S8(s) => (unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, s.len()) }, 0x80),
+        Activations::S8(s) => (
+            unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, s.len()) },
+            0x80,
+        ),
     };
     if m == 0 || n == 0 {
         return Ok(());
     }
     if lda < k || a_bytes.len() < (m - 1) * lda + k {
-        return Err(KernelError::BadArgs(format!("A slice of {} too short for {m}x{k} with lda {lda}", a_bytes.len())));
+        return Err(KernelError::BadArgs(format!(
+            "A slice of {} too short for {m}x{k} with lda {lda}",
+            a_bytes.len()
+        )));
     }
     let shift = if xor != 0 { 128 } else { 0 };
     let panels = n.div_ceil(d.nr);
     let threads = threads.clamp(1, max_threads());
     let split_n = panels >= threads;
-    let parts = if split_n { threads } else { threads.min(m.div_ceil(d.mr)) };
+    let parts = if split_n {
+        threads
+    } else {
+        threads.min(m.div_ceil(d.mr))
+    };
     let blk = blocking(&d, b.k_pad);
     let ops = ep.ops();
     let split = ep.row_split();
     let spans_row = (parts == 1 || !split_n) && blk.nc_panels >= panels;
     let two_phase = !spans_row && split < ops.len();
-    let mut mid: Vec<f32> = if two_phase { vec![0.0; m * n] } else { Vec::new() };
+    let mut mid: Vec<f32> = if two_phase {
+        vec![0.0; m * n]
+    } else {
+        Vec::new()
+    };
     let final_out = out.ptr();
-    let (tile_ops, tile_out): (&[EpilogueOp<'_>], OutPtr) = if two_phase { (&ops[..split], OutPtr::F32(mid.as_mut_ptr(), n)) } else { (ops, final_out) };
-    let ctx = Int8Ctx { colsum: &b.colsum, shift };
+    let (tile_ops, tile_out): (&[EpilogueOp<'_>], OutPtr) = if two_phase {
+        (&ops[..split], OutPtr::F32(mid.as_mut_ptr(), n))
+    } else {
+        (ops, final_out)
+    };
+    let ctx = Int8Ctx {
+        colsum: &b.colsum,
+        shift,
+    };
     let body = |t: usize| {
         let (rows, pans) = if split_n {
             (0..m, split_range(panels, parts, t))
@@ -241,7 +304,12 @@ fn drive(kern: &dyn MicroKernel, m: usize, a: Activations<'_>, lda: usize, b: &P
                 EPI_TMP.with_borrow_mut(|tmp| {
                     // SAFETY: rows × pans is this part's disjoint output region; A and B sizes
                     // were checked; the kernel matches the packing.
-                    unsafe { compute_part(kern, &d, &blk, a_bytes, lda, xor, b, rows, pans, tile_ops, ctx, tile_out, ap, acc, tmp) }
+                    unsafe {
+                        compute_part(
+                            kern, &d, &blk, a_bytes, lda, xor, b, rows, pans, tile_ops, ctx,
+                            tile_out, ap, acc, tmp,
+                        )
+                    }
                 })
             })
         });
@@ -256,7 +324,17 @@ fn drive(kern: &dyn MicroKernel, m: usize, a: Activations<'_>, lda: usize, b: &P
             let mp = mid_ptr;
             EPI_TMP.with_borrow_mut(|tmp| {
                 // SAFETY: `mid` holds all m×n phase-one values; each part writes whole rows.
-                unsafe { run_block(row_ops, None, Src::F32(mp.0.add(rows.start * n), n), rows, 0..n, final_out, tmp) }
+                unsafe {
+                    run_block(
+                        row_ops,
+                        None,
+                        Src::F32(mp.0.add(rows.start * n), n),
+                        rows,
+                        0..n,
+                        final_out,
+                        tmp,
+                    )
+                }
             });
         });
     }
@@ -272,7 +350,7 @@ unsafe impl Sync for MidPtr {}
 
 impl PackedI8 {
     fn compatible_with_desc(&self, d: &KernelDesc) -> bool {
-        d.nr == self.nr && self.k_pad % d.k_align == 0
+        d.nr == self.nr && self.k_pad.is_multiple_of(d.k_align)
     }
 }
 
@@ -318,14 +396,30 @@ unsafe fn compute_part(
                     // tile (mr × nr at row ip·mr, column (p−pn0)·nr) is inside the mc × ldacc block.
                     unsafe {
                         let bp = b.data.as_ptr().add(p * kp * nr);
-                        kern.run(kp / 4, apack.as_ptr().add(ip * mr * kp), bp, acc.as_mut_ptr().add(ip * mr * ldacc + (p - pn0) * nr), ldacc)
+                        kern.run(
+                            kp / 4,
+                            apack.as_ptr().add(ip * mr * kp),
+                            bp,
+                            acc.as_mut_ptr().add(ip * mr * ldacc + (p - pn0) * nr),
+                            ldacc,
+                        )
                     };
                 }
             }
             let cols = pn0 * nr..(pn1 * nr).min(b.n);
             // SAFETY: the i32 block holds mcl rows of cols.len() values at stride ldacc; the
             // output block is owned by this part.
-            unsafe { run_block(ops, Some(ctx), Src::I32(acc.as_ptr(), ldacc), m0..m0 + mcl, cols, out, tmp) };
+            unsafe {
+                run_block(
+                    ops,
+                    Some(ctx),
+                    Src::I32(acc.as_ptr(), ldacc),
+                    m0..m0 + mcl,
+                    cols,
+                    out,
+                    tmp,
+                )
+            };
             pn0 = pn1;
         }
         m0 += mcl;

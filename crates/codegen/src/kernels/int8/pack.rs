@@ -51,13 +51,25 @@ impl PackedI8 {
 
     /// Packs for an explicit kernel (the CPU need not support it: packing is plain data, which
     /// is how the AMX path is tested on the tile model) with source row stride `ldb`.
-    pub fn pack_for(kernel: Int8Kernel, b: &[i8], k: usize, n: usize, ldb: usize, b_is_transposed: bool) -> Result<Self, KernelError> {
+    pub fn pack_for(
+        kernel: Int8Kernel,
+        b: &[i8],
+        k: usize,
+        n: usize,
+        ldb: usize,
+        b_is_transposed: bool,
+    ) -> Result<Self, KernelError> {
         if k > MAX_K {
-            return Err(KernelError::BadArgs(format!("k = {k} > {MAX_K} may overflow i32")));
+            return Err(KernelError::BadArgs(format!(
+                "k = {k} > {MAX_K} may overflow i32"
+            )));
         }
         let (rows, cols) = if b_is_transposed { (n, k) } else { (k, n) };
         if ldb < cols || (rows > 0 && cols > 0 && b.len() < (rows - 1) * ldb + cols) {
-            return Err(KernelError::BadArgs(format!("B slice of {} too short for {rows}x{cols} with ld {ldb}", b.len())));
+            return Err(KernelError::BadArgs(format!(
+                "B slice of {} too short for {rows}x{cols} with ld {ldb}",
+                b.len()
+            )));
         }
         let d = desc(kernel);
         let nr = d.nr;
@@ -65,7 +77,13 @@ impl PackedI8 {
         let panels = n.div_ceil(nr);
         let mut data = AlignedBuf::<i8>::zeroed(panels * k_pad * nr);
         let mut colsum = vec![0i32; n];
-        let at = |kk: usize, j: usize| if b_is_transposed { b[j * ldb + kk] } else { b[kk * ldb + j] };
+        let at = |kk: usize, j: usize| {
+            if b_is_transposed {
+                b[j * ldb + kk]
+            } else {
+                b[kk * ldb + j]
+            }
+        };
         for p in 0..panels {
             let base = p * k_pad * nr;
             for j in 0..nr.min(n - p * nr) {
@@ -79,7 +97,15 @@ impl PackedI8 {
                 colsum[col] = s;
             }
         }
-        Ok(PackedI8 { k, n, k_pad, nr, kernel, data, colsum })
+        Ok(PackedI8 {
+            k,
+            n,
+            k_pad,
+            nr,
+            kernel,
+            data,
+            colsum,
+        })
     }
 
     /// Depth.
@@ -105,7 +131,7 @@ impl PackedI8 {
     /// Whether `kernel` can run on this packing (same panel width and K padding).
     pub fn compatible_with(&self, kernel: Int8Kernel) -> bool {
         let d = desc(kernel);
-        d.nr == self.nr && self.k_pad % d.k_align == 0
+        d.nr == self.nr && self.k_pad.is_multiple_of(d.k_align)
     }
 }
 
@@ -113,13 +139,27 @@ impl PackedI8 {
 /// `dst` for the layout; `xor` is 0x80 for s8 input (shift to u8) and 0 for u8. Rows past the
 /// end are zero.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn pack_a(a: &[u8], lda: usize, k: usize, k_pad: usize, rows: std::ops::Range<usize>, mr: usize, layout: ALayout, xor: u8, dst: &mut [u8]) {
+pub(crate) fn pack_a(
+    a: &[u8],
+    lda: usize,
+    k: usize,
+    k_pad: usize,
+    rows: std::ops::Range<usize>,
+    mr: usize,
+    layout: ALayout,
+    xor: u8,
+    dst: &mut [u8],
+) {
     let mpan = rows.len().div_ceil(mr);
     for ip in 0..mpan {
         let panel = &mut dst[ip * mr * k_pad..(ip + 1) * mr * k_pad];
         for i in 0..mr {
             let r = rows.start + ip * mr + i;
-            let src: &[u8] = if r < rows.end { &a[r * lda..r * lda + k] } else { &[] };
+            let src: &[u8] = if r < rows.end {
+                &a[r * lda..r * lda + k]
+            } else {
+                &[]
+            };
             match layout {
                 ALayout::RowMajor => {
                     let d = &mut panel[i * k_pad..(i + 1) * k_pad];

@@ -16,7 +16,12 @@ pub unsafe fn ukernel(kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: 
     let mut acc = [[0i32; NR]; MR];
     for g in 0..kc4 {
         // SAFETY: g < kc4: both reads are inside the panels.
-        let (ar, br) = unsafe { (&*(a.add(g * MR * 4) as *const [u8; MR * 4]), &*(b.add(g * NR * 4) as *const [i8; NR * 4])) };
+        let (ar, br) = unsafe {
+            (
+                &*(a.add(g * MR * 4) as *const [u8; MR * 4]),
+                &*(b.add(g * NR * 4) as *const [i8; NR * 4]),
+            )
+        };
         for i in 0..MR {
             for j in 0..NR {
                 let mut s = 0i32;

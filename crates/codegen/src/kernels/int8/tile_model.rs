@@ -30,9 +30,18 @@ impl TileConfig {
     /// ```
     pub fn new(shapes: &[(u8, u16)]) -> Self {
         assert!(shapes.len() <= 8, "palette 1 has 8 tiles");
-        let mut c = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
+        let mut c = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
         for (i, &(r, b)) in shapes.iter().enumerate() {
-            assert!(r <= 16 && b <= 64, "tile {i}: {r} rows × {b} bytes exceeds 16×64");
+            assert!(
+                r <= 16 && b <= 64,
+                "tile {i}: {r} rows × {b} bytes exceeds 16×64"
+            );
             c.rows[i] = r;
             c.colsb[i] = b;
         }
@@ -76,7 +85,11 @@ pub struct TileModel {
 
 impl Default for TileModel {
     fn default() -> Self {
-        Self { cfg: None, tiles: [[[0; 64]; 16]; 8], dot_ops: 0 }
+        Self {
+            cfg: None,
+            tiles: [[[0; 64]; 16]; 8],
+            dot_ops: 0,
+        }
     }
 }
 
@@ -88,14 +101,21 @@ impl TileModel {
     }
 
     fn i32_at(&self, t: usize, r: usize, n: usize) -> i32 {
-        i32::from_le_bytes(self.tiles[t][r][4 * n..4 * n + 4].try_into().expect("4 bytes"))
+        i32::from_le_bytes(
+            self.tiles[t][r][4 * n..4 * n + 4]
+                .try_into()
+                .expect("4 bytes"),
+        )
     }
 
     fn dot(&mut self, c: usize, a: usize, b: usize, a_signed: bool) {
         let (rc, cc) = self.shape(c);
         let (ra, ca) = self.shape(a);
         let (rb, cb) = self.shape(b);
-        assert!(rc == ra && cc == cb && ca == rb * 4 && c != a && c != b && a != b, "tdpb*: incompatible tile shapes");
+        assert!(
+            rc == ra && cc == cb && ca == rb * 4 && c != a && c != b && a != b,
+            "tdpb*: incompatible tile shapes"
+        );
         self.dot_ops += 1;
         for m in 0..rc {
             for n in 0..cc / 4 {
