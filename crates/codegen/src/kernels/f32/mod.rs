@@ -328,19 +328,17 @@ unsafe fn compute_part(
                 // Pack A[m0.., k0..] into MR-row micro-panels, k-major, zero rows past m.
                 for ip in 0..mpan {
                     let dst = &mut apack[ip * mr * kcl..(ip + 1) * mr * kcl];
-                    for i in 0..mr {
-                        let r = m0 + ip * mr + i;
-                        if r < m0 + mcl {
-                            // SAFETY: r < m and k0 + kcl ≤ k, inside A (checked by the caller).
-                            let src =
-                                unsafe { std::slice::from_raw_parts(a.add(r * lda + k0), kcl) };
-                            for (kk, v) in src.iter().enumerate() {
-                                dst[kk * mr + i] = *v;
-                            }
-                        } else {
-                            for kk in 0..kcl {
-                                dst[kk * mr + i] = 0.0;
-                            }
+                    let r0 = m0 + ip * mr;
+                    let valid = mr.min(m0 + mcl - r0);
+                    for (kk, d) in dst.chunks_exact_mut(mr).enumerate() {
+                        for (i, v) in d.iter_mut().enumerate() {
+                            // SAFETY: i < valid means row r0 + i < m, and k0 + kk < k: inside A
+                            // (bounds checked by the caller).
+                            *v = if i < valid {
+                                unsafe { *a.add((r0 + i) * lda + k0 + kk) }
+                            } else {
+                                0.0
+                            };
                         }
                     }
                 }
