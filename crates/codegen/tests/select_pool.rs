@@ -1,0 +1,180 @@
+//! Kernel selection, cache sizes, the thread pool, the peak probe and hwbench.
+
+use codegen::kernels::hwbench::{hwbench_with, render_json, render_table};
+use codegen::kernels::pool::{parallel_for, split_range};
+use codegen::kernels::{
+    cache_sizes, cpu_features, measure_peak, parse_cache_override, pick_f32, pick_int8, CacheSizes,
+    F32Kernel, Int8Kernel, KernelError,
+};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+#[test]
+fn kernel_names_round_trip() {
+    for k in Int8Kernel::ALL {
+        assert_eq!(Int8Kernel::parse(k.name()), Ok(k));
+        assert_eq!(Int8Kernel::parse(&k.name().to_uppercase()), Ok(k));
+    }
+    assert_eq!(
+        Int8Kernel::parse("avx9"),
+        Err(KernelError::UnknownKernel("avx9".into()))
+    );
+}
+
+#[test]
+fn pickers_choose_supported_kernels() {
+    for (m, n, k) in [(1, 1, 1), (128, 768, 768), (4096, 3072, 768)] {
+        assert!(pick_int8(m, n, k).is_supported());
+    }
+    assert!(pick_f32().is_supported());
+    let f = cpu_features();
+    if std::env::var("ENCORE_KERNEL").is_err() {
+        if f.avx512vnni && !f.amx_int8 {
+            assert_eq!(pick_int8(1024, 768, 768), Int8Kernel::Avx512Vnni);
+        }
+        if f.avx512 {
+            assert_eq!(pick_f32(), F32Kernel::Avx512);
+        }
+    }
+    assert!(Int8Kernel::Scalar.is_supported() && F32Kernel::Scalar.is_supported());
+}
+
+#[test]
+fn cache_override_parsing() {
+    assert_eq!(
+        parse_cache_override("32768,1048576"),
+        Ok(CacheSizes {
+            l1d: 32768,
+            l2: 1 << 20
+        })
+    );
+    assert_eq!(
+        parse_cache_override(" 48k , 2M "),
+        Ok(CacheSizes {
+            l1d: 48 << 10,
+            l2: 2 << 20
+        })
+    );
+    for bad in ["", "48K", "a,b", "1,2,3", "0,1M"] {
+        assert!(
+            parse_cache_override(bad).is_err(),
+            "{bad:?} should not parse"
+        );
+    }
+    let c = cache_sizes();
+    assert!(c.l1d >= 4096 && c.l2 >= c.l1d);
+}
+
+#[test]
+fn split_range_partitions() {
+    for total in 0..50 {
+        for parts in 1..5 {
+            let mut next = 0;
+            for t in 0..parts {
+                let r = split_range(total, parts, t);
+                assert_eq!(r.start, next);
+                assert!(r.len() <= total / parts + 1);
+                next = r.end;
+            }
+            assert_eq!(next, total);
+        }
+    }
+}
+
+#[test]
+fn pool_runs_every_part_once_from_many_callers() {
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for parts in 1..=3 {
+                    let hits: Vec<AtomicUsize> = (0..parts).map(|_| AtomicUsize::new(0)).collect();
+                    for _ in 0..200 {
+                        parallel_for(parts, &|t| {
+                            hits[t].fetch_add(1, Ordering::Relaxed);
+                        });
+                    }
+                    assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 200));
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn pool_nested_call_runs_inline() {
+    let total = AtomicUsize::new(0);
+    parallel_for(2, &|_| {
+        parallel_for(2, &|t| {
+            total.fetch_add(t + 1, Ordering::Relaxed);
+        });
+    });
+    assert_eq!(total.load(Ordering::Relaxed), 6);
+}
+
+#[test]
+fn pool_propagates_panics_and_recovers() {
+    for bad_part in 0..2 {
+        let r = std::panic::catch_unwind(|| {
+            parallel_for(2, &|t| {
+                if t == bad_part {
+                    panic!("part {t} fails");
+                }
+            })
+        });
+        assert!(
+            r.is_err(),
+            "a panic in part {bad_part} must reach the caller"
+        );
+    }
+    let n = AtomicUsize::new(0);
+    parallel_for(2, &|_| {
+        n.fetch_add(1, Ordering::Relaxed);
+    });
+    assert_eq!(
+        n.load(Ordering::Relaxed),
+        2,
+        "the pool still works after a panic"
+    );
+}
+
+#[test]
+fn peak_and_hwbench() {
+    let f = cpu_features();
+    let p = measure_peak(1);
+    if f.avx512vnni || f.avxvnni {
+        assert!(p.vnni_ops_per_s > 1e9, "{p:?}");
+    } else {
+        eprintln!("SKIPPING VNNI peak check: no VNNI on this CPU");
+    }
+    if f.avx2_fma {
+        assert!(p.fma_flops_per_s > 1e9, "{p:?}");
+    }
+    let rows = hwbench_with(
+        64,
+        96,
+        128,
+        1,
+        &p,
+        &Int8Kernel::ALL,
+        &F32Kernel::ALL,
+        Duration::from_millis(5),
+    );
+    let supported8 = Int8Kernel::ALL.iter().filter(|k| k.is_supported()).count();
+    let supportedf = F32Kernel::ALL.iter().filter(|k| k.is_supported()).count();
+    assert_eq!(rows.len(), supported8 + supportedf);
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r.picked && r.dtype == "int8")
+            .count(),
+        1
+    );
+    assert_eq!(
+        rows.iter().filter(|r| r.picked && r.dtype == "f32").count(),
+        1
+    );
+    assert!(rows.iter().all(|r| r.gops > 0.0 && r.seconds > 0.0));
+    let table = render_table(&rows);
+    assert_eq!(table.lines().count(), rows.len() + 1);
+    let json = render_json(&rows);
+    assert_eq!(json.matches("\"kernel\"").count(), rows.len());
+}
