@@ -852,10 +852,10 @@ impl Slot<'_> {
     }
 }
 
-/// The declutter pipeline of `passes`.
-fn optimize(graph: Graph) -> Result<Graph, Error> {
-    // Until the passes crate provides its pipeline, compiling with `optimize` runs the graph
-    // as imported.
+/// The declutter pipeline of `passes`: shape inference, constant folding, DCE, and recognition
+/// of Linear, LayerNorm, GELU and Attention.
+fn optimize(mut graph: Graph) -> Result<Graph, Error> {
+    passes::Pipeline::declutter().run(&mut graph, &mut passes::RunOptions::default())?;
     Ok(graph)
 }
 

@@ -25,6 +25,20 @@ fn check_model(id: &str, optimize: bool) {
         ..Default::default()
     };
     let session = Session::new(&model, opts).unwrap();
+    let mut hist = std::collections::BTreeMap::new();
+    for id in session.graph().node_ids() {
+        *hist.entry(session.graph().node(id).op.name()).or_insert(0) += 1;
+    }
+    println!("{id} optimize={optimize}: {hist:?}");
+    if optimize {
+        // The recognised ops must be what runs, so their kernels are what this test checks.
+        for op in ["linear", "layer_norm", "gelu", "attention"] {
+            assert!(
+                hist.contains_key(op),
+                "{id}: no `{op}` after declutter: {hist:?}"
+            );
+        }
+    }
     for b in ref_batches(&dir, entry) {
         let out = session.run(&b.feeds()).unwrap();
         let mask = b

@@ -150,37 +150,42 @@ fn check_static(id: &str, optimize: bool) {
 #[test]
 fn tiny_bert_qdq_s8s8() {
     check_static("tiny-bert-qdq", false);
+    check_static("tiny-bert-qdq", true);
 }
 
 #[test]
 fn tiny_bert_qdq_u8s8() {
     check_static("tiny-bert-qdq-u8s8", false);
+    check_static("tiny-bert-qdq-u8s8", true);
 }
 
 #[test]
 fn minilm_qdq() {
     check_static("minilm-l6-qdq", false);
+    check_static("minilm-l6-qdq", true);
 }
 
 #[test]
 fn tiny_bert_dynamic_is_exact() {
-    let Some((_, res)) = run_model("tiny-bert-dynamic", false) else {
-        return;
-    };
-    for o in res {
-        assert!(
-            o.stats.valid_max <= 1e-4,
-            "{} {}: {}",
-            o.batch,
-            o.output,
-            o.stats.valid_max
-        );
-        assert!(
-            o.stats.pad_max <= 1e-3,
-            "{} {} padded: {}",
-            o.batch,
-            o.output,
-            o.stats.pad_max
-        );
+    for optimize in [false, true] {
+        let Some((_, res)) = run_model("tiny-bert-dynamic", optimize) else {
+            return;
+        };
+        for o in res {
+            assert!(
+                o.stats.valid_max <= 1e-4,
+                "{} {}: {}",
+                o.batch,
+                o.output,
+                o.stats.valid_max
+            );
+            assert!(
+                o.stats.pad_max <= 1e-3,
+                "{} {} padded: {}",
+                o.batch,
+                o.output,
+                o.stats.pad_max
+            );
+        }
     }
 }
