@@ -27,6 +27,7 @@ fn grid() -> impl Iterator<Item = f32> {
 
 #[test]
 fn gelu_erf_within_1e6_relative() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     let mut worst = (0f64, 0f32);
     for x in grid().chain([0.0, -0.0, 1e-30, -1e-30, 1e-8, 3.0e-3, 100.0, 1e4]) {
         let want = gelu_ref(x as f64);
@@ -57,6 +58,7 @@ fn gelu_erf_within_1e6_relative() {
 
 #[test]
 fn gelu_tanh_tolerance() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     let mut worst_hi = 0f64;
     let mut worst_lo = 0f64;
     for x in grid() {
@@ -82,6 +84,7 @@ fn gelu_tanh_tolerance() {
 
 #[test]
 fn exp_within_2ulp() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     for i in 0..=200_000 {
         let x = -87.0 + i as f32 * (175.0 / 200_000.0);
         let want = (x as f64).exp();
@@ -98,6 +101,7 @@ fn exp_within_2ulp() {
 /// results to the scalar functions: same IEEE operations in the same order.
 #[test]
 fn vector_epilogue_bit_identical_to_scalar() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     let xs: Vec<f32> = grid().step_by(7).collect();
     let n = xs.len();
     let b = PackedF32::pack(&xs, 1, n, false);
@@ -115,6 +119,7 @@ fn vector_epilogue_bit_identical_to_scalar() {
 
 #[test]
 fn validation_errors() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     let p = PackedI8::pack_for(Int8Kernel::Scalar, &[1; 8], 4, 2, 2, false).unwrap();
     let a = [1u8; 4];
     let short = [1.0f32; 1];
@@ -445,6 +450,7 @@ fn check_all(kernel: Option<Int8Kernel>, m: usize, n: usize, k: usize, threads: 
 
 #[test]
 fn every_epilogue_op_through_every_kernel() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     for kern in Int8Kernel::ALL {
         if !kern.is_supported() {
             eprintln!(

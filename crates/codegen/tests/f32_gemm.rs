@@ -65,6 +65,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
     #[test]
     fn f32_matches_reference(m in 1usize..=300, n in 1usize..=300, k in 0usize..=300, bt: bool, threads in 1usize..=2, seed: u64, pad in 0usize..3) {
+        codegen::kernels::pool::set_min_parallel_macs(0);
         for kern in kernels() {
             check(kern, m, n, k, bt, threads, seed, pad);
         }
@@ -73,6 +74,7 @@ proptest! {
 
 #[test]
 fn f32_awkward_shapes() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     for kern in kernels() {
         for &(m, n, k) in &[
             (1, 1, 1),
@@ -93,6 +95,7 @@ fn f32_awkward_shapes() {
 
 #[test]
 fn f32_long_k_crosses_cache_blocks() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     for kern in kernels() {
         check(kern, 40, 70, 2500, true, 2, 3, 0);
     }
@@ -174,6 +177,7 @@ fn check_epilogue(kernel: F32Kernel, m: usize, n: usize, k: usize, threads: usiz
 
 #[test]
 fn f32_epilogues() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     for kern in kernels() {
         for which in 0..5 {
             for &(m, n, k) in &[(5, 37, 19), (30, 300, 64), (3, 1500, 40)] {
@@ -187,6 +191,7 @@ fn f32_epilogues() {
 
 #[test]
 fn f32_unpacked_alpha() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     let mut rng = Rng(5);
     let (m, n, k) = (19, 23, 64);
     let a = rng.vec_f32(m * k);
@@ -202,6 +207,7 @@ fn f32_unpacked_alpha() {
 #[test]
 #[should_panic(expected = "gemm_f32")]
 fn f32_rejects_requant_epilogue() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     let packed = PackedF32::pack(&[1.0; 4], 2, 2, false);
     let mut c = [0f32; 4];
     let ep = Epilogue::new(vec![EpilogueOp::Requant {

@@ -151,6 +151,7 @@ impl Case {
         c
     }
     fn check(&self, kernel: Option<Int8Kernel>, threads: usize) {
+        codegen::kernels::pool::set_min_parallel_macs(0);
         let got = self.run(kernel, threads);
         let want = self.want();
         let ldc = self.n + 1;
@@ -177,6 +178,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
     #[test]
     fn int8_kernels_bit_exact(m in 1usize..=300, n in 1usize..=300, k in 1usize..=300, signed: bool, bt: bool, threads in 1usize..=2, pad in 0usize..3, seed: u64) {
+        codegen::kernels::pool::set_min_parallel_macs(0);
         let c = Case::random(m, n, k, signed, bt, pad, seed);
         for kern in kernels() {
             c.check(Some(kern), threads);
@@ -185,12 +187,14 @@ proptest! {
 
     #[test]
     fn amx_tile_model_bit_exact(m in 1usize..=200, n in 1usize..=200, k in 1usize..=200, signed: bool, bt: bool, pad in 0usize..3, seed: u64) {
+        codegen::kernels::pool::set_min_parallel_macs(0);
         Case::random(m, n, k, signed, bt, pad, seed).check(None, 1);
     }
 }
 
 #[test]
 fn int8_awkward_shapes_all_kernels() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     for &(m, n, k) in &[
         (1, 1, 1),
         (1, 1, 3),
@@ -229,6 +233,7 @@ fn extreme_case(m: usize, n: usize, k: usize, av: u8, bv: i8, signed: bool) -> C
 
 #[test]
 fn int8_extremes_no_saturation() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     // 255·(−128) everywhere is what saturates a naive vpmaddubsw kernel.
     for (av, bv, signed) in [
         (255u8, -128i8, false),
@@ -247,6 +252,7 @@ fn int8_extremes_no_saturation() {
 
 #[test]
 fn int8_longest_k() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     // 255 · (−128) · 65536 = −2 139 095 040, the most negative sum that still fits in i32.
     let c = extreme_case(3, 17, 65536, 255, -128, false);
     let want = c.want();
@@ -259,6 +265,7 @@ fn int8_longest_k() {
 
 #[test]
 fn unsupported_kernel_is_an_error() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     for k in Int8Kernel::ALL {
         if !k.is_supported() {
             let p = PackedI8::pack_for(k, &[1; 4], 4, 1, 1, false).unwrap();
@@ -280,6 +287,7 @@ fn unsupported_kernel_is_an_error() {
 
 #[test]
 fn kernel_packing_mismatch_is_an_error() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
     let p = PackedI8::pack_for(Int8Kernel::Amx, &[1; 64], 64, 1, 1, false).unwrap();
     let mut c = [0i32; 1];
     let r = gemm_i8_with(

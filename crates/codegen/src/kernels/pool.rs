@@ -9,7 +9,7 @@
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -192,6 +192,34 @@ pub fn parallel_for(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     }
     if panicked {
         panic!("a GEMM worker thread panicked");
+    }
+}
+
+/// Default for [`set_min_parallel_macs`]: problems below this many multiply-adds run on one
+/// thread, since waking a worker costs more than it saves (about 10 µs of work on one core).
+pub const MIN_PARALLEL_MACS: usize = 1 << 20;
+
+static MIN_MACS: AtomicUsize = AtomicUsize::new(MIN_PARALLEL_MACS);
+
+/// Sets the size below which GEMMs run single-threaded (tests set 0 to force the
+/// multi-threaded paths on small shapes).
+pub fn set_min_parallel_macs(macs: usize) {
+    MIN_MACS.store(macs, Ordering::Relaxed);
+}
+
+/// The thread count a GEMM of `m × n × k` actually uses: `threads` capped at the machine's
+/// parallelism, and 1 for problems under the [`set_min_parallel_macs`] threshold.
+///
+/// ```
+/// use codegen::kernels::pool::effective_threads;
+/// assert_eq!(effective_threads(2, 8, 8, 8), 1); // with the default threshold
+/// assert!(effective_threads(2, 1024, 768, 768) >= 1);
+/// ```
+pub fn effective_threads(threads: usize, m: usize, n: usize, k: usize) -> usize {
+    if m.saturating_mul(n).saturating_mul(k.max(1)) < MIN_MACS.load(Ordering::Relaxed) {
+        1
+    } else {
+        threads.clamp(1, max_threads())
     }
 }
 

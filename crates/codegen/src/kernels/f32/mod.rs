@@ -14,7 +14,7 @@ pub mod scalar;
 
 use super::buf::AlignedBuf;
 use super::epilogue::{run_block, Epilogue, EpilogueOp, OutPtr, Output, Src};
-use super::pool::{max_threads, parallel_for, split_range};
+use super::pool::{effective_threads, parallel_for, split_range};
 use super::select::{cache_sizes, pick_f32, F32Kernel};
 use std::cell::RefCell;
 
@@ -221,7 +221,7 @@ pub fn gemm_f32(
     let ki = info(b.kernel);
     let (mr, nr) = (ki.mr, ki.nr);
     let panels = n.div_ceil(nr);
-    let threads = threads.clamp(1, max_threads());
+    let threads = effective_threads(threads, m, n, k);
     let split_n = panels >= threads;
     let parts = if split_n {
         threads

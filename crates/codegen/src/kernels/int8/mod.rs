@@ -22,7 +22,7 @@ pub use pack::PackedI8;
 use super::buf::AlignedBuf;
 use super::epilogue::{run_block, Epilogue, EpilogueOp, Int8Ctx, OutPtr, Output, Src};
 use super::error::KernelError;
-use super::pool::{max_threads, parallel_for, split_range};
+use super::pool::{effective_threads, parallel_for, split_range};
 use super::select::{cache_sizes, Int8Kernel};
 use std::cell::RefCell;
 use std::sync::Mutex;
@@ -265,7 +265,7 @@ fn drive(
     }
     let shift = if xor != 0 { 128 } else { 0 };
     let panels = n.div_ceil(d.nr);
-    let threads = threads.clamp(1, max_threads());
+    let threads = effective_threads(threads, m, n, k);
     let split_n = panels >= threads;
     let parts = if split_n {
         threads
