@@ -12,6 +12,7 @@ const MASKED: f32 = -1.0e30;
 ///
 /// When the mask is the same for every head and query (the usual `[B, 1, 1, S]` padding bias),
 /// keys whose bias is a large negative number are skipped: padded keys cost nothing.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     q: &TensorValue,
     k: &TensorValue,

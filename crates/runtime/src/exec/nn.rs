@@ -126,7 +126,7 @@ pub(crate) fn linear(
         }
         None => None,
     };
-    let m = if k == 0 { x.len() } else { xv.len() / k };
+    let m: usize = x.shape()[..x.rank() - 1].iter().product();
     let mut shape = x.shape().to_vec();
     *shape.last_mut().unwrap() = w.n();
     let mut out = ctx.arena.f32_zeroed(m * w.n());

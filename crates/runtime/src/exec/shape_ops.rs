@@ -72,7 +72,7 @@ pub(crate) fn reshape(
     }
     if let Some(i) = infer {
         let known: usize = out.iter().product();
-        if known == 0 || total % known != 0 {
+        if known == 0 || !total.is_multiple_of(known) {
             return Err(Error::op(
                 node,
                 "reshape",

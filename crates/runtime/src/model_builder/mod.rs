@@ -120,18 +120,27 @@ pub const XLMR_PAD_ID: i64 = 1;
 /// of 512 tokens.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelSpec {
+    /// Which Hugging Face model class's export to reproduce.
     pub arch: Architecture,
+    /// Encoder layers.
     pub layers: usize,
+    /// Hidden size; a multiple of `heads`.
     pub hidden: usize,
+    /// Attention heads.
     pub heads: usize,
+    /// Inner size of the feed-forward block (`intermediate_size`).
     pub ffn: usize,
+    /// Rows of the word embedding table.
     pub vocab: usize,
+    /// Rows of the position table (see above for XLM-R's offset).
     pub max_positions: usize,
     /// Rows of the token-type table (BERT 2, XLM-R 1); DistilBERT has none and ignores this.
     pub type_vocab: usize,
     /// BERT and XLM-R only: `pooler_output = tanh(Gemm(last_hidden_state[:, 0]))`.
     pub with_pooler: bool,
+    /// LayerNorm as an op (opset 17) or decomposed (opset 14).
     pub layer_norm: LayerNormForm,
+    /// Seed of every random weight.
     pub seed: u64,
     /// LayerNorm epsilon (BERT and DistilBERT 1e-12, XLM-R 1e-5).
     pub eps: f32,
@@ -186,7 +195,8 @@ impl ModelSpec {
 
     /// `xlm-roberta-base`: BERT-base encoder, vocab 250002 (768 MB of embeddings alone), 514
     /// positions, 1 token type, eps 1e-5, no pooler (as feature-extraction exports write it).
-    /// Set `vocab` lower for a smaller file; the encoder cost does not depend on it.
+    /// Set `vocab` lower for a smaller file; the encoder cost does not depend on it. Unless told
+    /// otherwise (`build-model --vocab`), tools use this full shape: 277 M parameters, 1.1 GB.
     pub fn xlm_roberta_base() -> ModelSpec {
         ModelSpec {
             arch: Architecture::XlmRoberta,
