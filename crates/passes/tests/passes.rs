@@ -1,6 +1,11 @@
 //! Each pass on small graphs written in the IR text form: snapshots of the dump before and
 //! after, plus the property each test is about.
 
+mod common;
+
+use std::collections::HashMap;
+
+use ir::{DType, Op, Tensor};
 use passes::{
     ConstantFolding, DeadCodeElimination, Pass, RecognizeAttention, RecognizeGelu,
     RecognizeLayerNorm, RecognizeLinear, ShapeInference,
@@ -15,21 +20,122 @@ fn print(g: &ir::Graph) -> String {
 }
 
 /// Runs `pass` (after shape inference, which every recognizer needs) and returns the dump
-/// before and after, and whether the pass changed the graph.
+/// before and after, and whether the pass changed the graph. When it did, also checks that
+/// the graph computes the same before and after (see [`same_numbers`]).
 fn before_after(pass: &dyn Pass, text: &str) -> (String, bool, ir::Graph) {
     let mut g = parse(text);
     ShapeInference.run(&mut g).unwrap();
     let before = print(&g);
     let changed = pass.run(&mut g).unwrap_or_else(|e| panic!("{e}"));
     g.verify().unwrap();
-    // Recognizers leave dead nodes to DCE only when nothing else removed them.
     DeadCodeElimination.run(&mut g).unwrap();
     let after = print(&g);
+    if changed {
+        same_numbers(pass, text);
+    }
     (
         format!("--- before\n{before}--- after {}\n{after}", pass.name()),
         changed,
         g,
     )
+}
+
+struct Lcg(u64);
+
+impl Lcg {
+    fn unit(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// Gives every constant without data (`{extern}`) random data, runs `pass`, and compares
+/// the test interpreter's outputs before and after on random inputs (symbols bound to small
+/// sizes): max abs difference ≤ 1e-4.
+fn same_numbers(pass: &dyn Pass, text: &str) {
+    let mut rng = Lcg(7);
+    let mut g = parse(text);
+    let ids: Vec<_> = g.node_ids().collect();
+    for id in ids {
+        if let Op::Const { value } = &g.node(id).op {
+            if !value.has_data() {
+                let shape = value.shape().to_vec();
+                let t = match value.dtype() {
+                    DType::F32 => {
+                        Tensor::from_vec(shape, (0..value.len()).map(|_| rng.unit()).collect())
+                    }
+                    DType::I64 => Tensor::from_vec(
+                        shape,
+                        (0..value.len())
+                            .map(|_| (rng.unit() * 8.0 + 8.0) as i64)
+                            .collect::<Vec<i64>>(),
+                    ),
+                    d => panic!("no random data for {d}"),
+                };
+                g.node_mut(id).op = Op::Const { value: t };
+            }
+        }
+    }
+    ShapeInference.run(&mut g).unwrap();
+    let before = g.clone();
+    pass.run(&mut g).unwrap();
+    let sizes = HashMap::from([("B", 2), ("batch", 2), ("S", 5), ("sequence", 5)]);
+    let mut feeds = HashMap::new();
+    for &id in before.inputs() {
+        let Op::Input { name } = &before.node(id).op else {
+            unreachable!()
+        };
+        let ty = &before.node(id).outputs[0];
+        let shape: Vec<usize> = ty
+            .shape
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                let syms: usize = d
+                    .symbols()
+                    .iter()
+                    .map(|s| sizes.get(s.as_str()).copied().unwrap_or(3))
+                    .product();
+                syms * d.coeff() as usize
+            })
+            .collect();
+        let n = shape.iter().product::<usize>();
+        let t = match ty.dtype {
+            DType::F32 => Tensor::from_vec(shape, (0..n).map(|_| 2.0 * rng.unit()).collect()),
+            DType::I64 => Tensor::from_vec(
+                shape,
+                (0..n)
+                    .map(|_| i64::from(rng.unit() > -0.5))
+                    .collect::<Vec<i64>>(),
+            ),
+            DType::Bool => Tensor::from_vec(shape, (0..n).map(|_| rng.unit() > 0.0).collect()),
+            d => panic!("input dtype {d}"),
+        };
+        feeds.insert(name.clone(), t);
+    }
+    let run = |g: &ir::Graph| {
+        common::interp::run(g, &feeds).unwrap_or_else(|e| panic!("{e}\n{}", print(g)))
+    };
+    let (a, b) = (run(&before), run(&g));
+    assert!(!a.is_empty());
+    for (name, x) in &a {
+        let (x, y) = (x.to_f32_vec().unwrap(), b[name].to_f32_vec().unwrap());
+        assert_eq!(x.len(), y.len(), "{name}");
+        let err = x
+            .iter()
+            .zip(&y)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            err <= 1e-4,
+            "{}: output {name} differs by {err} after the pass",
+            pass.name()
+        );
+    }
 }
 
 fn count(g: &ir::Graph, op: &str) -> usize {
