@@ -552,6 +552,14 @@ fn sum_sq_f32(y: &[f32]) -> f32 {
     acc.iter().sum()
 }
 
+/// The low byte (two's complement) of an integral f32 in [-2^22, 2^22]: adding 1.5·2^23 puts
+/// the integer in the low mantissa bits. Vectorises, unlike the saturating `as u8` cast.
+/// Only used after `Requant`, which leaves integral values in [-128, 255].
+#[inline(always)]
+fn int_byte(v: f32) -> u8 {
+    (v + 12_582_912.0).to_bits() as u8
+}
+
 #[inline(always)]
 unsafe fn store_row(out: OutPtr, r: usize, c0: usize, y: &[f32]) {
     let w = y.len();
@@ -568,11 +576,13 @@ unsafe fn store_row(out: OutPtr, r: usize, c0: usize, y: &[f32]) {
         }
         OutPtr::U8(p, ld) => {
             let o = unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) };
-            o.iter_mut().zip(y).for_each(|(o, v)| *o = *v as u8);
+            o.iter_mut().zip(y).for_each(|(o, v)| *o = int_byte(*v));
         }
         OutPtr::S8(p, ld) => {
             let o = unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) };
-            o.iter_mut().zip(y).for_each(|(o, v)| *o = *v as i8);
+            o.iter_mut()
+                .zip(y)
+                .for_each(|(o, v)| *o = int_byte(*v) as i8);
         }
         OutPtr::I32(p, ld) => {
             let o = unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) };
