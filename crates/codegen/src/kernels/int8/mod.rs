@@ -6,7 +6,7 @@
 //! store) while the block is in L2 → output.
 //!
 //! Kernels: [`scalar`] 4×16 (the oracle), [`avx2`] 4×16 (`vpmaddubsw`, exact), [`avxvnni`] 6×16,
-//! [`avx512vnni`] 12×32, [`amx`] 32×32 (via [`tile_model::TileUnit`]). Threads split N panels
+//! [`avx512vnni`] 8×48, [`amx`] 32×32 (via [`tile_model::TileUnit`]). Threads split N panels
 //! weight-stationary, as in the f32 GEMM.
 
 pub mod amx;
@@ -135,8 +135,8 @@ fn hw_kernel(k: Int8Kernel) -> Result<FnKernel, KernelError> {
     Ok(FnKernel { d: desc(k), f })
 }
 
-/// `out = epilogue(A[m×k] · B)` with the kernel `b` was packed for (AMX falls back to
-/// AVX512-VNNI on the same packing when `m < 32`). `threads` as in [`super::gemm_f32`].
+/// `out = epilogue(A[m×k] · B)` with the kernel `b` was packed for. `threads` as in
+/// [`super::gemm_f32`]. Errors if that kernel is not supported here.
 ///
 /// The i32 product is exact (`k ≤ 65536`); see [`Epilogue`] for the conversion.
 ///
@@ -165,11 +165,7 @@ pub fn gemm_i8(
     epilogue: &Epilogue<'_>,
     threads: usize,
 ) -> Result<(), KernelError> {
-    let mut kernel = b.kernel;
-    if kernel == Int8Kernel::Amx && m < amx::MR && Int8Kernel::Avx512Vnni.is_supported() {
-        kernel = Int8Kernel::Avx512Vnni;
-    }
-    let k = hw_kernel(kernel)?;
+    let k = hw_kernel(b.kernel)?;
     drive(&k, m, a, lda, b, out, epilogue, threads)
 }
 
