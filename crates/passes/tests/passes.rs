@@ -144,8 +144,6 @@ fn count(g: &ir::Graph, op: &str) -> usize {
         .count()
 }
 
-// ---- ShapeInference
-
 const RESHAPE_CHAIN: &str = "\
 %0 = input[name=\"x\"] : f32[batch,sequence,128]
 %1 = shape[start=0](%0) : i64[*]
@@ -257,8 +255,6 @@ fn shape_inference_rejects_bad_reshape() {
     );
 }
 
-// ---- ConstantFolding
-
 #[test]
 fn constant_folding_reshape_targets() {
     let (snap, changed, g) = before_after(&ConstantFolding, RESHAPE_CHAIN);
@@ -350,8 +346,6 @@ output \"mask\" = %15
     insta::assert_snapshot!(snap);
 }
 
-// ---- DeadCodeElimination
-
 #[test]
 fn dead_code_elimination() {
     let text = "\
@@ -367,8 +361,6 @@ output \"y\" = %4
     assert_eq!(g.node_count(), 3, "both inputs stay, neg and exp go");
     insta::assert_snapshot!(snap);
 }
-
-// ---- RecognizeLinear
 
 #[test]
 fn linear_matmul_add_both_orders_and_no_bias() {
@@ -417,8 +409,6 @@ output \"y\" = %3
     assert_eq!(count(&g, "gemm"), 0);
     insta::assert_snapshot!(snap);
 }
-
-// ---- RecognizeLayerNorm
 
 const LAYER_NORM_POW: &str = "\
 %0 = input[name=\"x\"] : f32[B,S,4]
@@ -473,8 +463,6 @@ fn layer_norm_not_over_another_axis() {
     let (_, changed, _) = before_after(&RecognizeLayerNorm, &text);
     assert!(!changed);
 }
-
-// ---- RecognizeGelu
 
 const GELU_ERF: &str = "\
 %0 = input[name=\"x\"] : f32[B,8]
@@ -553,8 +541,6 @@ output \"y\" = %13
     let (_, changed, g) = before_after(&RecognizeGelu, &products);
     assert!(changed && count(&g, "gelu") == 1, "{}", print(&g));
 }
-
-// ---- RecognizeAttention
 
 /// The BERT eager block: q, k, v projections of hidden 8 into 2 heads of 4.
 const BERT_ATTENTION: &str = "\

@@ -398,10 +398,107 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
                 _ => t,
             }])
         }
+        Op::QuantizeLinear { axis, to } => {
+            let x = f32s(ins[0]);
+            let (scale, zp) = (f32s(ins[1]), ins.get(2).map(|t| t.to_i64_vec().unwrap()));
+            let at = per_axis(&out, *axis);
+            let (lo, hi) = if *to == DType::U8 {
+                (0.0, 255.0)
+            } else {
+                (-128.0, 127.0)
+            };
+            let q: Vec<i64> = x
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let c = at(i, scale.len());
+                    let z = zp.as_ref().map_or(0, |z| z[at(i, z.len())]) as f32;
+                    ((v / scale[c]).round_ties_even() + z).clamp(lo, hi) as i64
+                })
+                .collect();
+            Ok(vec![int_tensor(*to, out.clone(), q)])
+        }
+        Op::DequantizeLinear { axis } => {
+            let x = ins[0].to_i64_vec().map_err(|e| e.to_string())?;
+            let (scale, zp) = (f32s(ins[1]), ins.get(2).map(|t| t.to_i64_vec().unwrap()));
+            let at = per_axis(&out, *axis);
+            f(x.iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let z = zp.as_ref().map_or(0, |z| z[at(i, z.len())]);
+                    (v - z) as f32 * scale[at(i, scale.len())]
+                })
+                .collect())
+        }
+        Op::DynamicQuantizeLinear => {
+            let x = f32s(ins[0]);
+            let (mn, mx) = x
+                .iter()
+                .fold((0.0f32, 0.0f32), |(a, b), &v| (a.min(v), b.max(v)));
+            let scale = (mx - mn) / 255.0;
+            let zp = if scale == 0.0 {
+                0.0
+            } else {
+                (-mn / scale).round_ties_even().clamp(0.0, 255.0)
+            };
+            let q: Vec<u8> = x
+                .iter()
+                .map(|v| if scale == 0.0 { zp } else { ((v / scale).round_ties_even() + zp).clamp(0.0, 255.0) } as u8)
+                .collect();
+            Ok(vec![
+                Tensor::from_vec(out.clone(), q),
+                Tensor::scalar(scale),
+                Tensor::scalar(zp as u8),
+            ])
+        }
+        Op::MatMulInteger => {
+            let (a, b) = (ins[0].to_i64_vec().unwrap(), ins[1].to_i64_vec().unwrap());
+            let (sa, sb) = (ins[0].shape(), ins[1].shape());
+            if sb.len() != 2 {
+                return Err("matmul_integer with a batched right operand".into());
+            }
+            let (k, n) = (sb[0], sb[1]);
+            let m = a.len() / k;
+            let az = ins.get(2).map_or(vec![0], |t| t.to_i64_vec().unwrap());
+            let bz = ins.get(3).map_or(vec![0], |t| t.to_i64_vec().unwrap());
+            if az.len() != 1 || (bz.len() != 1 && bz.len() != n) || sa[sa.len() - 1] != k {
+                return Err("matmul_integer zero points or shapes not supported".into());
+            }
+            let mut y = vec![0i32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    let zb = bz[if bz.len() == 1 { 0 } else { j }];
+                    y[i * n + j] = (0..k)
+                        .map(|p| (a[i * k + p] - az[0]) * (b[p * n + j] - zb))
+                        .sum::<i64>() as i32;
+                }
+            }
+            Ok(vec![Tensor::from_vec(out.clone(), y)])
+        }
         _ => match passes::eval_node(op, ins, ty)? {
             Some(t) => Ok(vec![t]),
             None => Err("not supported by the test interpreter".into()),
         },
+    }
+}
+
+/// For a per-axis (or per-tensor, `len == 1`) parameter: the parameter index of flat element `i`.
+fn per_axis(shape: &[usize], axis: i64) -> impl Fn(usize, usize) -> usize + '_ {
+    let a = if axis < 0 {
+        (axis + shape.len() as i64).max(0) as usize
+    } else {
+        axis as usize
+    };
+    let inner: usize = shape.iter().skip(a + 1).product();
+    let dim = shape.get(a).copied().unwrap_or(1);
+    move |i, len| if len == 1 { 0 } else { (i / inner) % dim }
+}
+
+fn int_tensor(dtype: DType, shape: Vec<usize>, v: Vec<i64>) -> Tensor {
+    match dtype {
+        DType::U8 => Tensor::from_vec(shape, v.into_iter().map(|x| x as u8).collect()),
+        DType::I8 => Tensor::from_vec(shape, v.into_iter().map(|x| x as i8).collect()),
+        _ => Tensor::from_vec(shape, v.into_iter().map(|x| x as i32).collect()),
     }
 }
 
