@@ -135,7 +135,7 @@ pub enum F32Kernel {
     Scalar,
     /// AVX2 + FMA3, 6×16 register block.
     Avx2,
-    /// AVX-512F, 12×32 register block.
+    /// AVX-512F, 8×48 register block.
     Avx512,
 }
 

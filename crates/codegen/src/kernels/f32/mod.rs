@@ -2,7 +2,7 @@
 //! on the fly per cache block.
 //!
 //! Data path: `A[m×k]` → packed `MR`-row micro-panels (per `mc×kc` block, thread-local buffer) →
-//! microkernel (`avx512` 12×32, `avx2` 6×16, `scalar` 4×16) with B micro-panels `kc×NR` →
+//! microkernel (`avx512` 8×48, `avx2` 6×16, `scalar` 4×16) with B micro-panels `kc×NR` →
 //! `C` (accumulated across `kc` blocks) → epilogue on each `mc×nc` block while it is in cache.
 //!
 //! Threads: the packed panels of N are split into `threads` contiguous slices and part `t`
@@ -145,9 +145,9 @@ pub(crate) struct Blocking {
 
 fn blocking(mr: usize, nr: usize, elem: usize) -> Blocking {
     let c = cache_sizes();
-    // B micro-panel (kc×NR) in half of L1, A block (mc×kc) in a quarter of L2, B block
-    // (kc×nc) in half of L2.
-    let kc = ((c.l1d / 2) / (nr * elem)).clamp(64, 1024) / 16 * 16;
+    // A micro-panel (MR×kc) in a quarter of L1, A block (mc×kc) in a quarter of L2, B block
+    // (kc×nc) in half of L2; B micro-panels stream from L2.
+    let kc = ((c.l1d / 4) / (mr * elem)).clamp(64, 1024) / 16 * 16;
     let mc = ((c.l2 / 4) / (kc * elem)).clamp(mr, 4096) / mr * mr;
     let nc_panels = ((c.l2 / 2) / (kc * nr * elem)).max(1);
     Blocking { kc, mc, nc_panels }
@@ -342,19 +342,20 @@ unsafe fn compute_part(
                         }
                     }
                 }
-                for p in pn0..pn1 {
-                    let nv = nr.min(n - p * nr);
-                    // SAFETY: the panel holds k·nr floats; k0 + kcl ≤ k.
-                    let bp = unsafe { b.data.as_ptr().add(p * k * nr + k0 * nr) };
-                    for ip in 0..mpan {
-                        let mv = mr.min(mcl - ip * mr);
-                        // SAFETY: A micro-panel has mr·kcl floats, B micro-panel kcl·nr; the C
-                        // tile (mv × nv at row m0+ip·mr, column p·nr) is inside this part's region.
+                // The A micro-panel (mr × kc) stays in L1 while the B micro-panels of the
+                // block stream from L2 in address order.
+                for ip in 0..mpan {
+                    let mv = mr.min(mcl - ip * mr);
+                    for p in pn0..pn1 {
+                        let nv = nr.min(n - p * nr);
+                        // SAFETY: the B panel holds k·nr floats and k0 + kcl ≤ k; the A
+                        // micro-panel has mr·kcl floats; the C tile (mv × nv at row m0 + ip·mr,
+                        // column p·nr) is inside this part's region.
                         unsafe {
                             (ki.run)(
                                 kcl,
                                 apack.as_ptr().add(ip * mr * kcl),
-                                bp,
+                                b.data.as_ptr().add(p * k * nr + k0 * nr),
                                 c.0.add((m0 + ip * mr) * ldc + p * nr),
                                 ldc,
                                 mv,
