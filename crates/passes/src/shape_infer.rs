@@ -497,7 +497,7 @@ fn infer(
         Op::GatherElements { .. } => one(dtype(0), ins[1].shape.clone()),
         Op::Slice => one(dtype(0), slice_shape(ctx, ins, vals)?),
         Op::Expand => {
-            let s = match (&ins[0].shape, shape_operand(ctx, &ins[1], vals[1])?) {
+            let s = match (&ins[0].shape, shape_operand(&ins[1], vals[1])?) {
                 (Some(x), Some(target)) => {
                     let target: Vec<Option<Dim>> = target;
                     let r = x.len().max(target.len());
@@ -521,7 +521,7 @@ fn infer(
             one(dtype(0), s)
         }
         Op::ConstantOfShape { value } => {
-            let s = shape_operand(ctx, &ins[0], vals[0])?.map(|v| {
+            let s = shape_operand(&ins[0], vals[0])?.map(|v| {
                 v.into_iter()
                     .map(|d| d.unwrap_or_else(|| ctx.fresh()))
                     .collect()
@@ -690,7 +690,6 @@ fn shape_range(start: i64, end: Option<i64>, rank: usize) -> (usize, usize) {
 /// The dims a 1-D shape operand stands for: `None` elements are unknown; the whole is `None`
 /// when not even the length is known.
 fn shape_operand(
-    _ctx: &mut Ctx,
     ty: &TensorType,
     val: Option<&SymTensor>,
 ) -> Result<Option<Vec<Option<Dim>>>, String> {

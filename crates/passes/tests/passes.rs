@@ -458,6 +458,16 @@ output \"y\" = %9
 }
 
 #[test]
+fn layer_norm_with_reciprocal() {
+    let text = LAYER_NORM_POW.replace(
+        "%9 = div(%2, %8) : f32[*]",
+        "%20 = reciprocal(%8) : f32[*]\n%9 = mul(%20, %2) : f32[*]",
+    );
+    let (_, changed, g) = before_after(&RecognizeLayerNorm, &text);
+    assert!(changed && count(&g, "layer_norm") == 1, "{}", print(&g));
+}
+
+#[test]
 fn layer_norm_not_over_another_axis() {
     let text = LAYER_NORM_POW.replace("%5 = reduce_mean[axes=[-1]", "%5 = reduce_mean[axes=[1]");
     let (_, changed, _) = before_after(&RecognizeLayerNorm, &text);

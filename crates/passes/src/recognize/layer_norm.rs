@@ -10,7 +10,8 @@ use crate::{Pass, PassError};
 
 /// Rewrites
 /// `d = x - ReduceMean(x, [-1]); d / Sqrt(ReduceMean(Pow(d, 2), [-1]) + eps) * gamma + beta`
-/// (also with `Mul(d, d)` for the square, and with the two `x - mean` computed separately) to
+/// (also with `Mul(d, d)` for the square, `d · Reciprocal(Sqrt(·))` for the division, and with
+/// the two `x - mean` computed separately) to
 /// `LayerNorm[axis=-1, epsilon=eps](x, gamma, beta)`. `gamma` and `beta` must be constant
 /// vectors over the last axis; without them the scale is ones and there is no bias. A
 /// `LayerNorm` already in the graph (opset 17) is left as it is.
@@ -76,9 +77,25 @@ fn same_centering(g: &Graph, o: Outlet, x: Outlet, mean: Outlet) -> bool {
     binary_inputs(g, o.node, BinaryOp::Sub) == Some((x, mean))
 }
 
-/// The `d / sqrt(var + eps)` core, anchored on the `Div`.
+/// `(d, s)` when `id` is `d / s` or `d · Reciprocal(s)` (either order).
+fn divided(g: &Graph, id: NodeId) -> Option<(Outlet, Outlet)> {
+    if let Some(ds) = binary_inputs(g, id, BinaryOp::Div) {
+        return Some(ds);
+    }
+    let (a, b) = binary_inputs(g, id, BinaryOp::Mul)?;
+    let reciprocal = |o: Outlet| {
+        (*op_of(g, o) == Op::Unary(UnaryOp::Reciprocal)).then(|| g.node_inputs(o.node)[0])
+    };
+    match (reciprocal(b), reciprocal(a)) {
+        (Some(s), _) => Some((a, s)),
+        (None, Some(s)) => Some((b, s)),
+        _ => None,
+    }
+}
+
+/// The `d / sqrt(var + eps)` core, anchored on the `Div` (or the `Mul` by the reciprocal).
 fn decomposed_layer_norm(g: &mut Graph, id: NodeId) -> Result<bool, String> {
-    rule_if_some!(Some((d, s)) = binary_inputs(g, id, BinaryOp::Div));
+    rule_if_some!(Some((d, s)) = divided(g, id));
     rule_if_some!(Some((x, mean)) = centered(g, d));
     rule_if!(g.outlet_type(x).dtype == DType::F32);
     rule_if!(*op_of(g, s) == Op::Unary(UnaryOp::Sqrt));
