@@ -74,6 +74,14 @@ fn check(rel: &str, e: Expect) -> Option<ir::Graph> {
             );
         }
     }
+    // The dump is the stable text form: it parses back to the same text.
+    let text = ir::text::print(&g).unwrap();
+    let back = ir::text::parse(&text, None).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    assert_eq!(
+        ir::text::print(&back).unwrap(),
+        text,
+        "{rel}: dump round trip"
+    );
     // The pipeline is at a fixpoint: a second run changes nothing.
     let mut again = g.clone();
     let report = Pipeline::declutter()
