@@ -9,7 +9,11 @@
 //! `declutter` turns an imported ONNX graph into the canonical form the later pipelines
 //! (`quantize`, `fuse`) work on: every value typed with symbolic shapes, shape subgraphs folded
 //! into constants, and `Linear`, `LayerNorm`, `Gelu` and `Attention` recognised from their
-//! decompositions.
+//! decompositions. Its passes, in order: [`ShapeInference`], [`ConstantFolding`],
+//! [`DeadCodeElimination`], [`RecognizeLinear`], [`RecognizeLayerNorm`], [`RecognizeGelu`],
+//! [`RecognizeAttention`]. For a CLI: [`Pipeline::by_name`] finds a pipeline, and
+//! [`DumpSpec::parse`] reads `all` or a comma-separated list of pass names (`import` is the
+//! graph before the first pass); unknown names are an error.
 //!
 //! ```
 //! use passes::{DumpSpec, Pipeline, RunOptions};
