@@ -56,6 +56,14 @@ impl Default for CompileOptions {
     }
 }
 
+/// The time one node took in [`Session::run_profiled`].
+#[derive(Clone, Debug)]
+pub struct NodeTime {
+    pub node: String,
+    pub op: &'static str,
+    pub time: std::time::Duration,
+}
+
 /// What an embedding-like Gather reads, for input validation.
 #[derive(Clone, Debug)]
 enum Lookup {
@@ -534,6 +542,24 @@ impl Session {
     /// Runs the model. `inputs` are `(name, tensor)` pairs, one per model input in any order.
     /// Returns the outputs in the model's order.
     pub fn run(&self, inputs: &[(&str, TensorValue)]) -> Result<Vec<(String, TensorValue)>, Error> {
+        self.run_inner(inputs, None)
+    }
+
+    /// [`Session::run`], also returning the time of every executed node, in execution order.
+    pub fn run_profiled(
+        &self,
+        inputs: &[(&str, TensorValue)],
+    ) -> Result<(Vec<(String, TensorValue)>, Vec<NodeTime>), Error> {
+        let mut times = Vec::with_capacity(self.steps.len());
+        let out = self.run_inner(inputs, Some(&mut times))?;
+        Ok((out, times))
+    }
+
+    fn run_inner(
+        &self,
+        inputs: &[(&str, TensorValue)],
+        times: Option<&mut Vec<NodeTime>>,
+    ) -> Result<Vec<(String, TensorValue)>, Error> {
         self.validate(inputs)?;
         let mut arena = self
             .arenas
@@ -541,7 +567,7 @@ impl Session {
             .map(|mut a| a.pop())
             .unwrap_or(None)
             .unwrap_or_default();
-        let result = self.execute(inputs, &mut arena);
+        let result = self.execute(inputs, &mut arena, times);
         if let Ok(mut a) = self.arenas.lock() {
             a.push(arena);
         }
@@ -552,6 +578,7 @@ impl Session {
         &self,
         inputs: &[(&str, TensorValue)],
         arena: &mut Arena,
+        mut times: Option<&mut Vec<NodeTime>>,
     ) -> Result<Vec<(String, TensorValue)>, Error> {
         let mut slots: Vec<Slot<'_>> = (0..self.n_slots).map(|_| Slot::Empty).collect();
         for (s, t) in &self.consts {
@@ -611,7 +638,15 @@ impl Session {
                     }),
                 })
                 .collect::<Result<_, _>>()?;
+            let t0 = times.is_some().then(std::time::Instant::now);
             let outs = self.exec_step(st, &mut ins, &mut ctx, inputs);
+            if let (Some(t), Some(t0)) = (times.as_deref_mut(), t0) {
+                t.push(NodeTime {
+                    node: st.name.clone(),
+                    op: st.op.name(),
+                    time: t0.elapsed(),
+                });
+            }
             for i in ins.drain(..) {
                 if let Input::Own(t) = i {
                     ctx.arena.recycle(t);

@@ -1,5 +1,8 @@
 //! Multi-head attention (the recognised `attention` op).
 
+use codegen::kernels::gemm_f32_unpacked;
+
+use super::simd::softmax_row;
 use super::{broadcast_strides, split_range, Ctx, SyncPtr};
 use crate::value::TensorValue;
 use crate::Error;
@@ -100,43 +103,44 @@ pub(crate) fn attention(
         1
     };
     let run = |range: std::ops::Range<usize>| {
-        let mut scores = vec![0.0f32; sk];
-        let mut acc = vec![0.0f32; dh];
+        // Per-worker scratch, reused across its (batch, head) tasks.
+        let mut qh = vec![0.0f32; sq * dh];
+        let mut kh = vec![0.0f32; sk * dh];
+        let mut vh = vec![0.0f32; sk * dh];
+        let mut scores = vec![0.0f32; sq * sk];
+        let mut oh = vec![0.0f32; sq * dh];
         for task in range {
             let (bi, hd) = (task / num_heads, task % num_heads);
             let keys = &active[bi];
+            let n = keys.len();
             for i in 0..sq {
-                let qrow = &qv[(bi * sq + i) * h + hd * dh..][..dh];
-                let mrow = bi * ms[0] + hd * ms[1] + i * ms[2];
-                let mut max = f32::NEG_INFINITY;
-                for (s, &j) in scores.iter_mut().zip(keys) {
-                    let krow = &kv[(bi * sk + j) * h + hd * dh..][..dh];
-                    let dot: f32 = qrow.iter().zip(krow).map(|(x, y)| x * y).sum();
-                    let mut val = dot * scale;
-                    if has_mask {
-                        val += mv[mrow + j * ms[3]];
+                qh[i * dh..(i + 1) * dh].copy_from_slice(&qv[(bi * sq + i) * h + hd * dh..][..dh]);
+            }
+            for (r, &j) in keys.iter().enumerate() {
+                let src = (bi * sk + j) * h + hd * dh;
+                kh[r * dh..(r + 1) * dh].copy_from_slice(&kv[src..src + dh]);
+                vh[r * dh..(r + 1) * dh].copy_from_slice(&vv[src..src + dh]);
+            }
+            let sc = &mut scores[..sq * n];
+            // scores = scale · Qh · Khᵀ, one thread: the heads are the parallel dimension.
+            gemm_f32_unpacked(sq, n, dh, &qh, dh, &kh, dh, true, sc, n, scale, 1);
+            for (i, row) in sc.chunks_exact_mut(n).enumerate() {
+                if has_mask {
+                    let mrow = bi * ms[0] + hd * ms[1] + i * ms[2];
+                    for (s, &j) in row.iter_mut().zip(keys) {
+                        *s += mv[mrow + j * ms[3]];
                     }
-                    *s = val;
-                    max = max.max(val);
                 }
-                let n = keys.len();
-                let mut sum = 0.0f32;
-                for s in &mut scores[..n] {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let inv = 1.0 / sum;
-                acc.fill(0.0);
-                for (&p, &j) in scores[..n].iter().zip(keys) {
-                    let vrow = &vv[(bi * sk + j) * h + hd * dh..][..dh];
-                    acc.iter_mut().zip(vrow).for_each(|(a, &x)| *a += p * x);
-                }
+                softmax_row(row);
+            }
+            gemm_f32_unpacked(sq, dh, n, sc, n, &vh, dh, false, &mut oh, dh, 1.0, 1);
+            for i in 0..sq {
                 // SAFETY: task (bi, hd) alone writes columns hd·dh..(hd+1)·dh of rows of batch
                 // bi, so writers never overlap, and `out` outlives the scope below.
                 let dst = unsafe {
                     std::slice::from_raw_parts_mut(optr.ptr().add((bi * sq + i) * h + hd * dh), dh)
                 };
-                dst.iter_mut().zip(&acc).for_each(|(d, &a)| *d = a * inv);
+                dst.copy_from_slice(&oh[i * dh..(i + 1) * dh]);
             }
         }
     };

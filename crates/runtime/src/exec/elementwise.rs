@@ -273,17 +273,6 @@ pub(crate) fn erf(x: f32) -> f32 {
     libm::erff(x)
 }
 
-#[inline]
-pub(crate) fn gelu_erf(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
-}
-
-#[inline]
-pub(crate) fn gelu_tanh(x: f32) -> f32 {
-    const C: f32 = 0.797_884_6; // √(2/π)
-    0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh())
-}
-
 fn sigmoid(x: f32) -> f32 {
     if x >= 0.0 {
         1.0 / (1.0 + (-x).exp())
@@ -319,7 +308,7 @@ fn map_f32(
     Ok(out)
 }
 
-/// GELU over an f32 tensor.
+/// GELU over an f32 tensor, in place when the input is owned.
 pub(crate) fn gelu(
     approx: GeluApprox,
     x: Input<'_>,
@@ -333,10 +322,14 @@ pub(crate) fn gelu(
             format!("expects f32, got {}", x.get().dtype()),
         ));
     }
+    let row = (*x.get().shape().last().unwrap_or(&1)).max(1);
+    let mut out = x.into_owned();
+    let buf = out.typed_mut::<f32>().expect("checked f32");
     match approx {
-        GeluApprox::Erf => map_f32(x, ctx, gelu_erf),
-        GeluApprox::Tanh => map_f32(x, ctx, gelu_tanh),
+        GeluApprox::Erf => ctx.par_rows_mut(buf, row, |_, b| super::simd::gelu_erf_inplace(b)),
+        GeluApprox::Tanh => ctx.par_rows_mut(buf, row, |_, b| super::simd::gelu_tanh_inplace(b)),
     }
+    Ok(out)
 }
 
 /// A unary elementwise op.

@@ -8,6 +8,7 @@ pub(crate) mod elementwise;
 pub(crate) mod nn;
 pub(crate) mod quant;
 pub(crate) mod shape_ops;
+pub(crate) mod simd;
 
 use std::ops::Range;
 

@@ -1,5 +1,6 @@
 //! Matrix products, softmax and layer normalisation.
 
+use super::simd::{layer_norm_rows, softmax_row};
 use super::{broadcast_shape, broadcast_strides, norm_axis, strides_of, Ctx, Input};
 use crate::gemm::{gemm_packed, gemm_unpacked, PackedWeight};
 use crate::value::TensorValue;
@@ -237,17 +238,6 @@ pub(crate) fn gemm(
     Ok(TensorValue::raw(vec![m, n], out))
 }
 
-fn softmax_row(row: &mut [f32]) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f32;
-    for v in row.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    let inv = 1.0 / sum;
-    row.iter_mut().for_each(|v| *v *= inv);
-}
-
 /// Softmax over `axis`, in place when the input is owned.
 pub(crate) fn softmax(
     x: Input<'_>,
@@ -314,24 +304,8 @@ pub(crate) fn layer_norm(
     let mut out = ctx.arena.f32_zeroed(xv.len());
     if n > 0 {
         ctx.par_rows_mut(&mut out, n, |row0, block| {
-            for (r, y) in block.chunks_exact_mut(n).enumerate() {
-                let xr = &xv[(row0 + r) * n..(row0 + r + 1) * n];
-                let mean = xr.iter().sum::<f32>() / n as f32;
-                let var = xr.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
-                let inv = 1.0 / (var + eps).sqrt();
-                match b {
-                    Some(b) => {
-                        for i in 0..n {
-                            y[i] = (xr[i] - mean) * inv * g[i] + b[i];
-                        }
-                    }
-                    None => {
-                        for i in 0..n {
-                            y[i] = (xr[i] - mean) * inv * g[i];
-                        }
-                    }
-                }
-            }
+            let xr = &xv[row0 * n..row0 * n + block.len()];
+            layer_norm_rows(xr, block, n, g, b, eps);
         });
     }
     Ok(TensorValue::raw(x.shape().to_vec(), out))
