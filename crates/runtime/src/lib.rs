@@ -25,5 +25,5 @@ mod value;
 pub use error::Error;
 pub use ir::DType;
 pub use model::{IoSpec, Model};
-pub use session::{CompileOptions, NodeTime, Session};
+pub use session::{CompileOptions, NodeTime, Outputs, Session};
 pub use value::{TensorData, TensorValue, ValueElement};

@@ -56,6 +56,9 @@ impl Default for CompileOptions {
     }
 }
 
+/// The named outputs of a run, in the model's order.
+pub type Outputs = Vec<(String, TensorValue)>;
+
 /// The time one node took in [`Session::run_profiled`].
 #[derive(Clone, Debug)]
 pub struct NodeTime {
@@ -93,6 +96,25 @@ struct Step {
     frees: Vec<usize>,
     weight: Weight,
     lookup: Lookup,
+    /// What a packed GEMM applies in its epilogue, taken over from its only reader.
+    fused: Fused,
+    /// The step only forwards input 0 (its work was fused into the producer).
+    alias: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fused {
+    None,
+    Gelu(ir::GeluApprox),
+    /// Residual add; the residual is this input of the step.
+    Residual(usize),
+    /// A MatMul of two DequantizeLinear outputs, computed from the quantized inputs: exact i32
+    /// accumulation, then one multiply by the scales. Its inputs are `[qa, sa, za?, qb, sb, zb?]`
+    /// (the indices of the zero points, when present, are given).
+    QMatMul {
+        za: Option<usize>,
+        zb: Option<usize>,
+    },
 }
 
 struct InputSlot {
@@ -333,15 +355,19 @@ impl Session {
                 frees: Vec::new(),
                 weight,
                 lookup,
+                fused: Fused::None,
+                alias: false,
             });
         }
-
-        // Liveness: the last step reading each slot. Graph outputs live to the end.
         let outputs: Vec<(String, usize)> = graph
             .outputs()
             .iter()
             .map(|(name, o)| (name.clone(), slot_of[o]))
             .collect();
+        fuse_epilogues(&mut steps, n_slots, &outputs);
+        fuse_qdq_matmuls(&graph, &mut steps, &slot_of, &outputs);
+
+        // Liveness: the last step reading each slot. Graph outputs live to the end.
         let mut last_use: Vec<Option<usize>> = vec![None; n_slots];
         for (i, st) in steps.iter().enumerate() {
             for &s in &st.inputs {
@@ -549,7 +575,7 @@ impl Session {
     pub fn run_profiled(
         &self,
         inputs: &[(&str, TensorValue)],
-    ) -> Result<(Vec<(String, TensorValue)>, Vec<NodeTime>), Error> {
+    ) -> Result<(Outputs, Vec<NodeTime>), Error> {
         let mut times = Vec::with_capacity(self.steps.len());
         let out = self.run_inner(inputs, Some(&mut times))?;
         Ok((out, times))
@@ -709,6 +735,19 @@ impl Session {
             std::mem::replace(&mut ins[i], Input::Own(TensorValue::scalar(0u8)))
         }
         let r = |i: usize| -> &TensorValue { ins[i].get() };
+        fn fused_args<'b>(
+            f: Fused,
+            ins: &'b [Input<'_>],
+        ) -> (Option<ir::GeluApprox>, Option<&'b TensorValue>) {
+            match f {
+                Fused::None | Fused::QMatMul { .. } => (None, None),
+                Fused::Gelu(a) => (Some(a), None),
+                Fused::Residual(i) => (None, Some(ins[i].get())),
+            }
+        }
+        if st.alias {
+            return Ok(vec![take(ins, 0).into_owned()]);
+        }
         match &st.op {
             Op::Input { .. } | Op::Const { .. } => unreachable!("not steps"),
             Op::Binary(b) => {
@@ -755,8 +794,22 @@ impl Session {
                 one(so::cumsum(r(0), r(1), *exclusive, *reverse, node)?)
             }
             Op::Reduce { op, axes, keepdims } => one(so::reduce(r(0), *op, axes, *keepdims, node)?),
+            Op::MatMul if matches!(st.fused, Fused::QMatMul { .. }) => {
+                let Fused::QMatMul { za, zb } = st.fused else {
+                    unreachable!()
+                };
+                let (qb_at, za, zb) = match (za, zb) {
+                    (Some(_), _) => (3, Some(r(2)), zb.map(r)),
+                    (None, _) => (2, None, zb.map(r)),
+                };
+                let (sa, sb) = (r(1), r(qb_at + 1));
+                one(quant::qdq_matmul(r(0), sa, za, r(qb_at), sb, zb, node)?)
+            }
             Op::MatMul => match packed {
-                Some(w) => one(nn::linear(r(0), w, None, ctx, node, "matmul")?),
+                Some(w) => {
+                    let (gelu, res) = fused_args(st.fused, ins);
+                    one(nn::linear(r(0), w, None, gelu, res, ctx, node, "matmul")?)
+                }
                 None => one(nn::matmul(r(0), r(1), ctx, node)?),
             },
             Op::Gemm {
@@ -779,8 +832,12 @@ impl Session {
             }
             Op::Linear => {
                 let w = packed.expect("linear weights are packed at compile time");
-                let bias = ins.get(2).map(|i| i.get());
-                one(nn::linear(r(0), w, bias, ctx, node, "linear")?)
+                let bias = match st.fused {
+                    Fused::Residual(2) => None,
+                    _ => ins.get(2).map(|i| i.get()),
+                };
+                let (gelu, res) = fused_args(st.fused, ins);
+                one(nn::linear(r(0), w, bias, gelu, res, ctx, node, "linear")?)
             }
             Op::Softmax { axis } => one(nn::softmax(take(ins, 0), *axis, ctx, node)?),
             Op::LayerNorm { axis, epsilon } => {
@@ -866,6 +923,136 @@ impl Session {
                     oor.index, oor.dim
                 ),
             ),
+        }
+    }
+}
+
+/// Epilogue fusion: a Linear (or MatMul with a packed weight) whose only reader is a GELU or an
+/// Add takes that op into its GEMM epilogue, and the reader becomes a pass-through. The
+/// residual of an Add must already exist when the GEMM runs (produced by an earlier step).
+fn fuse_epilogues(steps: &mut [Step], n_slots: usize, outputs: &[(String, usize)]) {
+    let mut readers: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n_slots];
+    let mut producer: Vec<Option<usize>> = vec![None; n_slots];
+    for (i, st) in steps.iter().enumerate() {
+        for (k, &s) in st.inputs.iter().enumerate() {
+            readers[s].push((i, k));
+        }
+        for &s in &st.outputs {
+            producer[s] = Some(i);
+        }
+    }
+    for i in 0..steps.len() {
+        let is_gemm = matches!(steps[i].weight, Weight::Packed(_))
+            && matches!(steps[i].op, Op::Linear | Op::MatMul);
+        if !is_gemm {
+            continue;
+        }
+        let o = steps[i].outputs[0];
+        if outputs.iter().any(|(_, s)| *s == o) || readers[o].len() != 1 {
+            continue;
+        }
+        let (j, k) = readers[o][0];
+        match steps[j].op {
+            Op::Gelu { approx } => {
+                steps[i].fused = Fused::Gelu(approx);
+                steps[j].alias = true;
+            }
+            Op::Binary(ir::BinaryOp::Add) => {
+                let other = steps[j].inputs[1 - k];
+                if other == o || producer[other].is_some_and(|p| p >= i) {
+                    continue;
+                }
+                steps[i].inputs.push(other);
+                steps[i].fused = Fused::Residual(steps[i].inputs.len() - 1);
+                steps[j].inputs = vec![o];
+                steps[j].alias = true;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Replaces `MatMul(DequantizeLinear(qa), DequantizeLinear(qb))` by a MatMul over the quantized
+/// values (see [`Fused::QMatMul`]) when the scales are constants, `a`'s per tensor and `b`'s per
+/// tensor or per output column. The f32 sum of dequantized products depends on the GEMM's
+/// summation order and on rounding of each product, so requantized values near a rounding tie
+/// would flip with any change of kernel; the exact sum does not. Dequantize steps left without
+/// readers are dropped.
+fn fuse_qdq_matmuls(
+    graph: &Graph,
+    steps: &mut Vec<Step>,
+    slot_of: &HashMap<Outlet, usize>,
+    outputs: &[(String, usize)],
+) {
+    let outlet_of: HashMap<usize, Outlet> = slot_of.iter().map(|(o, s)| (*s, *o)).collect();
+    let mut producer: HashMap<usize, usize> = HashMap::new();
+    for (i, st) in steps.iter().enumerate() {
+        for &s in &st.outputs {
+            producer.insert(s, i);
+        }
+    }
+    let const_len = |slot: usize| graph.const_value(outlet_of[&slot]).map(|t| t.len());
+    let mut changed = false;
+    for i in 0..steps.len() {
+        if !matches!(steps[i].op, Op::MatMul) || !matches!(steps[i].weight, Weight::None) {
+            continue;
+        }
+        let (Some(&pa), Some(&pb)) = (
+            producer.get(&steps[i].inputs[0]),
+            producer.get(&steps[i].inputs[1]),
+        ) else {
+            continue;
+        };
+        let (Op::DequantizeLinear { .. }, Op::DequantizeLinear { axis: b_axis }) =
+            (&steps[pa].op, &steps[pb].op)
+        else {
+            continue;
+        };
+        let (a_in, b_in) = (steps[pa].inputs.clone(), steps[pb].inputs.clone());
+        let b_rank = graph.outlet_type(outlet_of[&b_in[0]]).rank();
+        let n_cols = graph
+            .outlet_type(outlet_of[&steps[i].outputs[0]])
+            .shape
+            .as_ref()
+            .and_then(|s| s.last().and_then(|d| d.as_fixed()));
+        let a_ok =
+            const_len(a_in[1]) == Some(1) && a_in.get(2).is_none_or(|&z| const_len(z) == Some(1));
+        let b_per_col = b_rank == Some(2)
+            && (*b_axis == 1 || *b_axis == -1)
+            && n_cols.is_some()
+            && const_len(b_in[1]) == n_cols;
+        let b_ok = (const_len(b_in[1]) == Some(1) || b_per_col)
+            && b_in
+                .get(2)
+                .is_none_or(|&z| const_len(z) == const_len(b_in[1]));
+        if !(a_ok && b_ok) {
+            continue;
+        }
+        let mut ins = a_in.clone();
+        let za = (a_in.len() > 2).then_some(2);
+        let qb_at = ins.len();
+        ins.extend(&b_in);
+        let zb = (b_in.len() > 2).then_some(qb_at + 2);
+        steps[i].inputs = ins;
+        steps[i].fused = Fused::QMatMul { za, zb };
+        changed = true;
+    }
+    if !changed {
+        return;
+    }
+    // Drop steps whose outputs nobody reads any more (the folded DequantizeLinear ops).
+    loop {
+        let mut read = vec![false; slot_of.len()];
+        for st in steps.iter() {
+            st.inputs.iter().for_each(|&s| read[s] = true);
+        }
+        outputs.iter().for_each(|(_, s)| read[*s] = true);
+        let before = steps.len();
+        steps.retain(|st| {
+            !matches!(st.op, Op::DequantizeLinear { .. }) || st.outputs.iter().any(|&s| read[s])
+        });
+        if steps.len() == before {
+            break;
         }
     }
 }

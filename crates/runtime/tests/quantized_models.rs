@@ -1,18 +1,20 @@
 //! The int8 models (static QDQ S8S8 and U8S8, dynamic) run with the ONNX reference arithmetic
-//! (dequantize, f32 op, quantize with round-half-to-even and saturation) and are compared with
-//! onnxruntime, which runs them through fused int8 kernels.
+//! (dequantize, f32 op, quantize with round-half-to-even and saturation; a MatMul of two
+//! dequantized tensors is accumulated exactly in i32) and are compared with onnxruntime, which
+//! runs them through its own fused int8 kernels.
 //!
-//! Why the bounds below: the dynamic model's ops (DynamicQuantizeLinear, MatMulInteger, Cast,
-//! Mul) are exact or single-rounding, so ORT and the spec agree to float rounding (asserted at
-//! 1e-4). In the static QDQ models ORT accumulates `Σ(qa−za)(qb−zb)` exactly in i32 and
-//! requantizes with one float multiply, while the spec path sums dequantized products in f32: the
-//! two differ by ~1e-7 relative before rounding, so a value within that distance of a .5
-//! boundary rounds to the neighbouring quantum. Such a flip (one activation quantum, 0.01–0.05
-//! here) then feeds every later layer of that sequence through attention, so its effect on the
-//! output is not one quantum but is bounded by the int8 noise itself. Hence, per batch: the
-//! error must be within the int8-vs-FP32 error the manifest records (max and mean, valid
-//! positions), and across a model most sequences (≥ 70 %) must show no flip at all (≤ 1e-4): a
-//! systematic arithmetic mistake would touch every sequence.
+//! Why these bounds. The dynamic model's ops (DynamicQuantizeLinear, MatMulInteger, Cast, Mul)
+//! are exact or single-rounding, so ORT and the spec agree to float rounding: asserted at 1e-4.
+//! In the static QDQ models ORT requantizes with its own float formula (`acc·(sa·sb/sy)`, MLAS
+//! exp/LayerNorm), the spec path with another (`(acc·sa·sb)/sy`, libm): the two differ by ~1e-7
+//! relative before rounding, so a value within that distance of a .5 boundary lands on the
+//! neighbouring quantum. With millions of requantized values per batch a few such flips are
+//! certain, and each one (0.01–0.05 here) reaches every later layer of its sequence through
+//! attention. Element-wise agreement is therefore no criterion; what must agree is the
+//! accuracy of the int8 execution. Per batch and output we assert:
+//! - against ORT int8: error within the int8-vs-FP32 error the manifest records (max, mean);
+//! - against the FP32 reference: our mean error within ±25 % of ORT's int8-vs-FP32 mean error
+//!   (the same quantization noise), and our max error at most 1.5× ORT's.
 
 mod common;
 
@@ -24,6 +26,8 @@ struct Outcome {
     batch: String,
     output: String,
     stats: ErrStats,
+    /// Against the FP32 model's reference output.
+    vs_fp32: Option<ErrStats>,
 }
 
 fn run_model(id: &str, optimize: bool) -> Option<(Value, Vec<Outcome>)> {
@@ -54,10 +58,22 @@ fn run_model(id: &str, optimize: bool) -> Option<(Value, Vec<Outcome>)> {
                 "{id} optimize={optimize} {} {name}: valid max {:.3e} mean {:.3e} ({} of {} off by > 1e-4), per row max {:?}; padded ({}) max {:.3e}",
                 b.name, s.valid_max, s.valid_mean, s.valid_off, s.valid_count, s.row_max, s.pad_count, s.pad_max
             );
+            let vs_fp32 = entry["quantized_from"].as_str().map(|fp| {
+                let f = dir.join(format!("reference/{fp}/{}.{name}.npy", b.name));
+                let want = runtime::TensorValue::read_npy(f).unwrap();
+                compare(got, &want, mask)
+            });
+            if let Some(v) = &vs_fp32 {
+                println!(
+                    "    vs FP32 reference: valid max {:.3e} mean {:.3e}",
+                    v.valid_max, v.valid_mean
+                );
+            }
             res.push(Outcome {
                 batch: b.name.clone(),
                 output: name.clone(),
                 stats: s,
+                vs_fp32,
             });
         }
         if let (Some((_, want)), Some(mask)) = (
@@ -118,33 +134,31 @@ fn check_static(id: &str, optimize: bool) {
     let Some((entry, res)) = run_model(id, optimize) else {
         return;
     };
-    let (mut rows, mut clean) = (0, 0);
     for o in &res {
         let (max, mean) = int8_noise(&entry, &o.batch, &o.output);
+        let what = format!("{id} optimize={optimize} {} {}", o.batch, o.output);
         assert!(
             (o.stats.valid_max as f64) <= max,
-            "{id} {} {}: max err {} exceeds the int8 noise {max}",
-            o.batch,
-            o.output,
+            "{what}: max err vs ORT {} exceeds the int8 noise {max}",
             o.stats.valid_max
         );
         assert!(
             o.stats.valid_mean <= mean,
-            "{id} {} {}: mean err {} exceeds the int8 noise {mean}",
-            o.batch,
-            o.output,
+            "{what}: mean err vs ORT {} exceeds the int8 noise {mean}",
             o.stats.valid_mean
         );
-        if o.output == "last_hidden_state" {
-            rows += o.stats.row_max.len();
-            clean += o.stats.row_max.iter().filter(|&&e| e <= 1e-4).count();
-        }
+        let f = o.vs_fp32.as_ref().expect("FP32 reference");
+        assert!(
+            (0.75 * mean..=1.25 * mean).contains(&f.valid_mean),
+            "{what}: mean err vs FP32 {} is not ORT's int8 noise {mean} ± 25 %",
+            f.valid_mean
+        );
+        assert!(
+            (f.valid_max as f64) <= 1.5 * max,
+            "{what}: max err vs FP32 {} exceeds 1.5 × ORT's {max}",
+            f.valid_max
+        );
     }
-    println!("{id}: {clean} of {rows} sequences match onnxruntime to 1e-4");
-    assert!(
-        clean * 10 >= rows * 7,
-        "{id}: only {clean} of {rows} sequences free of rounding flips"
-    );
 }
 
 #[test]

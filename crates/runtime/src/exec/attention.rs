@@ -54,6 +54,12 @@ pub(crate) fn attention(
         )));
     }
     let dh = h / num_heads;
+    if b * sq * h == 0 {
+        return Ok(TensorValue::raw(vec![b, sq, h], Vec::<f32>::new()));
+    }
+    if sk == 0 {
+        return Err(err("softmax over zero keys".into()));
+    }
     let full = [b, num_heads, sq, sk];
     let (mv, ms): (&[f32], [usize; 4]) = match mask {
         Some(m) => {

@@ -1,8 +1,8 @@
 //! Matrix products, softmax and layer normalisation.
 
-use super::simd::{layer_norm_rows, softmax_row};
+use super::simd::{layer_norm_rows, softmax_row_exact};
 use super::{broadcast_shape, broadcast_strides, norm_axis, strides_of, Ctx, Input};
-use crate::gemm::{gemm_packed, gemm_unpacked, PackedWeight};
+use crate::gemm::{gemm_packed, gemm_unpacked, Epi, PackedWeight};
 use crate::value::TensorValue;
 use crate::Error;
 
@@ -89,10 +89,13 @@ fn f32_of<'a>(t: &'a TensorValue, node: &str, op: &'static str) -> Result<&'a [f
 
 /// `x[..., k] · w[k, n] (+ bias)` with a prepacked weight: Linear, and MatMul/Gemm whose right
 /// operand is a constant.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn linear(
     x: &TensorValue,
     w: &PackedWeight,
     bias: Option<&TensorValue>,
+    gelu: Option<ir::GeluApprox>,
+    residual: Option<&TensorValue>,
     ctx: &mut Ctx<'_>,
     node: &str,
     op: &'static str,
@@ -131,8 +134,23 @@ pub(crate) fn linear(
     let mut shape = x.shape().to_vec();
     *shape.last_mut().unwrap() = w.n();
     let mut out = ctx.arena.f32_zeroed(m * w.n());
-    gemm_packed(ctx, m, xv, k, w, &mut out, bias);
-    Ok(TensorValue::raw(shape, out))
+    // The residual joins the epilogue when it has the output's shape; a broadcast one is added
+    // afterwards (same operations, same rounding).
+    let fused_res = residual.filter(|r| r.shape() == &shape[..]);
+    let res_v = fused_res.map(|r| f32_of(r, node, op)).transpose()?;
+    let epi = Epi {
+        bias,
+        gelu,
+        residual: res_v,
+    };
+    gemm_packed(ctx, m, xv, k, w, &mut out, epi);
+    let out = TensorValue::raw(shape, out);
+    match residual {
+        Some(r) if fused_res.is_none() => {
+            super::elementwise::binary(ir::BinaryOp::Add, Input::Own(out), Input::Ref(r), node)
+        }
+        _ => Ok(out),
+    }
 }
 
 /// Numpy matmul of two f32 activations.
@@ -204,7 +222,7 @@ pub(crate) fn gemm(
     let mut out = ctx.arena.f32_zeroed(m * n);
     match packed {
         Some(w) => {
-            gemm_packed(ctx, m, av, k, w, &mut out, None);
+            gemm_packed(ctx, m, av, k, w, &mut out, Epi::default());
             if alpha != 1.0 {
                 out.iter_mut().for_each(|v| *v *= alpha);
             }
@@ -257,7 +275,7 @@ pub(crate) fn softmax(
     }
     if inner == 1 {
         ctx.par_rows_mut(buf, dim, |_, block| {
-            block.chunks_exact_mut(dim).for_each(softmax_row)
+            block.chunks_exact_mut(dim).for_each(softmax_row_exact)
         });
     } else {
         let mut tmp = vec![0.0; dim];
@@ -266,7 +284,7 @@ pub(crate) fn softmax(
                 for d in 0..dim {
                     tmp[d] = chunk[d * inner + i];
                 }
-                softmax_row(&mut tmp);
+                softmax_row_exact(&mut tmp);
                 for d in 0..dim {
                     chunk[d * inner + i] = tmp[d];
                 }

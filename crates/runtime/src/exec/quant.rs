@@ -282,6 +282,47 @@ pub(crate) fn matmul_integer(
     Ok(TensorValue::raw(p.out_shape, out))
 }
 
+/// `MatMul(DequantizeLinear(qa, sa, za), DequantizeLinear(qb, sb, zb))` computed as
+/// `Σ(qa−za)(qb−zb)` in i32 (exact), times `sa·sb[n]` in f32. `sa` is per tensor, `sb` per
+/// tensor or per output column.
+pub(crate) fn qdq_matmul(
+    qa: &TensorValue,
+    sa: &TensorValue,
+    za: Option<&TensorValue>,
+    qb: &TensorValue,
+    sb: &TensorValue,
+    zb: Option<&TensorValue>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let acc = matmul_integer(qa, qb, za, zb, node)?;
+    let n = *acc.shape().last().unwrap_or(&1);
+    let sa = sa
+        .as_f32()
+        .filter(|v| v.len() == 1)
+        .ok_or_else(|| Error::op(node, "matmul", "quantized A must have one f32 scale"))?[0];
+    let sb = sb
+        .as_f32()
+        .filter(|v| v.len() == 1 || v.len() == n)
+        .ok_or_else(|| {
+            Error::op(
+                node,
+                "matmul",
+                format!("quantized B needs 1 or {n} f32 scales"),
+            )
+        })?;
+    let scales: Vec<f32> = (0..n)
+        .map(|j| sa * sb[if sb.len() == 1 { 0 } else { j }])
+        .collect();
+    let shape = acc.shape().to_vec();
+    let acc = acc.into_vec::<i32>()?;
+    let out: Vec<f32> = acc
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| v as f32 * scales[i % n.max(1)])
+        .collect();
+    Ok(TensorValue::raw(shape, out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,8 +48,23 @@ multiversion! {
     }
 }
 
+/// Softmax of one row in place with the C library's `expf` (correctly rounded in practice):
+/// the Softmax op uses it because quantized graphs requantize its output, and every ulp closer
+/// to the exact value means fewer rounding flips against other runtimes.
+pub(crate) fn softmax_row_exact(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    row.iter_mut().for_each(|v| *v *= inv);
+}
+
 multiversion! {
-    /// Softmax of one row in place: max-subtracted exponentials over their sum.
+    /// Softmax of one row in place: max-subtracted exponentials over their sum, with the
+    /// vectorised `exp` of codegen (≤ 2 ulp). Used inside the fused attention.
     fn softmax_row(row: &mut [f32]) {
         let mut max = f32::NEG_INFINITY;
         for &v in row.iter() {
