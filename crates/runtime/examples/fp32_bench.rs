@@ -60,7 +60,7 @@ fn main() -> Result<(), runtime::Error> {
         batch as f64 / per
     );
     let mut ops: Vec<_> = by_op.into_iter().collect();
-    ops.sort_by(|a, b| b.1.cmp(&a.1));
+    ops.sort_by_key(|o| std::cmp::Reverse(o.1));
     for (op, d) in ops {
         println!(
             "  {op:<24} {:8.3} ms/run",
