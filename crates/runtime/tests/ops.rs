@@ -1,0 +1,217 @@
+//! Ops on small graphs written in the IR text form: the recognised ops against their
+//! decompositions, and the ONNX corner cases (broadcasting, negative indices, clamping).
+
+use runtime::{CompileOptions, Error, Model, Session, TensorValue};
+
+fn session(text: &str) -> Session {
+    let g = ir::text::parse(text, None).unwrap();
+    Session::new(
+        &Model::from_graph(g).unwrap(),
+        CompileOptions {
+            optimize: false,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn run1(s: &Session, inputs: &[(&str, TensorValue)]) -> TensorValue {
+    s.run(inputs).unwrap().remove(0).1
+}
+
+/// Deterministic pseudo-random values in [-1, 1).
+fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn max_diff(a: &TensorValue, b: &TensorValue) -> f32 {
+    assert_eq!(a.shape(), b.shape());
+    a.as_f32()
+        .unwrap()
+        .iter()
+        .zip(b.as_f32().unwrap())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The attention op against matmul/softmax over heads split by reshape/transpose, for a mask
+/// per key (padded keys skipped), a mask per query and key (no skipping), and no mask.
+#[test]
+fn attention_matches_decomposition() {
+    let fused = session(
+        "%0 = input[name=\"q\"] : f32[B,S,8]\n\
+         %1 = input[name=\"k\"] : f32[B,S,8]\n\
+         %2 = input[name=\"v\"] : f32[B,S,8]\n\
+         %3 = input[name=\"m\"] : f32[*]\n\
+         %4 = attention[num_heads=2, scale=0.5](%0, %1, %2, %3) : f32[B,S,8]\n\
+         output \"y\" = %4\n",
+    );
+    let reference = session(
+        "%0 = input[name=\"q\"] : f32[B,S,8]\n\
+         %1 = input[name=\"k\"] : f32[B,S,8]\n\
+         %2 = input[name=\"v\"] : f32[B,S,8]\n\
+         %3 = input[name=\"m\"] : f32[*]\n\
+         %4 = const[value=i64[4]{0, 0, 2, 4}] : i64[4]\n\
+         %5 = reshape[allowzero=false](%0, %4) : f32[*]\n\
+         %6 = transpose[perm=[0, 2, 1, 3]](%5) : f32[*]\n\
+         %7 = reshape[allowzero=false](%1, %4) : f32[*]\n\
+         %8 = transpose[perm=[0, 2, 3, 1]](%7) : f32[*]\n\
+         %9 = reshape[allowzero=false](%2, %4) : f32[*]\n\
+         %10 = transpose[perm=[0, 2, 1, 3]](%9) : f32[*]\n\
+         %11 = matmul(%6, %8) : f32[*]\n\
+         %12 = const[value=f32[]{0.5}] : f32[]\n\
+         %13 = mul(%11, %12) : f32[*]\n\
+         %14 = add(%13, %3) : f32[*]\n\
+         %15 = softmax[axis=-1](%14) : f32[*]\n\
+         %16 = matmul(%15, %10) : f32[*]\n\
+         %17 = transpose[perm=[0, 2, 1, 3]](%16) : f32[*]\n\
+         %18 = const[value=i64[3]{0, 0, 8}] : i64[3]\n\
+         %19 = reshape[allowzero=false](%17, %18) : f32[*]\n\
+         output \"y\" = %19\n",
+    );
+    let (b, s, h) = (3, 5, 8);
+    let t = |seed| TensorValue::from_f32(vec![b, s, h], rand_vec(b * s * h, seed)).unwrap();
+    let lens = [5, 2, 1];
+    let per_key: Vec<f32> = (0..b * s)
+        .map(|i| if i % s < lens[i / s] { 0.0 } else { -3.4028e38 })
+        .collect();
+    let masks = [
+        TensorValue::from_f32(vec![b, 1, 1, s], per_key).unwrap(),
+        TensorValue::from_f32(vec![b, 1, s, s], rand_vec(b * s * s, 9)).unwrap(),
+        TensorValue::from_f32(vec![1], vec![0.0]).unwrap(),
+        // Every key of batch 1 masked: softmax over equal scores, as the decomposition gives.
+        TensorValue::from_f32(
+            vec![b, 1, 1, s],
+            (0..b * s)
+                .map(|i| if i / s == 1 { -3.4028e38 } else { 0.0 })
+                .collect(),
+        )
+        .unwrap(),
+    ];
+    for m in masks {
+        let feeds = [("q", t(1)), ("k", t(2)), ("v", t(3)), ("m", m.clone())];
+        let d = max_diff(&run1(&fused, &feeds), &run1(&reference, &feeds));
+        assert!(d < 1e-6, "mask {:?}: {d}", m.shape());
+    }
+}
+
+#[test]
+fn layer_norm_and_gelu_match_decomposition() {
+    let fused = session(
+        "%0 = input[name=\"x\"] : f32[N,6]\n\
+         %1 = const[value=f32[6]{1.0, 0.5, 2.0, 1.5, 1.0, 0.25}] : f32[6]\n\
+         %2 = const[value=f32[6]{0.0, 0.1, -0.1, 0.2, 0.0, 0.3}] : f32[6]\n\
+         %3 = layer_norm[axis=-1, epsilon=1e-5](%0, %1, %2) : f32[N,6]\n\
+         %4 = gelu[approx=\"erf\"](%3) : f32[N,6]\n\
+         output \"y\" = %4\n",
+    );
+    let reference = session(
+        "%0 = input[name=\"x\"] : f32[N,6]\n\
+         %1 = const[value=f32[6]{1.0, 0.5, 2.0, 1.5, 1.0, 0.25}] : f32[6]\n\
+         %2 = const[value=f32[6]{0.0, 0.1, -0.1, 0.2, 0.0, 0.3}] : f32[6]\n\
+         %3 = reduce_mean[axes=[-1], keepdims=true](%0) : f32[N,1]\n\
+         %4 = sub(%0, %3) : f32[N,6]\n\
+         %5 = const[value=f32[]{2.0}] : f32[]\n\
+         %6 = pow(%4, %5) : f32[N,6]\n\
+         %7 = reduce_mean[axes=[-1], keepdims=true](%6) : f32[N,1]\n\
+         %8 = const[value=f32[]{1e-5}] : f32[]\n\
+         %9 = add(%7, %8) : f32[N,1]\n\
+         %10 = sqrt(%9) : f32[N,1]\n\
+         %11 = div(%4, %10) : f32[N,6]\n\
+         %12 = mul(%11, %1) : f32[N,6]\n\
+         %13 = add(%12, %2) : f32[N,6]\n\
+         %14 = const[value=f32[]{1.4142135}] : f32[]\n\
+         %15 = div(%13, %14) : f32[N,6]\n\
+         %16 = erf(%15) : f32[N,6]\n\
+         %17 = const[value=f32[]{1.0}] : f32[]\n\
+         %18 = add(%16, %17) : f32[N,6]\n\
+         %19 = mul(%13, %18) : f32[N,6]\n\
+         %20 = const[value=f32[]{0.5}] : f32[]\n\
+         %21 = mul(%19, %20) : f32[N,6]\n\
+         output \"y\" = %21\n",
+    );
+    let x = TensorValue::from_f32(
+        vec![7, 6],
+        rand_vec(42, 5).iter().map(|v| v * 4.0).collect(),
+    )
+    .unwrap();
+    let d = max_diff(
+        &run1(&fused, &[("x", x.clone())]),
+        &run1(&reference, &[("x", x)]),
+    );
+    assert!(d < 2e-6, "{d}");
+}
+
+#[test]
+fn onnx_corner_cases() {
+    // Gather with a negative index, Where broadcasting, Cast float→int truncation, Concat.
+    let s = session(
+        "%0 = input[name=\"x\"] : f32[2,3]\n\
+         %1 = const[value=i64[2]{-1, 0}] : i64[2]\n\
+         %2 = gather[axis=1](%0, %1) : f32[2,2]\n\
+         %3 = const[value=bool[2]{true, false}] : bool[2]\n\
+         %4 = const[value=f32[]{9.0}] : f32[]\n\
+         %5 = where(%3, %2, %4) : f32[2,2]\n\
+         %6 = cast[to=i64](%5) : i64[2,2]\n\
+         %7 = const[value=i64[2,1]{7, 8}] : i64[2,1]\n\
+         %8 = concat[axis=-1](%6, %7) : i64[2,3]\n\
+         output \"y\" = %8\n",
+    );
+    let x = TensorValue::from_f32(vec![2, 3], vec![1.5, 2.5, -3.7, 4.0, 5.0, 6.9]).unwrap();
+    assert_eq!(
+        run1(&s, &[("x", x)]).as_i64().unwrap(),
+        &[-3, 9, 7, 6, 9, 8]
+    );
+}
+
+#[test]
+fn op_errors_name_the_node() {
+    let s = session(
+        "%0 = input[name=\"a\"] : f32[*]\n\
+         %1 = input[name=\"b\"] : f32[*]\n\
+         %2 = add(%0, %1) : f32[*]  # my/add\n\
+         output \"y\" = %2\n",
+    );
+    let a = TensorValue::from_f32(vec![2], vec![1.0, 2.0]).unwrap();
+    let b = TensorValue::from_f32(vec![3], vec![1.0, 2.0, 3.0]).unwrap();
+    match s.run(&[("a", a), ("b", b)]) {
+        Err(Error::Op { node, op, .. }) => assert_eq!((node.as_str(), op), ("my/add", "add")),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn session_is_send_sync_and_runs_concurrently() {
+    fn is<T: Send + Sync>() {}
+    is::<Session>();
+    let s = session(
+        "%0 = input[name=\"x\"] : f32[N,4]\n\
+         %1 = relu(%0) : f32[N,4]\n\
+         output \"y\" = %1\n",
+    );
+    std::thread::scope(|sc| {
+        for t in 0..4 {
+            let s = &s;
+            sc.spawn(move || {
+                for _ in 0..50 {
+                    let x =
+                        TensorValue::from_f32(vec![1, 4], vec![t as f32, -1.0, 2.0, -3.0]).unwrap();
+                    assert_eq!(
+                        run1(s, &[("x", x)]).as_f32().unwrap(),
+                        &[t as f32, 0.0, 2.0, 0.0]
+                    );
+                }
+            });
+        }
+    });
+}
