@@ -1,6 +1,6 @@
 //! Roofline benchmark of the GEMM kernels.
 //!
-//! `cargo bench -p codegen --bench gemm [-- --json out.json] [-- --quick]`
+//! `cargo bench -p codegen --bench gemm [-- [--json out.json] [--quick | --m M]]`
 //!
 //! Prints the measured VNNI / FMA peaks for 1 and 2 threads, then GOPS and the fraction of the
 //! matching peak for every supported kernel on M ∈ {128, 1024, 4096} × (N, K) ∈ {(768, 768),
@@ -70,10 +70,15 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .cloned();
     let quick = args.iter().any(|a| a == "--quick");
-    let ms: &[usize] = if quick {
-        &[128, 1024]
-    } else {
-        &[128, 1024, 4096]
+    let only_m: Option<usize> = args
+        .iter()
+        .position(|a| a == "--m")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok());
+    let ms: Vec<usize> = match only_m {
+        Some(m) => vec![m],
+        None if quick => vec![128, 1024],
+        None => vec![128, 1024, 4096],
     };
     let nks: &[(usize, usize)] = &[(768, 768), (2304, 768), (3072, 768), (768, 3072)];
     let threads_list: Vec<usize> = vec![1, 2];
@@ -88,7 +93,7 @@ fn main() {
         peaks.push(p);
     }
     let mut all: Vec<KernelBenchResult> = Vec::new();
-    for &m in ms {
+    for &m in &ms {
         for &(n, k) in nks {
             for (ti, &t) in threads_list.iter().enumerate() {
                 let int8: Vec<Int8Kernel> = Int8Kernel::ALL
