@@ -6,12 +6,16 @@ Usage (from the repository root):
     python3 scripts/gemm_vs_ort.py                    # runs the Rust bench, then ORT
     python3 scripts/gemm_vs_ort.py --rust-json F.json # reuse a JSON written by the Rust bench
     python3 scripts/gemm_vs_ort.py --quick            # M in {128, 1024} only
+    python3 scripts/gemm_vs_ort.py --rounds 3         # more alternations on a noisy machine
 
 What it does:
 1. Creates a venv in .venv-gemm-ort (once) and pip-installs onnxruntime, onnx and numpy into it,
    then re-runs itself inside the venv.
-2. Unless --rust-json is given, runs
-   `cargo bench -p codegen --bench gemm -- --json target-kernels/gemm.json [--quick]`.
+2. Unless --rust-json is given, runs, for each M,
+   `cargo bench -p codegen --bench gemm -- --json target-kernels/gemm_m<M>.json --int8-only --m M`
+   and then times ORT on the same shapes; this alternation is repeated --rounds times (default 2)
+   and the best figure of each side is kept, so that load from other processes on a shared
+   machine does not favour one side.
 3. Builds two one-node models per shape with onnx.helper:
    * MatMulInteger: A u8 [M,K] (zero point 128) x B s8 [K,N] initializer -> i32 [M,N]
      (compared with encore's raw i32 kernel, the `picked` int8 row);
@@ -114,44 +118,71 @@ def time_ort(model, m, k, threads, rng):
     return best_time(lambda: sess.run(None, {"A": a}))
 
 
+def run_rust(m, path, quick):
+    cmd = ["cargo", "bench", "-p", "codegen", "--bench", "gemm", "--", "--json", path, "--int8-only", "--m", str(m)]
+    env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(ROOT, "target-kernels"))
+    subprocess.check_call(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    with open(path) as f:
+        return json.load(f)["results"]
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rust-json", help="JSON written by `cargo bench -p codegen --bench gemm -- --json F`")
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rust-json", help="JSON written by `cargo bench -p codegen --bench gemm -- --json F` (skips running it)")
+    ap.add_argument("--quick", action="store_true", help="M in {128, 1024} only")
+    ap.add_argument("--rounds", type=int, default=2, help="alternate encore and ORT this many times, keep the best of each")
     args = ap.parse_args()
     ensure_venv()
     import numpy as np
     import onnxruntime as ort
 
-    path = args.rust_json
-    if path is None:
-        path = os.path.join(ROOT, "target-kernels", "gemm.json")
-        cmd = ["cargo", "bench", "-p", "codegen", "--bench", "gemm", "--", "--json", path] + (["--quick"] if args.quick else [])
-        env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(ROOT, "target-kernels"))
-        subprocess.check_call(cmd, cwd=ROOT, env=env)
-    with open(path) as f:
-        rust = json.load(f)
-    rows = rust["results"]
-    ms = sorted({r["m"] for r in rows})
+    ms = [128, 1024] if args.quick else [128, 1024, 4096]
+    fixed = None
+    if args.rust_json:
+        with open(args.rust_json) as f:
+            fixed = json.load(f)["results"]
+        ms = sorted({r["m"] for r in fixed})
     rng = np.random.default_rng(0)
-    print(f"onnxruntime {ort.__version__}")
+    best_rust = {}  # (m, n, k, t, "i32"|"rq") -> GOPS
+    best_ort = {}  # (m, n, k, t, "mmi"|"qdq") -> GOPS
+    models = {}
+    # Rust and ORT alternate per M and round, so a busy spell on a shared machine hits both.
+    for rnd in range(args.rounds):
+        for m in ms:
+            rows = fixed if fixed is not None else run_rust(m, os.path.join(ROOT, "target-kernels", f"gemm_m{m}.json"), args.quick)
+            for r in rows:
+                if r["dtype"] != "int8" or r["m"] != m:
+                    continue
+                kind = "rq" if r["kernel"].endswith("+rq") else ("i32" if r["picked"] else None)
+                if kind:
+                    key = (m, r["n"], r["k"], r["threads"], kind)
+                    best_rust[key] = max(best_rust.get(key, 0.0), r["gops"])
+            for n, k in SHAPES_NK:
+                if (m, n, k) not in models:
+                    models[(m, n, k)] = (matmul_integer_model(m, n, k, rng), qdq_matmul_model(m, n, k, rng))
+                mmi_model, qdq_model = models[(m, n, k)]
+                ops = 2.0 * m * n * k
+                for t in (1, 2):
+                    for kind, model in (("mmi", mmi_model), ("qdq", qdq_model)):
+                        g = ops / time_ort(model, m, k, t, rng) / 1e9
+                        key = (m, n, k, t, kind)
+                        best_ort[key] = max(best_ort.get(key, 0.0), g)
+        print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
+    print(f"onnxruntime {ort.__version__}; best of {args.rounds} alternating rounds")
     print(f"{'M':>5} {'N':>5} {'K':>5} {'thr':>3} | {'ORT MMI':>8} {'encore i32':>10} {'ratio':>6} | {'ORT QDQ':>8} {'encore rq':>9} {'ratio':>6}")
     ratios = []
     for m in ms:
         for n, k in SHAPES_NK:
             for t in (1, 2):
-                ops = 2.0 * m * n * k
-                ours = [r for r in rows if (r["m"], r["n"], r["k"], r["threads"]) == (m, n, k, t) and r["dtype"] == "int8"]
-                picked = next((r for r in ours if r["picked"]), None)
-                rq = next((r for r in ours if r["kernel"].endswith("+rq")), None)
-                if picked is None:
+                ours = best_rust.get((m, n, k, t, "i32"))
+                ours_rq = best_rust.get((m, n, k, t, "rq"))
+                mmi = best_ort[(m, n, k, t, "mmi")]
+                qdq = best_ort[(m, n, k, t, "qdq")]
+                if ours is None or ours_rq is None:
                     continue
-                mmi = ops / time_ort(matmul_integer_model(m, n, k, rng), m, k, t, rng) / 1e9
-                qdq = ops / time_ort(qdq_matmul_model(m, n, k, rng), m, k, t, rng) / 1e9
-                r1 = picked["gops"] / mmi
-                r2 = rq["gops"] / qdq if rq else float("nan")
+                r1, r2 = ours / mmi, ours_rq / qdq
                 ratios.append((t, r1, r2))
-                print(f"{m:>5} {n:>5} {k:>5} {t:>3} | {mmi:>8.1f} {picked['gops']:>10.1f} {r1:>5.2f}x | {qdq:>8.1f} {rq['gops'] if rq else float('nan'):>9.1f} {r2:>5.2f}x")
+                print(f"{m:>5} {n:>5} {k:>5} {t:>3} | {mmi:>8.1f} {ours:>10.1f} {r1:>5.2f}x | {qdq:>8.1f} {ours_rq:>9.1f} {r2:>5.2f}x")
     for t in (1, 2):
         v = [(a, b) for (tt, a, b) in ratios if tt == t]
         if v:

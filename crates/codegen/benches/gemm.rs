@@ -1,6 +1,7 @@
 //! Roofline benchmark of the GEMM kernels.
 //!
-//! `cargo bench -p codegen --bench gemm [-- [--json out.json] [--quick | --m M]]`
+//! `cargo bench -p codegen --bench gemm [-- [--json out.json] [--quick | --m M] [--int8-only]]`
+//! (`--int8-only` skips the f32 and scalar kernels; the onnxruntime script uses it).
 //!
 //! Prints the measured VNNI / FMA peaks for 1 and 2 threads, then GOPS and the fraction of the
 //! matching peak for every supported kernel on M ∈ {128, 1024, 4096} × (N, K) ∈ {(768, 768),
@@ -70,6 +71,7 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .cloned();
     let quick = args.iter().any(|a| a == "--quick");
+    let int8_only = args.iter().any(|a| a == "--int8-only");
     let only_m: Option<usize> = args
         .iter()
         .position(|a| a == "--m")
@@ -98,11 +100,14 @@ fn main() {
             for (ti, &t) in threads_list.iter().enumerate() {
                 let int8: Vec<Int8Kernel> = Int8Kernel::ALL
                     .into_iter()
-                    .filter(|k| *k != Int8Kernel::Scalar || m == 128)
+                    .filter(|k| {
+                        (*k != Int8Kernel::Scalar || m == 128)
+                            && (!int8_only || *k != Int8Kernel::Scalar)
+                    })
                     .collect();
                 let f32k: Vec<F32Kernel> = F32Kernel::ALL
                     .into_iter()
-                    .filter(|k| *k != F32Kernel::Scalar || m == 128)
+                    .filter(|k| (*k != F32Kernel::Scalar || m == 128) && !int8_only)
                     .collect();
                 // The machine may be shared: re-measure the peak next to each configuration and
                 // keep the best seen, so a busy spell does not inflate the fractions.
