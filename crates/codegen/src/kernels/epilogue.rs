@@ -563,28 +563,32 @@ fn int_byte(v: f32) -> u8 {
 #[inline(always)]
 unsafe fn store_row(out: OutPtr, r: usize, c0: usize, y: &[f32]) {
     let w = y.len();
-    // SAFETY (all arms): the caller guarantees the w elements at (r, c0) are writable.
     match out {
         OutPtr::F32(p, ld) => {
+            // SAFETY: the caller guarantees the w elements at (r, c0) are writable and ours.
             unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) }.copy_from_slice(y)
         }
         OutPtr::Bf16(p, ld) => {
+            // SAFETY: the caller guarantees the w elements at (r, c0) are writable and ours.
             let o = unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) };
             o.iter_mut()
                 .zip(y)
                 .for_each(|(o, v)| *o = math::f32_to_bf16(*v));
         }
         OutPtr::U8(p, ld) => {
+            // SAFETY: the caller guarantees the w elements at (r, c0) are writable and ours.
             let o = unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) };
             o.iter_mut().zip(y).for_each(|(o, v)| *o = int_byte(*v));
         }
         OutPtr::S8(p, ld) => {
+            // SAFETY: the caller guarantees the w elements at (r, c0) are writable and ours.
             let o = unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) };
             o.iter_mut()
                 .zip(y)
                 .for_each(|(o, v)| *o = int_byte(*v) as i8);
         }
         OutPtr::I32(p, ld) => {
+            // SAFETY: the caller guarantees the w elements at (r, c0) are writable and ours.
             let o = unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) };
             o.iter_mut().zip(y).for_each(|(o, v)| *o = *v as i32);
         }

@@ -100,18 +100,20 @@ fn pick_loops() -> (Loop, Loop) {
     let f = cpu_features();
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY (all four closures): each is selected only when the CPU has the feature set
-        // the loop is compiled for.
         let vnni: Loop = if f.avx512vnni {
+            // SAFETY: chosen only when the CPU has this loop's features.
             (24.0 * 128.0, Some(|n| unsafe { loops::vnni512(n) } as f64))
         } else if f.avxvnni {
+            // SAFETY: chosen only when the CPU has this loop's features.
             (12.0 * 64.0, Some(|n| unsafe { loops::vnni256(n) } as f64))
         } else {
             (0.0, None)
         };
         let fma: Loop = if f.avx512 {
+            // SAFETY: chosen only when the CPU has this loop's features.
             (24.0 * 32.0, Some(|n| unsafe { loops::fma512(n) } as f64))
         } else if f.avx2_fma {
+            // SAFETY: chosen only when the CPU has this loop's features.
             (12.0 * 16.0, Some(|n| unsafe { loops::fma256(n) } as f64))
         } else {
             (0.0, None)
