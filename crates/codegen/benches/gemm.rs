@@ -100,10 +100,7 @@ fn main() {
             for (ti, &t) in threads_list.iter().enumerate() {
                 let int8: Vec<Int8Kernel> = Int8Kernel::ALL
                     .into_iter()
-                    .filter(|k| {
-                        (*k != Int8Kernel::Scalar || m == 128)
-                            && (!int8_only || *k != Int8Kernel::Scalar)
-                    })
+                    .filter(|k| *k != Int8Kernel::Scalar || (m == 128 && !int8_only))
                     .collect();
                 let f32k: Vec<F32Kernel> = F32Kernel::ALL
                     .into_iter()
