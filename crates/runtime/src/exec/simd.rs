@@ -62,20 +62,49 @@ pub(crate) fn softmax_row_exact(row: &mut [f32]) {
     row.iter_mut().for_each(|v| *v *= inv);
 }
 
+/// Sum with 16 independent lanes (a vectorisable reduction; the order differs from a
+/// sequential sum only by rounding).
+#[inline(always)]
+fn lane_sum(v: &[f32]) -> f32 {
+    let mut acc = [0.0f32; JB];
+    let mut chunks = v.chunks_exact(JB);
+    for c in &mut chunks {
+        for l in 0..JB {
+            acc[l] += c[l];
+        }
+    }
+    let mut s = chunks.remainder().iter().sum::<f32>();
+    for a in acc {
+        s += a;
+    }
+    s
+}
+
+#[inline(always)]
+fn lane_max(v: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; JB];
+    let mut chunks = v.chunks_exact(JB);
+    for c in &mut chunks {
+        for l in 0..JB {
+            acc[l] = if c[l] > acc[l] { c[l] } else { acc[l] };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &x in chunks.remainder().iter().chain(&acc) {
+        m = if x > m { x } else { m };
+    }
+    m
+}
+
 multiversion! {
     /// Softmax of one row in place: max-subtracted exponentials over their sum, with the
     /// vectorised `exp` of codegen (≤ 2 ulp). Used inside the fused attention.
     fn softmax_row(row: &mut [f32]) {
-        let mut max = f32::NEG_INFINITY;
-        for &v in row.iter() {
-            max = max.max(v);
-        }
-        let mut sum = 0.0f32;
+        let max = lane_max(row);
         for v in row.iter_mut() {
             *v = math::exp(*v - max);
-            sum += *v;
         }
-        let inv = 1.0 / sum;
+        let inv = 1.0 / lane_sum(row);
         for v in row.iter_mut() {
             *v *= inv;
         }
@@ -87,17 +116,20 @@ multiversion! {
     /// mean and variance.
     fn layer_norm_rows(x: &[f32], y: &mut [f32], n: usize, g: &[f32], b: Option<&[f32]>, eps: f32) {
         for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
-            let mut sum = 0.0f32;
-            for &v in xr {
-                sum += v;
+            let mean = lane_sum(xr) / n as f32;
+            let mut sq = [0.0f32; JB];
+            let mut chunks = xr.chunks_exact(JB);
+            for c in &mut chunks {
+                for l in 0..JB {
+                    let d = c[l] - mean;
+                    sq[l] += d * d;
+                }
             }
-            let mean = sum / n as f32;
-            let mut sq = 0.0f32;
-            for &v in xr {
-                let d = v - mean;
-                sq += d * d;
+            let mut var = chunks.remainder().iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>();
+            for a in sq {
+                var += a;
             }
-            let inv = 1.0 / (sq / n as f32 + eps).sqrt();
+            let inv = 1.0 / (var / n as f32 + eps).sqrt();
             match b {
                 Some(b) => {
                     for i in 0..n {
@@ -108,6 +140,64 @@ multiversion! {
                     for i in 0..n {
                         yr[i] = (xr[i] - mean) * inv * g[i];
                     }
+                }
+            }
+        }
+    }
+}
+
+/// Rows per register block of the attention kernels.
+pub(crate) const IB: usize = 4;
+/// Columns per register block (one AVX-512 vector).
+pub(crate) const JB: usize = 16;
+
+multiversion! {
+    /// `scores[i, j] = scale · Σ_d q[i, d]·kt[d, j]` for `i < m_pad` (a multiple of [`IB`]),
+    /// `j < n_pad` (a multiple of [`JB`]); `q` is `[m_pad, dh]`, `kt` is `[dh, n_pad]`, `scores`
+    /// is `[m_pad, n_pad]`. A 4×16 block of scores stays in registers over the `dh` loop.
+    fn attn_scores(q: &[f32], kt: &[f32], scores: &mut [f32], m_pad: usize, n_pad: usize, dh: usize, scale: f32) {
+        for i0 in (0..m_pad).step_by(IB) {
+            for j0 in (0..n_pad).step_by(JB) {
+                let mut acc = [[0.0f32; JB]; IB];
+                for d in 0..dh {
+                    let k: &[f32; JB] = kt[d * n_pad + j0..d * n_pad + j0 + JB].try_into().unwrap();
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        let x = q[(i0 + r) * dh + d];
+                        for l in 0..JB {
+                            a[l] = x.mul_add(k[l], a[l]);
+                        }
+                    }
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    let dst = &mut scores[(i0 + r) * n_pad + j0..(i0 + r) * n_pad + j0 + JB];
+                    for l in 0..JB {
+                        dst[l] = a[l] * scale;
+                    }
+                }
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// `out[i, c] = Σ_{j<n} p[i, j]·v[j, c]` for `i < m_pad` (multiple of [`IB`]) and
+    /// `c < dh_pad` (multiple of [`JB`]); `p` is `[m_pad, ldp]`, `v` is `[n, dh_pad]`, `out` is
+    /// `[m_pad, dh_pad]`.
+    fn attn_values(p: &[f32], ldp: usize, v: &[f32], out: &mut [f32], m_pad: usize, n: usize, dh_pad: usize) {
+        for i0 in (0..m_pad).step_by(IB) {
+            for c0 in (0..dh_pad).step_by(JB) {
+                let mut acc = [[0.0f32; JB]; IB];
+                for j in 0..n {
+                    let vr: &[f32; JB] = v[j * dh_pad + c0..j * dh_pad + c0 + JB].try_into().unwrap();
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        let x = p[(i0 + r) * ldp + j];
+                        for l in 0..JB {
+                            a[l] = x.mul_add(vr[l], a[l]);
+                        }
+                    }
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    out[(i0 + r) * dh_pad + c0..(i0 + r) * dh_pad + c0 + JB].copy_from_slice(a);
                 }
             }
         }
@@ -166,5 +256,55 @@ mod tests {
         for i in 0..4 {
             assert!((y[i] as f64 - ((x[i] as f64 - 2.5) * inv + 0.5)).abs() < 1e-6);
         }
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    #[test]
+    #[ignore]
+    fn time_kernels() {
+        let mut v: Vec<f32> = (0..128 * 10000).map(|i| (i % 97) as f32 * 0.1).collect();
+        let t = std::time::Instant::now();
+        for row in v.chunks_exact_mut(128) {
+            super::softmax_row(row);
+        }
+        println!(
+            "softmax: {:.2} ns/elem",
+            t.elapsed().as_nanos() as f64 / v.len() as f64
+        );
+        let g = vec![1.0f32; 384];
+        let mut y = vec![0.0f32; v.len()];
+        let t = std::time::Instant::now();
+        super::layer_norm_rows(
+            &v[..384 * 3000],
+            &mut y[..384 * 3000],
+            384,
+            &g,
+            Some(&g),
+            1e-5,
+        );
+        println!(
+            "layer_norm: {:.2} ns/elem",
+            t.elapsed().as_nanos() as f64 / (384.0 * 3000.0)
+        );
+        let t = std::time::Instant::now();
+        super::gelu_erf_inplace(&mut y);
+        println!(
+            "gelu: {:.2} ns/elem",
+            t.elapsed().as_nanos() as f64 / y.len() as f64
+        );
+        let q = vec![0.5f32; 128 * 32];
+        let kt = vec![0.25f32; 32 * 128];
+        let mut sc = vec![0.0f32; 128 * 128];
+        let t = std::time::Instant::now();
+        for _ in 0..100 {
+            super::attn_scores(&q, &kt, &mut sc, 128, 128, 32, 0.5);
+        }
+        let s = t.elapsed().as_secs_f64();
+        println!(
+            "attn_scores: {:.1} GFLOPS",
+            100.0 * 2.0 * 128.0 * 128.0 * 32.0 / s / 1e9
+        );
     }
 }
