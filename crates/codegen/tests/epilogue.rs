@@ -467,4 +467,10 @@ fn every_epilogue_op_through_every_kernel() {
     }
     // The AMX kernel shares the epilogue: exercise it through the tile model too.
     check_all(None, 37, 70, 100, 1);
+    // And once more with every part stealing work first (units end up on the other thread).
+    codegen::kernels::pool::set_eager_steal(true);
+    if Int8Kernel::Avx2.is_supported() {
+        check_all(Some(Int8Kernel::Avx2), 1100, 300, 40, 2);
+    }
+    codegen::kernels::pool::set_eager_steal(false);
 }

@@ -302,3 +302,16 @@ fn kernel_packing_mismatch_is_an_error() {
     );
     assert!(matches!(r, Err(codegen::kernels::KernelError::BadArgs(_))));
 }
+
+#[test]
+fn work_stealing_path_is_exact() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
+    codegen::kernels::pool::set_eager_steal(true);
+    for &(m, n, k) in &[(1100, 200, 64), (37, 500, 100), (600, 97, 33), (5, 7, 9)] {
+        let c = Case::random(m, n, k, m % 2 == 1, true, 1, (m + n + k) as u64);
+        for kern in kernels() {
+            c.check(Some(kern), 2);
+        }
+    }
+    codegen::kernels::pool::set_eager_steal(false);
+}

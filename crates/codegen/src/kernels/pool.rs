@@ -223,6 +223,19 @@ pub fn effective_threads(threads: usize, m: usize, n: usize, k: usize) -> usize 
     }
 }
 
+static EAGER_STEAL: AtomicBool = AtomicBool::new(false);
+
+/// When set, each part of an int8 GEMM first steals one unit of work from the next part before
+/// starting its own (tests use it to exercise the work-stealing path deterministically).
+pub fn set_eager_steal(on: bool) {
+    EAGER_STEAL.store(on, Ordering::Relaxed);
+}
+
+/// See [`set_eager_steal`].
+pub fn eager_steal() -> bool {
+    EAGER_STEAL.load(Ordering::Relaxed)
+}
+
 /// Splits `0..total` units into `parts` contiguous ranges, as even as possible; part `t` always
 /// gets the same range for the same `(total, parts)`.
 ///

@@ -6,8 +6,11 @@
 //! store) while the block is in L2 → output.
 //!
 //! Kernels: [`scalar`] 4×16 (the oracle), [`avx2`] 4×16 (`vpmaddubsw`, exact), [`avxvnni`] 6×16,
-//! [`avx512vnni`] 8×48, [`amx`] 32×32 (via [`tile_model::TileUnit`]). Threads split N panels
-//! weight-stationary, as in the f32 GEMM.
+//! [`avx512vnni`] 8×48, [`amx`] 32×32 (via [`tile_model::TileUnit`]).
+//!
+//! Threads: part `t` owns the same slice of N panels on every call (weight-stationary, as in the
+//! f32 GEMM), cut into `mc × nc` units that it claims from the front; a thread that finishes its
+//! own units steals from the back of the others', so one busy core does not stall the GEMM.
 
 pub mod amx;
 pub mod avx2;
@@ -288,23 +291,70 @@ fn drive(
         colsum: &b.colsum,
         shift,
     };
-    let body = |t: usize| {
-        let (rows, pans) = if split_n {
+    let part_of = |t: usize| {
+        if split_n {
             (0..m, split_range(panels, parts, t))
         } else {
             let r = split_range(m.div_ceil(d.mr), parts, t);
             (r.start * d.mr..(r.end * d.mr).min(m), 0..panels)
-        };
+        }
+    };
+    let works: Vec<PartWork> = (0..parts)
+        .map(|t| {
+            let (rows, pans) = part_of(t);
+            PartWork::new(rows, pans, &d, &blk)
+        })
+        .collect();
+    let mc_max = blk.mc.min(m.div_ceil(d.mr) * d.mr);
+    let eager = super::pool::eager_steal();
+    let body = |t: usize| {
         APACK.with_borrow_mut(|ap| {
             ACC.with_borrow_mut(|acc| {
                 EPI_TMP.with_borrow_mut(|tmp| {
-                    // SAFETY: rows × pans is this part's disjoint output region; A and B sizes
-                    // were checked; the kernel matches the packing.
-                    unsafe {
-                        compute_part(
-                            kern, &d, &blk, a_bytes, lda, xor, b, rows, pans, tile_ops, ctx,
-                            tile_out, ap, acc, tmp,
-                        )
+                    ap.ensure(mc_max * b.k_pad);
+                    acc.ensure(mc_max * blk.nc_panels * d.nr);
+                    let mut packed: Option<(usize, usize)> = None;
+                    let mut run = |w: &PartWork, u: usize| {
+                        let (rows, pans) = w.unit(u);
+                        // SAFETY: units are disjoint output blocks, each claimed exactly once; A
+                        // and B sizes were checked; the kernel matches the packing; the buffers
+                        // were sized for the largest block.
+                        unsafe {
+                            compute_unit(
+                                kern,
+                                &d,
+                                &blk,
+                                a_bytes,
+                                lda,
+                                xor,
+                                b,
+                                rows,
+                                pans,
+                                tile_ops,
+                                ctx,
+                                tile_out,
+                                ap,
+                                &mut packed,
+                                acc,
+                                tmp,
+                            )
+                        }
+                    };
+                    if eager && parts > 1 {
+                        let w = &works[(t + 1) % parts];
+                        if let Some(u) = w.claim_back() {
+                            run(w, u);
+                        }
+                    }
+                    // Own units first (weight-stationary), then help whoever is behind.
+                    while let Some(u) = works[t].claim_front() {
+                        run(&works[t], u);
+                    }
+                    for i in 1..parts {
+                        let w = &works[(t + i) % parts];
+                        while let Some(u) = w.claim_back() {
+                            run(w, u);
+                        }
                     }
                 })
             })
@@ -350,8 +400,88 @@ impl PackedI8 {
     }
 }
 
+/// One part's share of the output (a row range × a panel range), cut into units of one
+/// `mc`-row block × one `nc`-panel block, m-major. The owner claims units from the front, idle
+/// threads steal from the back, so a part whose core is busy does not stall the GEMM while the
+/// steady state stays weight-stationary.
+struct PartWork {
+    rows: std::ops::Range<usize>,
+    pans: std::ops::Range<usize>,
+    mc: usize,
+    nc_panels: usize,
+    units_n: usize,
+    /// `front << 32 | back`: units `front..back` are still unclaimed.
+    queue: std::sync::atomic::AtomicU64,
+}
+
+impl PartWork {
+    fn new(
+        rows: std::ops::Range<usize>,
+        pans: std::ops::Range<usize>,
+        d: &KernelDesc,
+        blk: &Blocking,
+    ) -> Self {
+        let mc = blk.mc.min(rows.len().div_ceil(d.mr) * d.mr).max(d.mr);
+        let units_m = rows.len().div_ceil(mc);
+        let units_n = pans.len().div_ceil(blk.nc_panels);
+        let total = (units_m * units_n) as u64;
+        assert!(total < 1 << 32, "too many work units");
+        Self {
+            rows,
+            pans,
+            mc,
+            nc_panels: blk.nc_panels,
+            units_n,
+            queue: std::sync::atomic::AtomicU64::new(total),
+        }
+    }
+
+    fn unit(&self, u: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let (um, un) = (u / self.units_n, u % self.units_n);
+        let r0 = self.rows.start + um * self.mc;
+        let p0 = self.pans.start + un * self.nc_panels;
+        (
+            r0..(r0 + self.mc).min(self.rows.end),
+            p0..(p0 + self.nc_panels).min(self.pans.end),
+        )
+    }
+
+    fn claim(&self, from_front: bool) -> Option<usize> {
+        use std::sync::atomic::Ordering;
+        let mut cur = self.queue.load(Ordering::Relaxed);
+        loop {
+            let (f, b) = (cur >> 32, cur & 0xffff_ffff);
+            if f >= b {
+                return None;
+            }
+            let (next, u) = if from_front {
+                ((f + 1) << 32 | b, f)
+            } else {
+                (f << 32 | (b - 1), b - 1)
+            };
+            match self
+                .queue
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(u as usize),
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    fn claim_front(&self) -> Option<usize> {
+        self.claim(true)
+    }
+
+    fn claim_back(&self) -> Option<usize> {
+        self.claim(false)
+    }
+}
+
+/// Computes one unit: packs A for its rows (unless `packed` says they are already packed), runs
+/// the microkernel over its panels into the i32 block, then the epilogue to `out`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn compute_part(
+unsafe fn compute_unit(
     kern: &dyn MicroKernel,
     d: &KernelDesc,
     blk: &Blocking,
@@ -365,6 +495,7 @@ unsafe fn compute_part(
     ctx: Int8Ctx<'_>,
     out: OutPtr,
     apack: &mut AlignedBuf<u8>,
+    packed: &mut Option<(usize, usize)>,
     acc: &mut AlignedBuf<i32>,
     tmp: &mut Vec<f32>,
 ) {
@@ -372,52 +503,42 @@ unsafe fn compute_part(
         return;
     }
     let (mr, nr, kp) = (d.mr, d.nr, b.k_pad);
-    let mc = blk.mc.min(rows.len().div_ceil(mr) * mr);
     let ldacc = blk.nc_panels * nr;
-    apack.ensure(mc * kp);
-    acc.ensure(mc * ldacc);
-    let mut m0 = rows.start;
-    while m0 < rows.end {
-        let mcl = mc.min(rows.end - m0);
-        let mpan = mcl.div_ceil(mr);
-        pack::pack_a(a, lda, b.k, kp, m0..m0 + mcl, mr, d.a_layout, xor, apack);
-        let mut pn0 = pans.start;
-        while pn0 < pans.end {
-            let pn1 = (pn0 + blk.nc_panels).min(pans.end);
-            // A micro-panel (mr × Kp, a few KB) stays in L1 while the B panels of the block
-            // stream from L2 in address order.
-            for ip in 0..mpan {
-                for p in pn0..pn1 {
-                    // SAFETY: panel p has kp·nr bytes; A micro-panel ip has mr·kp bytes; the i32
-                    // tile (mr × nr at row ip·mr, column (p−pn0)·nr) is inside the mc × ldacc block.
-                    unsafe {
-                        let bp = b.data.as_ptr().add(p * kp * nr);
-                        kern.run(
-                            kp / 4,
-                            apack.as_ptr().add(ip * mr * kp),
-                            bp,
-                            acc.as_mut_ptr().add(ip * mr * ldacc + (p - pn0) * nr),
-                            ldacc,
-                        )
-                    };
-                }
-            }
-            let cols = pn0 * nr..(pn1 * nr).min(b.n);
-            // SAFETY: the i32 block holds mcl rows of cols.len() values at stride ldacc; the
-            // output block is owned by this part.
+    let mpan = rows.len().div_ceil(mr);
+    if *packed != Some((rows.start, rows.end)) {
+        pack::pack_a(a, lda, b.k, kp, rows.clone(), mr, d.a_layout, xor, apack);
+        *packed = Some((rows.start, rows.end));
+    }
+    // The A micro-panel (mr × Kp, a few KB) stays in L1 while the B panels of the block stream
+    // from L2 in address order.
+    for ip in 0..mpan {
+        for p in pans.clone() {
+            // SAFETY: panel p has kp·nr bytes; A micro-panel ip has mr·kp bytes; the i32 tile
+            // (mr × nr at row ip·mr, column (p − pans.start)·nr) is inside the block buffer.
             unsafe {
-                run_block(
-                    ops,
-                    Some(ctx),
-                    Src::I32(acc.as_ptr(), ldacc),
-                    m0..m0 + mcl,
-                    cols,
-                    out,
-                    tmp,
+                kern.run(
+                    kp / 4,
+                    apack.as_ptr().add(ip * mr * kp),
+                    b.data.as_ptr().add(p * kp * nr),
+                    acc.as_mut_ptr()
+                        .add(ip * mr * ldacc + (p - pans.start) * nr),
+                    ldacc,
                 )
             };
-            pn0 = pn1;
         }
-        m0 += mcl;
     }
+    let cols = pans.start * nr..(pans.end * nr).min(b.n);
+    // SAFETY: the i32 block holds rows.len() rows of cols.len() values at stride ldacc; the
+    // output block belongs to this unit only.
+    unsafe {
+        run_block(
+            ops,
+            Some(ctx),
+            Src::I32(acc.as_ptr(), ldacc),
+            rows,
+            cols,
+            out,
+            tmp,
+        )
+    };
 }
