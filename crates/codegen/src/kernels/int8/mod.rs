@@ -219,8 +219,9 @@ struct Blocking {
 
 fn blocking(d: &KernelDesc, k_pad: usize) -> Blocking {
     let c = cache_sizes();
-    // A block (mc × Kp bytes) in half of L2; the i32 block (mc × nc) in a quarter of L2.
-    let mc = ((c.l2 / 2) / k_pad).clamp(d.mr, 512) / d.mr * d.mr;
+    // A block (mc × Kp bytes) in half of L2, at most 192 rows so that the i32 block (mc × nc,
+    // a quarter of L2) stays wide: the epilogue runs on long row segments.
+    let mc = ((c.l2 / 2) / k_pad).clamp(d.mr, 192) / d.mr * d.mr;
     let nc_panels = ((c.l2 / 4) / (mc * 4 * d.nr)).max(1);
     Blocking { mc, nc_panels }
 }
