@@ -217,3 +217,15 @@ fn f32_rejects_requant_epilogue() {
     }]);
     gemm_f32(2, &[1.0; 4], 2, &packed, &mut c, 2, &ep, 1);
 }
+
+#[test]
+fn f32_work_stealing_path() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
+    codegen::kernels::pool::set_eager_steal(true);
+    for kern in kernels() {
+        for &(m, n, k) in &[(700, 300, 300), (40, 500, 70), (600, 20, 33)] {
+            check(kern, m, n, k, true, 2, 5, 1);
+        }
+    }
+    codegen::kernels::pool::set_eager_steal(false);
+}

@@ -225,7 +225,7 @@ pub fn effective_threads(threads: usize, m: usize, n: usize, k: usize) -> usize 
 
 static EAGER_STEAL: AtomicBool = AtomicBool::new(false);
 
-/// When set, each part of an int8 GEMM first steals one unit of work from the next part before
+/// When set, each part of a GEMM first steals one unit of work from the next part before
 /// starting its own (tests use it to exercise the work-stealing path deterministically).
 pub fn set_eager_steal(on: bool) {
     EAGER_STEAL.store(on, Ordering::Relaxed);
@@ -249,4 +249,87 @@ pub fn split_range(total: usize, parts: usize, t: usize) -> std::ops::Range<usiz
     let start = t * base + t.min(rem);
     let len = base + usize::from(t < rem);
     start..start + len
+}
+
+/// One part's share of the output (a row range × a panel range), cut into units of one
+/// `mc`-row block × one `nc`-panel block, m-major. The owner claims units from the front, idle
+/// threads steal from the back, so a part whose core is busy does not stall the GEMM while the
+/// steady state stays weight-stationary.
+pub(crate) struct PartWork {
+    rows: std::ops::Range<usize>,
+    pans: std::ops::Range<usize>,
+    mc: usize,
+    nc_panels: usize,
+    units_n: usize,
+    /// `front << 32 | back`: units `front..back` are still unclaimed.
+    queue: std::sync::atomic::AtomicU64,
+}
+
+impl PartWork {
+    /// `mc_max` rows (rounded to a multiple of `mr`) by `nc_panels` panels per unit.
+    pub(crate) fn new(
+        rows: std::ops::Range<usize>,
+        pans: std::ops::Range<usize>,
+        mr: usize,
+        mc_max: usize,
+        nc_panels: usize,
+    ) -> Self {
+        let mc = mc_max.min(rows.len().div_ceil(mr) * mr).max(mr);
+        let units_m = rows.len().div_ceil(mc);
+        let units_n = pans.len().div_ceil(nc_panels);
+        let total = (units_m * units_n) as u64;
+        assert!(total < 1 << 32, "too many work units");
+        Self {
+            rows,
+            pans,
+            mc,
+            nc_panels,
+            units_n,
+            queue: std::sync::atomic::AtomicU64::new(total),
+        }
+    }
+
+    /// Rows and panels of unit `u`.
+    pub(crate) fn unit(&self, u: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let (um, un) = (u / self.units_n, u % self.units_n);
+        let r0 = self.rows.start + um * self.mc;
+        let p0 = self.pans.start + un * self.nc_panels;
+        (
+            r0..(r0 + self.mc).min(self.rows.end),
+            p0..(p0 + self.nc_panels).min(self.pans.end),
+        )
+    }
+
+    fn claim(&self, from_front: bool) -> Option<usize> {
+        use std::sync::atomic::Ordering;
+        let mut cur = self.queue.load(Ordering::Relaxed);
+        loop {
+            let (f, b) = (cur >> 32, cur & 0xffff_ffff);
+            if f >= b {
+                return None;
+            }
+            let (next, u) = if from_front {
+                ((f + 1) << 32 | b, f)
+            } else {
+                (f << 32 | (b - 1), b - 1)
+            };
+            match self
+                .queue
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(u as usize),
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// The owner's next unit.
+    pub(crate) fn claim_front(&self) -> Option<usize> {
+        self.claim(true)
+    }
+
+    /// A thief's next unit (from the back).
+    pub(crate) fn claim_back(&self) -> Option<usize> {
+        self.claim(false)
+    }
 }

@@ -6,7 +6,9 @@
 //! `C` (accumulated across `kc` blocks) → epilogue on each `mc×nc` block while it is in cache.
 //!
 //! Threads: the packed panels of N are split into `threads` contiguous slices and part `t`
-//! always computes slice `t` (weight-stationary). When N has fewer panels than threads, M is split.
+//! always computes slice `t` (weight-stationary), cut into `mc × nc` units; a thread that is done
+//! steals units from the back of the other slices. When N has fewer panels than threads, M is
+//! split instead.
 
 pub mod avx2;
 pub mod avx512;
@@ -14,7 +16,7 @@ pub mod scalar;
 
 use super::buf::AlignedBuf;
 use super::epilogue::{run_block, Epilogue, EpilogueOp, OutPtr, Output, Src};
-use super::pool::{effective_threads, parallel_for, split_range};
+use super::pool::{effective_threads, parallel_for, split_range, PartWork};
 use super::select::{cache_sizes, pick_f32, F32Kernel};
 use std::cell::RefCell;
 
@@ -234,34 +236,60 @@ pub fn gemm_f32(
     let tile_spans_row = (parts == 1 || !split_n) && blk.nc_panels >= panels;
     let tile_ops: &[EpilogueOp<'_>] = if tile_spans_row { ops } else { &ops[..split] };
     let cp = SendPtr(c.as_mut_ptr());
+    let works: Vec<PartWork> = (0..parts)
+        .map(|t| {
+            let (rows, pans) = if split_n {
+                (0..m, split_range(panels, parts, t))
+            } else {
+                let r = split_range(m.div_ceil(mr), parts, t);
+                (r.start * mr..(r.end * mr).min(m), 0..panels)
+            };
+            PartWork::new(rows, pans, mr, blk.mc, blk.nc_panels)
+        })
+        .collect();
+    let eager = super::pool::eager_steal();
     let body = |t: usize| {
-        let (rows, pans) = if split_n {
-            (0..m, split_range(panels, parts, t))
-        } else {
-            let r = split_range(m.div_ceil(mr), parts, t);
-            (r.start * mr..(r.end * mr).min(m), 0..panels)
-        };
         APACK.with_borrow_mut(|apack| {
             EPI_TMP.with_borrow_mut(|tmp| {
-                // SAFETY: rows × pans is this part's disjoint region of C; A and B bounds were
-                // checked above; the kernel is supported (checked at pack time).
-                unsafe {
-                    compute_part(
-                        &ki,
-                        &blk,
-                        k,
-                        n,
-                        a.as_ptr(),
-                        lda,
-                        b,
-                        cp,
-                        ldc,
-                        rows,
-                        pans,
-                        tile_ops,
-                        apack,
-                        tmp,
-                    )
+                let run =
+                    |w: &PartWork, u: usize, apack: &mut AlignedBuf<f32>, tmp: &mut Vec<f32>| {
+                        let (rows, pans) = w.unit(u);
+                        // SAFETY: units are disjoint regions of C, each claimed once; A and B bounds
+                        // were checked above; the kernel is supported (checked at pack time).
+                        unsafe {
+                            compute_unit(
+                                &ki,
+                                &blk,
+                                k,
+                                n,
+                                a.as_ptr(),
+                                lda,
+                                b,
+                                cp,
+                                ldc,
+                                rows,
+                                pans,
+                                tile_ops,
+                                apack,
+                                tmp,
+                            )
+                        }
+                    };
+                if eager && parts > 1 {
+                    let w = &works[(t + 1) % parts];
+                    if let Some(u) = w.claim_back() {
+                        run(w, u, apack, tmp);
+                    }
+                }
+                // Own units first (weight-stationary), then help whoever is behind.
+                while let Some(u) = works[t].claim_front() {
+                    run(&works[t], u, apack, tmp);
+                }
+                for i in 1..parts {
+                    let w = &works[(t + i) % parts];
+                    while let Some(u) = w.claim_back() {
+                        run(w, u, apack, tmp);
+                    }
                 }
             })
         });
@@ -290,8 +318,10 @@ pub fn gemm_f32(
     }
 }
 
+/// One unit of C (`rows × pans`): for each `kc` block, pack A and run the microkernel over
+/// the unit's panels (accumulating into C after the first block), then the tile epilogue.
 #[allow(clippy::too_many_arguments)]
-unsafe fn compute_part(
+unsafe fn compute_unit(
     ki: &KernelInfo,
     blk: &Blocking,
     k: usize,
@@ -312,78 +342,68 @@ unsafe fn compute_part(
         return;
     }
     let kc_max = blk.kc.min(k.max(1));
-    let mc_max = blk.mc.min(rows.len().div_ceil(mr) * mr);
-    apack.ensure(mc_max * kc_max);
+    let (m0, mcl) = (rows.start, rows.len());
+    let mpan = mcl.div_ceil(mr);
+    apack.ensure(mpan * mr * kc_max);
     let k_blocks = k.div_ceil(kc_max).max(1);
-    let mut pn0 = pans.start;
-    while pn0 < pans.end {
-        let pn1 = (pn0 + blk.nc_panels).min(pans.end);
-        for kb in 0..k_blocks {
-            let k0 = kb * kc_max;
-            let kcl = kc_max.min(k - k0.min(k));
-            let mut m0 = rows.start;
-            while m0 < rows.end {
-                let mcl = mc_max.min(rows.end - m0);
-                let mpan = mcl.div_ceil(mr);
-                // Pack A[m0.., k0..] into MR-row micro-panels, k-major, zero rows past m.
-                for ip in 0..mpan {
-                    let dst = &mut apack[ip * mr * kcl..(ip + 1) * mr * kcl];
-                    let r0 = m0 + ip * mr;
-                    let valid = mr.min(m0 + mcl - r0);
-                    for (kk, d) in dst.chunks_exact_mut(mr).enumerate() {
-                        for (i, v) in d.iter_mut().enumerate() {
-                            // SAFETY: i < valid means row r0 + i < m, and k0 + kk < k: inside A
-                            // (bounds checked by the caller).
-                            *v = if i < valid {
-                                unsafe { *a.add((r0 + i) * lda + k0 + kk) }
-                            } else {
-                                0.0
-                            };
-                        }
-                    }
-                }
-                // The A micro-panel (mr × kc) stays in L1 while the B micro-panels of the
-                // block stream from L2 in address order.
-                for ip in 0..mpan {
-                    let mv = mr.min(mcl - ip * mr);
-                    for p in pn0..pn1 {
-                        let nv = nr.min(n - p * nr);
-                        // SAFETY: the B panel holds k·nr floats and k0 + kcl ≤ k; the A
-                        // micro-panel has mr·kcl floats; the C tile (mv × nv at row m0 + ip·mr,
-                        // column p·nr) is inside this part's region.
-                        unsafe {
-                            (ki.run)(
-                                kcl,
-                                apack.as_ptr().add(ip * mr * kcl),
-                                b.data.as_ptr().add(p * k * nr + k0 * nr),
-                                c.0.add((m0 + ip * mr) * ldc + p * nr),
-                                ldc,
-                                mv,
-                                nv,
-                                kb > 0,
-                            )
-                        };
-                    }
-                }
-                if kb + 1 == k_blocks && !tile_ops.is_empty() {
-                    let cols = pn0 * nr..(pn1 * nr).min(n);
-                    // SAFETY: this block of C is finished and owned by this part.
-                    unsafe {
-                        run_block(
-                            tile_ops,
-                            None,
-                            Src::F32(c.0.add(m0 * ldc + cols.start), ldc),
-                            m0..m0 + mcl,
-                            cols,
-                            OutPtr::F32(c.0, ldc),
-                            tmp,
-                        )
+    for kb in 0..k_blocks {
+        let k0 = kb * kc_max;
+        let kcl = kc_max.min(k - k0.min(k));
+        // Pack A[rows, k0..k0+kcl] into MR-row micro-panels, k-major, zero rows past the end.
+        for ip in 0..mpan {
+            let dst = &mut apack[ip * mr * kcl..(ip + 1) * mr * kcl];
+            let r0 = m0 + ip * mr;
+            let valid = mr.min(m0 + mcl - r0);
+            for (kk, d) in dst.chunks_exact_mut(mr).enumerate() {
+                for (i, v) in d.iter_mut().enumerate() {
+                    // SAFETY: i < valid means row r0 + i < m, and k0 + kk < k: inside A
+                    // (bounds checked by the caller).
+                    *v = if i < valid {
+                        unsafe { *a.add((r0 + i) * lda + k0 + kk) }
+                    } else {
+                        0.0
                     };
                 }
-                m0 += mcl;
             }
         }
-        pn0 = pn1;
+        // The A micro-panel (mr × kc) stays in L1 while the B micro-panels of the unit stream
+        // from L2 in address order.
+        for ip in 0..mpan {
+            let mv = mr.min(mcl - ip * mr);
+            for p in pans.clone() {
+                let nv = nr.min(n - p * nr);
+                // SAFETY: the B panel holds k·nr floats and k0 + kcl ≤ k; the A micro-panel has
+                // mr·kcl floats; the C tile (mv × nv at row m0 + ip·mr, column p·nr) is inside
+                // this unit.
+                unsafe {
+                    (ki.run)(
+                        kcl,
+                        apack.as_ptr().add(ip * mr * kcl),
+                        b.data.as_ptr().add(p * k * nr + k0 * nr),
+                        c.0.add((m0 + ip * mr) * ldc + p * nr),
+                        ldc,
+                        mv,
+                        nv,
+                        kb > 0,
+                    )
+                };
+            }
+        }
+    }
+    if !tile_ops.is_empty() {
+        let cols = pans.start * nr..(pans.end * nr).min(n);
+        // SAFETY: this unit of C is finished and owned by this thread.
+        unsafe {
+            run_block(
+                tile_ops,
+                None,
+                Src::F32(c.0.add(m0 * ldc + cols.start), ldc),
+                rows,
+                cols,
+                OutPtr::F32(c.0, ldc),
+                tmp,
+            )
+        };
     }
 }
 

@@ -25,7 +25,7 @@ pub use pack::PackedI8;
 use super::buf::AlignedBuf;
 use super::epilogue::{run_block, Epilogue, EpilogueOp, Int8Ctx, OutPtr, Output, Src};
 use super::error::KernelError;
-use super::pool::{effective_threads, parallel_for, split_range};
+use super::pool::{effective_threads, parallel_for, split_range, PartWork};
 use super::select::{cache_sizes, Int8Kernel};
 use std::cell::RefCell;
 use std::sync::Mutex;
@@ -303,7 +303,7 @@ fn drive(
     let works: Vec<PartWork> = (0..parts)
         .map(|t| {
             let (rows, pans) = part_of(t);
-            PartWork::new(rows, pans, &d, &blk)
+            PartWork::new(rows, pans, d.mr, blk.mc, blk.nc_panels)
         })
         .collect();
     let mc_max = blk.mc.min(m.div_ceil(d.mr) * d.mr);
@@ -398,84 +398,6 @@ unsafe impl Sync for MidPtr {}
 impl PackedI8 {
     fn compatible_with_desc(&self, d: &KernelDesc) -> bool {
         d.nr == self.nr && self.k_pad.is_multiple_of(d.k_align)
-    }
-}
-
-/// One part's share of the output (a row range × a panel range), cut into units of one
-/// `mc`-row block × one `nc`-panel block, m-major. The owner claims units from the front, idle
-/// threads steal from the back, so a part whose core is busy does not stall the GEMM while the
-/// steady state stays weight-stationary.
-struct PartWork {
-    rows: std::ops::Range<usize>,
-    pans: std::ops::Range<usize>,
-    mc: usize,
-    nc_panels: usize,
-    units_n: usize,
-    /// `front << 32 | back`: units `front..back` are still unclaimed.
-    queue: std::sync::atomic::AtomicU64,
-}
-
-impl PartWork {
-    fn new(
-        rows: std::ops::Range<usize>,
-        pans: std::ops::Range<usize>,
-        d: &KernelDesc,
-        blk: &Blocking,
-    ) -> Self {
-        let mc = blk.mc.min(rows.len().div_ceil(d.mr) * d.mr).max(d.mr);
-        let units_m = rows.len().div_ceil(mc);
-        let units_n = pans.len().div_ceil(blk.nc_panels);
-        let total = (units_m * units_n) as u64;
-        assert!(total < 1 << 32, "too many work units");
-        Self {
-            rows,
-            pans,
-            mc,
-            nc_panels: blk.nc_panels,
-            units_n,
-            queue: std::sync::atomic::AtomicU64::new(total),
-        }
-    }
-
-    fn unit(&self, u: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
-        let (um, un) = (u / self.units_n, u % self.units_n);
-        let r0 = self.rows.start + um * self.mc;
-        let p0 = self.pans.start + un * self.nc_panels;
-        (
-            r0..(r0 + self.mc).min(self.rows.end),
-            p0..(p0 + self.nc_panels).min(self.pans.end),
-        )
-    }
-
-    fn claim(&self, from_front: bool) -> Option<usize> {
-        use std::sync::atomic::Ordering;
-        let mut cur = self.queue.load(Ordering::Relaxed);
-        loop {
-            let (f, b) = (cur >> 32, cur & 0xffff_ffff);
-            if f >= b {
-                return None;
-            }
-            let (next, u) = if from_front {
-                ((f + 1) << 32 | b, f)
-            } else {
-                (f << 32 | (b - 1), b - 1)
-            };
-            match self
-                .queue
-                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => return Some(u as usize),
-                Err(c) => cur = c,
-            }
-        }
-    }
-
-    fn claim_front(&self) -> Option<usize> {
-        self.claim(true)
-    }
-
-    fn claim_back(&self) -> Option<usize> {
-        self.claim(false)
     }
 }
 
