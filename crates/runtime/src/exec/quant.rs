@@ -258,25 +258,28 @@ pub(crate) fn matmul_integer(
         ));
     }
     let mut out = vec![0i32; p.pairs.len() * m * n];
-    let mut brow = vec![0i32; n];
+    // B minus its zero points, once per distinct B matrix (a constant weight is shared by all).
+    let mut b_centered: Vec<i32> = Vec::new();
+    let mut b_at = usize::MAX;
     for (bi, &(oa, ob)) in p.pairs.iter().enumerate() {
+        if ob != b_at {
+            b_centered.clear();
+            b_centered.extend(
+                bv[ob..ob + k * n]
+                    .iter()
+                    .enumerate()
+                    .map(|(e, &q)| q - bzp[if bzp.len() == 1 { 0 } else { e % n }]),
+            );
+            b_at = ob;
+        }
         let c = &mut out[bi * m * n..(bi + 1) * m * n];
         for i in 0..m {
             let za = azp[if azp.len() == 1 { 0 } else { i }];
-            let crow = &mut c[i * n..(i + 1) * n];
-            for kk in 0..k {
-                let x = av[oa + i * k + kk] - za;
-                if x == 0 {
-                    continue;
-                }
-                let src = &bv[ob + kk * n..ob + (kk + 1) * n];
-                for j in 0..n {
-                    brow[j] = src[j] - bzp[if bzp.len() == 1 { 0 } else { j }];
-                }
-                crow.iter_mut()
-                    .zip(&brow)
-                    .for_each(|(acc, &w)| *acc = acc.wrapping_add(x * w));
-            }
+            let a_row: Vec<i32> = av[oa + i * k..oa + (i + 1) * k]
+                .iter()
+                .map(|&q| q - za)
+                .collect();
+            super::simd::i32_row_times_panel(&a_row, &b_centered, n, &mut c[i * n..(i + 1) * n]);
         }
     }
     Ok(TensorValue::raw(p.out_shape, out))

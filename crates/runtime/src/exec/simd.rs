@@ -204,6 +204,22 @@ multiversion! {
     }
 }
 
+multiversion! {
+    /// `c[j] += Σ_p a[p]·b[p, j]` in i32 (wrapping, as the hardware): one row of an exact
+    /// integer product, `b` being `[a.len(), n]`.
+    fn i32_row_times_panel(a: &[i32], b: &[i32], n: usize, c: &mut [i32]) {
+        for (p, &x) in a.iter().enumerate() {
+            if x == 0 {
+                continue;
+            }
+            let br = &b[p * n..(p + 1) * n];
+            for (acc, &w) in c.iter_mut().zip(br) {
+                *acc = acc.wrapping_add(x.wrapping_mul(w));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
