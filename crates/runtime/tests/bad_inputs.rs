@@ -263,3 +263,61 @@ fn empty_batch_or_sequence_does_not_panic() {
         }
     });
 }
+
+#[test]
+fn sequence_too_long_distilbert_and_minilm() {
+    if let Some(s) = session("tiny-distilbert", true, None) {
+        let f = |n: usize| {
+            vec![
+                ("input_ids", ids(1, n, |_, _| 5)),
+                ("attention_mask", ids(1, n, |_, _| 1)),
+            ]
+        };
+        assert!(s.run(&f(128)).is_ok());
+        let e = s.run(&f(129)).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::SequenceTooLong {
+                    len: 129,
+                    max_positions: 128,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    if let Some(s) = session("minilm-l6", true, None) {
+        let e = s.run(&bert_feeds(1, 513)).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::SequenceTooLong {
+                    len: 513,
+                    max_positions: 512,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        println!("{e}");
+        let e = s
+            .run(&replace(
+                bert_feeds(1, 4),
+                "input_ids",
+                ids(1, 4, |_, _| 30522),
+            ))
+            .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::TokenOutOfVocab {
+                    token_id: 30522,
+                    vocab_size: 30522,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+}
