@@ -219,12 +219,14 @@ pub fn kernel_config() -> TileConfig {
     TileConfig::new(&[(16, 64); 8])
 }
 
-/// `C[32×32] = A_panel · B_panel` over `kc4` K-quads (`kc4` a multiple of 16) on tile unit `t`.
+/// `C[32×32] = A_panel · B_panel` over `kc4` K-quads (`kc4` a multiple of 16) on tile unit `t`,
+/// which must already hold [`kernel_config`] (the GEMM driver configures once per thread and
+/// releases at the end, see [`ukernel_with`] for the self-contained form).
 ///
 /// # Safety
 /// `a` holds `32 · kc4·4` bytes (row stride `kc4·4`), `b` holds `kc4·32·4` bytes, `c` addresses
 /// 32 rows (stride `ldc`) of 32 writable i32. `kc4 % 16 == 0`.
-pub unsafe fn ukernel_with<T: TileUnit>(
+pub unsafe fn ukernel_body<T: TileUnit>(
     t: &mut T,
     kc4: usize,
     a: *const u8,
@@ -234,7 +236,6 @@ pub unsafe fn ukernel_with<T: TileUnit>(
 ) {
     debug_assert_eq!(kc4 % 16, 0);
     let kc = kc4 * 4;
-    t.configure(&kernel_config());
     for tile in 0..4 {
         t.zero(tile);
     }
@@ -263,6 +264,23 @@ pub unsafe fn ukernel_with<T: TileUnit>(
         t.store(2, c.add(16 * ldc) as *mut u8, s);
         t.store(3, c.add(16 * ldc + 16) as *mut u8, s);
     }
+}
+
+/// [`ukernel_body`] bracketed by `configure` and `release`: usable on its own.
+///
+/// # Safety
+/// As [`ukernel_body`].
+pub unsafe fn ukernel_with<T: TileUnit>(
+    t: &mut T,
+    kc4: usize,
+    a: *const u8,
+    b: *const i8,
+    c: *mut i32,
+    ldc: usize,
+) {
+    t.configure(&kernel_config());
+    // SAFETY: forwarded caller contract; the unit was just configured.
+    unsafe { ukernel_body(t, kc4, a, b, c, ldc) };
     t.release();
 }
 

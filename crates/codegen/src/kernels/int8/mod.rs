@@ -29,7 +29,7 @@ use super::pool::{effective_threads, parallel_for, split_range, PartWork};
 use super::select::{cache_sizes, Int8Kernel};
 use std::cell::RefCell;
 use std::sync::Mutex;
-use tile_model::TileModel;
+use tile_model::{TileModel, TileUnit};
 
 /// How a kernel wants its A micro-panels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,8 +82,12 @@ pub enum Activations<'a> {
 /// One microkernel: `C[MR×NR] = A_panel · B_panel` over `kc4` K-quads into i32 at stride `ldc`.
 pub(crate) trait MicroKernel: Sync {
     fn desc(&self) -> KernelDesc;
+    /// Called by each thread before its first `run` of a GEMM (AMX: `ldtilecfg`).
+    fn begin(&self) {}
+    /// Called by each thread after its last `run` of a GEMM (AMX: `tilerelease`).
+    fn end(&self) {}
     /// # Safety
-    /// Panels and tile as documented on the kernel functions.
+    /// Panels and tile as documented on the kernel functions; between `begin` and `end`.
     unsafe fn run(&self, kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize);
 }
 
@@ -104,21 +108,69 @@ impl MicroKernel for FnKernel {
     }
 }
 
-/// The AMX kernel on the software tile model (one model shared under a lock).
-struct ModelKernel(Mutex<TileModel>);
+/// The AMX kernel on the software tile model: one model per thread (tile state is per thread
+/// on hardware too), each configured in `begin` and released in `end`, so the driver's
+/// configure-once protocol is checked (a `run` outside it panics in the model).
+struct ModelKernel(Mutex<Vec<(std::thread::ThreadId, TileModel)>>);
+
+impl ModelKernel {
+    fn with_model<R>(&self, f: impl FnOnce(&mut TileModel) -> R) -> R {
+        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let id = std::thread::current().id();
+        let i = match v.iter().position(|(t, _)| *t == id) {
+            Some(i) => i,
+            None => {
+                v.push((id, TileModel::default()));
+                v.len() - 1
+            }
+        };
+        f(&mut v[i].1)
+    }
+}
 
 impl MicroKernel for ModelKernel {
     fn desc(&self) -> KernelDesc {
         desc(Int8Kernel::Amx)
     }
+    fn begin(&self) {
+        self.with_model(|t| t.configure(&amx::kernel_config()));
+    }
+    fn end(&self) {
+        self.with_model(|t| t.release());
+    }
     unsafe fn run(&self, kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
-        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: forwarded contract.
-        unsafe { amx::ukernel_with(&mut *t, kc4, a, b, c, ldc) }
+        // SAFETY: forwarded contract; `begin` configured this thread's model.
+        self.with_model(|t| unsafe { amx::ukernel_body(t, kc4, a, b, c, ldc) })
     }
 }
 
-fn hw_kernel(k: Int8Kernel) -> Result<FnKernel, KernelError> {
+/// The AMX kernel on hardware: tiles configured once per thread per GEMM.
+#[cfg(target_arch = "x86_64")]
+struct AmxHwKernel;
+
+#[cfg(target_arch = "x86_64")]
+impl MicroKernel for AmxHwKernel {
+    fn desc(&self) -> KernelDesc {
+        desc(Int8Kernel::Amx)
+    }
+    fn begin(&self) {
+        if let Ok(mut t) = amx::HwTiles::new() {
+            t.configure(&amx::kernel_config());
+        }
+    }
+    fn end(&self) {
+        if let Ok(mut t) = amx::HwTiles::new() {
+            t.release();
+        }
+    }
+    unsafe fn run(&self, kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
+        let mut t = amx::HwTiles::new().expect("AMX kernel chosen only where AMX is usable");
+        // SAFETY: forwarded contract; `begin` configured the tiles on this thread.
+        unsafe { amx::ukernel_body(&mut t, kc4, a, b, c, ldc) }
+    }
+}
+
+fn hw_kernel(k: Int8Kernel) -> Result<Box<dyn MicroKernel>, KernelError> {
     if !k.is_supported() {
         return Err(KernelError::Unsupported(k.name()));
     }
@@ -131,11 +183,11 @@ fn hw_kernel(k: Int8Kernel) -> Result<FnKernel, KernelError> {
         #[cfg(target_arch = "x86_64")]
         Int8Kernel::Avx512Vnni => avx512vnni::ukernel,
         #[cfg(target_arch = "x86_64")]
-        Int8Kernel::Amx => amx::ukernel,
+        Int8Kernel::Amx => return Ok(Box::new(AmxHwKernel)),
         #[allow(unreachable_patterns)]
         _ => return Err(KernelError::Unsupported(k.name())),
     };
-    Ok(FnKernel { d: desc(k), f })
+    Ok(Box::new(FnKernel { d: desc(k), f }))
 }
 
 /// `out = epilogue(A[m×k] · B)` with the kernel `b` was packed for. `threads` as in
@@ -169,7 +221,7 @@ pub fn gemm_i8(
     threads: usize,
 ) -> Result<(), KernelError> {
     let k = hw_kernel(b.kernel)?;
-    drive(&k, m, a, lda, b, out, epilogue, threads)
+    drive(&*k, m, a, lda, b, out, epilogue, threads)
 }
 
 /// [`gemm_i8`] with an explicit kernel, which must be supported and compatible with the packing.
@@ -185,7 +237,7 @@ pub fn gemm_i8_with(
     threads: usize,
 ) -> Result<(), KernelError> {
     let k = hw_kernel(kernel)?;
-    drive(&k, m, a, lda, b, out, epilogue, threads)
+    drive(&*k, m, a, lda, b, out, epilogue, threads)
 }
 
 /// [`gemm_i8`] running the AMX kernel on the software [`TileModel`] (single model, any CPU);
@@ -200,9 +252,14 @@ pub fn gemm_i8_amx_model(
     epilogue: &Epilogue<'_>,
     threads: usize,
 ) -> Result<usize, KernelError> {
-    let k = ModelKernel(Mutex::new(TileModel::default()));
+    let k = ModelKernel(Mutex::new(Vec::new()));
     drive(&k, m, a, lda, b, out, epilogue, threads)?;
-    Ok(k.0.into_inner().unwrap_or_else(|e| e.into_inner()).dot_ops)
+    Ok(k.0
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(_, t)| t.dot_ops)
+        .sum())
 }
 
 thread_local! {
@@ -341,6 +398,7 @@ fn drive(
                             )
                         }
                     };
+                    kern.begin();
                     if eager && parts > 1 {
                         let w = &works[(t + 1) % parts];
                         if let Some(u) = w.claim_back() {
@@ -357,6 +415,7 @@ fn drive(
                             run(w, u);
                         }
                     }
+                    kern.end();
                 })
             })
         });
