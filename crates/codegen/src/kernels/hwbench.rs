@@ -48,23 +48,36 @@ pub fn time_best(budget: Duration, mut f: impl FnMut()) -> f64 {
     best
 }
 
+/// Problems above this many multiply-adds skip the scalar kernels in [`hwbench`].
+pub const SCALAR_MAX_MACS: usize = 1 << 27;
+
 /// Benchmarks every supported int8 kernel (i32 output, the raw kernel) and every supported f32
-/// kernel on `m × n × k` with `threads` threads. Each takes about 0.2 s (at least 3 runs).
-/// `peak` may be passed in to avoid re-measuring it.
+/// kernel on `m × n × k` with `threads` threads (the scalar ones only up to
+/// [`SCALAR_MAX_MACS`]). Each takes about 0.2 s (at least 3 runs).
 ///
 /// ```no_run
 /// let rows = codegen::kernels::hwbench::hwbench(128, 768, 768, 1);
 /// print!("{}", codegen::kernels::hwbench::render_table(&rows));
 /// ```
 pub fn hwbench(m: usize, n: usize, k: usize, threads: usize) -> Vec<KernelBenchResult> {
+    // The scalar kernels run at a few GOPS: skip them where one call would take seconds.
+    let small = m.saturating_mul(n).saturating_mul(k) <= SCALAR_MAX_MACS;
+    let int8: Vec<Int8Kernel> = Int8Kernel::ALL
+        .into_iter()
+        .filter(|k| small || *k != Int8Kernel::Scalar)
+        .collect();
+    let f32k: Vec<F32Kernel> = F32Kernel::ALL
+        .into_iter()
+        .filter(|k| small || *k != F32Kernel::Scalar)
+        .collect();
     hwbench_with(
         m,
         n,
         k,
         threads,
         &measure_peak(threads),
-        &Int8Kernel::ALL,
-        &F32Kernel::ALL,
+        &int8,
+        &f32k,
         Duration::from_millis(200),
     )
 }
