@@ -38,6 +38,7 @@ pub use epilogue::{Epilogue, EpilogueF32, EpilogueOp, Output, QType, RowParam};
 pub use error::KernelError;
 pub use f32::{gemm_f32, gemm_f32_unpacked, PackedF32};
 pub use hwbench::{hwbench, KernelBenchResult};
+pub use int8::{gemm_i8, Activations, PackedI8};
 pub use peak::{measure_peak, Peak};
 pub use select::{
     cache_sizes, cpu_features, parse_cache_override, pick_f32, pick_int8, CacheSizes, CpuFeatures,

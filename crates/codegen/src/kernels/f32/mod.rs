@@ -444,10 +444,3 @@ pub fn gemm_f32_unpacked(
     };
     gemm_f32(m, a, lda, &packed, c, ldc, &ep, threads);
 }
-
-/// [`gemm_f32`] with a given kernel (re-packs nothing: `b` must have been packed for `kernel`).
-/// Used by tests and `hwbench`.
-#[doc(hidden)]
-pub fn kernel_of(b: &PackedF32) -> F32Kernel {
-    b.kernel
-}
