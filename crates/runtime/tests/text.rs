@@ -309,3 +309,113 @@ fn pooling_helpers() {
     assert_eq!(n.as_f32().unwrap(), &[0.6, 0.8, 0.0, 0.0]);
     assert!(mean_pool(&h, &TensorValue::from_i64(vec![2], vec![1, 1]).unwrap()).is_err());
 }
+
+fn pearson(x: &[f64], y: &[f64]) -> f64 {
+    let n = x.len() as f64;
+    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
+    let cov: f64 = x.iter().zip(y).map(|(a, b)| (a - mx) * (b - my)).sum();
+    let vx: f64 = x.iter().map(|a| (a - mx).powi(2)).sum();
+    let vy: f64 = y.iter().map(|b| (b - my).powi(2)).sum();
+    cov / (vx * vy).sqrt()
+}
+
+/// The Lee document-similarity metric end to end (tokenizer, FP32 MiniLM, pooling): Pearson r
+/// of embedding cosines against human scores equals the manifest's onnxruntime figure.
+#[test]
+fn lee_similarity_matches_manifest() {
+    let Some(dir) = models_dir("lee similarity") else {
+        return;
+    };
+    let man = manifest(&dir);
+    let want = man["metrics"]["lee_doc_similarity"]["minilm-l6"]["pearson"]
+        .as_f64()
+        .unwrap();
+    let docs = jsonl(&dir.join("data/lee/documents.jsonl"));
+    let pairs = jsonl(&dir.join("data/lee/pairs.jsonl"));
+    let model = Model::load(dir.join("minilm-l6/model.onnx")).unwrap();
+    let session = Session::new(&model, CompileOptions::default()).unwrap();
+    let enc = SentenceEncoder::new(session, tokenizer(&dir, 256));
+    let texts: Vec<&str> = docs.iter().map(|d| d["text"].as_str().unwrap()).collect();
+    // Batches of 8 in length order, as the reference script.
+    let mut order: Vec<usize> = (0..texts.len()).collect();
+    order.sort_by_key(|&i| texts[i].len());
+    let mut emb = vec![Vec::new(); texts.len()];
+    for chunk in order.chunks(8) {
+        let batch: Vec<&str> = chunk.iter().map(|&i| texts[i]).collect();
+        let e = enc.embed(&batch).unwrap();
+        for (r, &i) in chunk.iter().enumerate() {
+            emb[i] = e.as_f32().unwrap()[r * 384..(r + 1) * 384].to_vec();
+        }
+    }
+    let id_of = |v: &Value| docs.iter().position(|d| d["id"] == *v).unwrap();
+    let (mut cos, mut human) = (vec![], vec![]);
+    for p in &pairs {
+        let (a, b) = (&emb[id_of(&p["a"])], &emb[id_of(&p["b"])]);
+        cos.push(
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| *x as f64 * *y as f64)
+                .sum::<f64>(),
+        );
+        human.push(p["score"].as_f64().unwrap());
+    }
+    let r = pearson(&cos, &human);
+    println!(
+        "Lee Pearson r = {r:.6} (onnxruntime: {want:.6}) over {} pairs",
+        cos.len()
+    );
+    assert!((r - want).abs() < 1e-4, "Pearson {r} vs {want}");
+}
+
+/// Movie-snippet sentiment end to end: FP32 MiniLM embeddings of the 2,000 test snippets through
+/// the probe `sentiment_head.onnx`; accuracy equals the manifest's onnxruntime figure. About
+/// 60k tokens: run in release builds only.
+#[test]
+fn sentiment_accuracy_matches_manifest() {
+    if cfg!(debug_assertions) {
+        eprintln!("SKIP sentiment_accuracy_matches_manifest: 2,000 texts through MiniLM; run with --release");
+        return;
+    }
+    let Some(dir) = models_dir("sentiment accuracy") else {
+        return;
+    };
+    let man = manifest(&dir);
+    let want = man["metrics"]["movie_sentiment_probe"]["minilm-l6"]["accuracy"]
+        .as_f64()
+        .unwrap();
+    let rows = jsonl(&dir.join("data/movie_sentiment/test.jsonl"));
+    let model = Model::load(dir.join("minilm-l6/model.onnx")).unwrap();
+    let enc = SentenceEncoder::new(
+        Session::new(&model, CompileOptions::default()).unwrap(),
+        tokenizer(&dir, 256),
+    );
+    let head = Session::new(
+        &Model::load(dir.join("minilm-l6/sentiment_head.onnx")).unwrap(),
+        CompileOptions::default(),
+    )
+    .unwrap();
+    let texts: Vec<&str> = rows.iter().map(|r| r["text"].as_str().unwrap()).collect();
+    let mut order: Vec<usize> = (0..texts.len()).collect();
+    order.sort_by_key(|&i| texts[i].len());
+    let mut correct = 0;
+    for chunk in order.chunks(32) {
+        let batch: Vec<&str> = chunk.iter().map(|&i| texts[i]).collect();
+        let e = enc.embed(&batch).unwrap();
+        let logits = head.run(&[("sentence_embedding", e)]).unwrap().remove(0).1;
+        for (r, &i) in chunk.iter().enumerate() {
+            let l = &logits.as_f32().unwrap()[r * 2..r * 2 + 2];
+            let pred = i64::from(l[1] > l[0]);
+            correct += usize::from(pred == rows[i]["label"].as_i64().unwrap());
+        }
+    }
+    let acc = correct as f64 / texts.len() as f64;
+    println!(
+        "sentiment accuracy {acc:.4} (onnxruntime: {want:.4}) over {} snippets",
+        texts.len()
+    );
+    // One snippet is 0.0005: allow one flip of a borderline prediction.
+    assert!(
+        (acc - want).abs() <= 0.0005 + 1e-9,
+        "accuracy {acc} vs {want}"
+    );
+}
