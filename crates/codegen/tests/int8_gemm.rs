@@ -186,9 +186,9 @@ proptest! {
     }
 
     #[test]
-    fn amx_tile_model_bit_exact(m in 1usize..=200, n in 1usize..=200, k in 1usize..=200, signed: bool, bt: bool, pad in 0usize..3, seed: u64) {
+    fn amx_tile_model_bit_exact(m in 1usize..=300, n in 1usize..=300, k in 1usize..=300, signed: bool, bt: bool, pad in 0usize..3, threads in 1usize..=2, seed: u64) {
         codegen::kernels::pool::set_min_parallel_macs(0);
-        Case::random(m, n, k, signed, bt, pad, seed).check(None, 1);
+        Case::random(m, n, k, signed, bt, pad, seed).check(None, threads);
     }
 }
 
