@@ -16,10 +16,12 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
 
-/// `2^n` for integral `n` in [-126, 127] given as f32.
+/// `2^n` for integral `n` in [-126, 127] given as f32. Adding 1.5·2^23 + 127 puts the biased
+/// exponent `n + 127` in the low mantissa bits (shifting left by 23 drops the rest), which
+/// vectorises; the saturating `n as i32` cast would be scalarised.
 #[inline(always)]
 fn pow2i(n: f32) -> f32 {
-    f32::from_bits((((n as i32) + 127) as u32) << 23)
+    f32::from_bits((n + (12_582_912.0 + 127.0)).to_bits() << 23)
 }
 
 /// `exp(a + b)` where `a` is exact and may be large and `b` is small (|b| ≲ 2); the reduction
