@@ -1,7 +1,8 @@
 //! Roofline benchmark of the GEMM kernels.
 //!
 //! `cargo bench -p codegen --bench gemm [-- [--json out.json] [--quick | --m M] [--int8-only]]`
-//! (`--int8-only` skips the f32 and scalar kernels; the onnxruntime script uses it).
+//! (`--int8-only` skips the f32 and scalar kernels; the onnxruntime script uses it;
+//! `--epilogues` only times the fused epilogue programs on the FFN1 shape).
 //!
 //! Prints the measured VNNI / FMA peaks for 1 and 2 threads, then GOPS and the fraction of the
 //! matching peak for every supported kernel on M ∈ {128, 1024, 4096} × (N, K) ∈ {(768, 768),
@@ -63,8 +64,66 @@ fn requant_row(m: usize, n: usize, k: usize, threads: usize) -> KernelBenchResul
     }
 }
 
+/// `--epilogues`: the cost of the fused epilogue programs on the FFN1 shape (128 × 3072 × 768,
+/// 1 thread, picked int8 kernel, u8 output).
+fn epilogue_costs() {
+    let (m, n, k) = (128usize, 3072usize, 768usize);
+    let kern = pick_int8(m, n, k);
+    let a: Vec<u8> = (0..m * k).map(|i| (i * 7 % 251) as u8).collect();
+    let w: Vec<i8> = (0..n * k).map(|i| (i * 13 % 255) as i8).collect();
+    let b = PackedI8::pack_for(kern, &w, k, n, k, true).expect("packing");
+    let ws = vec![1e-4f32; n];
+    let bias = vec![0.1f32; n];
+    let dq = EpilogueOp::Dequant {
+        a_scale: RowParam::PerTensor(0.02),
+        a_zero: RowParam::PerTensor(128),
+        w_scale: &ws,
+    };
+    let rq = EpilogueOp::Requant {
+        inv_scale: 20.0,
+        zero_point: 128,
+        ty: QType::U8,
+    };
+    let progs = [
+        ("dequant+requant", vec![dq, rq]),
+        (
+            "dequant+bias+gelu(erf)+requant",
+            vec![dq, EpilogueOp::Bias(&bias), EpilogueOp::GeluErf, rq],
+        ),
+        (
+            "dequant+bias+gelu(tanh)+requant",
+            vec![dq, EpilogueOp::Bias(&bias), EpilogueOp::GeluTanh, rq],
+        ),
+    ];
+    let mut y = vec![0u8; m * n];
+    for (name, ops) in progs {
+        let ep = Epilogue::new(ops);
+        let s = time_best(Duration::from_millis(300), || {
+            gemm_i8(
+                m,
+                Activations::U8(&a),
+                k,
+                &b,
+                Output::U8 { c: &mut y, ldc: n },
+                &ep,
+                1,
+            )
+            .expect("int8 gemm");
+        });
+        println!(
+            "{} {m}x{n}x{k} 1 thread, {name}: {:.1} GOPS",
+            kern.name(),
+            2.0 * (m * n * k) as f64 / s / 1e9
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--epilogues") {
+        epilogue_costs();
+        return;
+    }
     let json_path = args
         .iter()
         .position(|a| a == "--json")
