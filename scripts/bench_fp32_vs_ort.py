@@ -288,6 +288,13 @@ def machine_info() -> dict:
     return {"cpu": cpu, "logical_cpus": os.cpu_count(), "python": platform.python_version(), "git_commit": commit}
 
 
+def load_1m() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
 def summarize(rows: dict[int, dict[str, list[dict]]]) -> list[dict]:
     summary = []
     for batch, sides in rows.items():
@@ -374,13 +381,22 @@ def main(argv: list[str]) -> int:
             for r in range(args.rounds):
                 for b in args.batch_list:
                     ours = bench_ours(args, encore, model, b)
+                    ours["loadavg_1m_after"] = load_1m()
                     rows[b]["ours"].append(ours)
                     log(f"round {r + 1}/{args.rounds} batch {b}: encore {ours['throughput_seq_per_s']:.2f} seq/s")
                     theirs = runner.bench(b)
+                    theirs["loadavg_1m_after"] = load_1m()
                     rows[b]["ort"].append(theirs)
                     log(f"round {r + 1}/{args.rounds} batch {b}: ORT    {theirs['throughput_seq_per_s']:.2f} seq/s")
             summary = summarize(rows)
             print_table(summary, args)
+            loads = [r["loadavg_1m_after"] for v in rows.values() for side in v.values() for r in side]
+            loads = [x for x in loads if x is not None]
+            if loads and max(loads) > (os.cpu_count() or 1):
+                print(
+                    f"warning: 1-minute load average reached {max(loads):.1f} on {os.cpu_count()} CPUs "
+                    "during the run; other processes competed for the cores, so the figures are noisy"
+                )
             if args.out:
                 result = {
                     "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
