@@ -79,6 +79,7 @@ impl Encoded {
 /// A tokenizer read from a Hugging Face `tokenizer.json`.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    max_length: Option<usize>,
 }
 
 fn tok_err(e: impl std::fmt::Display) -> Error {
@@ -104,6 +105,17 @@ impl Tokenizer {
             (None, Padding::Fixed(f)) => Some(f),
             (m, Padding::Longest) => m,
         };
+        // tokenizers ignores a limit below its special tokens instead of failing: refuse it here.
+        let specials = inner
+            .get_post_processor()
+            .map_or(0, |p| tokenizers::PostProcessor::added_tokens(p, false));
+        if let Some(m) = max_length {
+            if m <= specials {
+                return Err(Error::Tokenizer(format!(
+                    "max_length {m} leaves no room for text next to {specials} special tokens"
+                )));
+            }
+        }
         match max_length {
             Some(max_length) => {
                 inner
@@ -128,7 +140,7 @@ impl Tokenizer {
             pad_token,
             ..Default::default()
         }));
-        Ok(Tokenizer { inner })
+        Ok(Tokenizer { inner, max_length })
     }
 
     /// The id of a token, if the vocabulary has it.
@@ -152,6 +164,15 @@ impl Tokenizer {
     /// Tokenizes text pairs (`[CLS] a [SEP] b [SEP]`, token type 1 on `b`).
     pub fn encode_pairs(&self, pairs: &[(&str, &str)]) -> Result<Encoded, Error> {
         check_texts(pairs.iter().flat_map(|(a, b)| [*a, *b]))?;
+        let specials = self
+            .inner
+            .get_post_processor()
+            .map_or(0, |p| tokenizers::PostProcessor::added_tokens(p, true));
+        if let Some(m) = self.max_length.filter(|&m| m <= specials + 1) {
+            return Err(Error::Tokenizer(format!(
+                "max_length {m} leaves no room for two texts next to {specials} special tokens"
+            )));
+        }
         let inputs: Vec<tokenizers::EncodeInput> = pairs
             .iter()
             .map(|&(a, b)| tokenizers::EncodeInput::Dual(a.into(), b.into()))

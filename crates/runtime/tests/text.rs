@@ -142,6 +142,33 @@ fn truncation_and_padding() {
     .unwrap();
     let enc = fixed.encode(&["hello world", &long]).unwrap();
     assert_eq!(enc.input_ids.shape(), &[2, 16]);
+    // Too short for [CLS] and [SEP]: an error, not a panic.
+    for max in [0, 1] {
+        let tiny = Tokenizer::from_file(
+            dir.join("minilm-l6/tokenizer.json"),
+            TokenizerOptions {
+                max_length: Some(max),
+                padding: Padding::Longest,
+            },
+        );
+        match tiny.and_then(|t| t.encode(&["hello world"])) {
+            Err(Error::Tokenizer(m)) => println!("max_length {max}: {m}"),
+            other => panic!("max_length {max}: {other:?}"),
+        }
+    }
+    let three = Tokenizer::from_file(
+        dir.join("minilm-l6/tokenizer.json"),
+        TokenizerOptions {
+            max_length: Some(4),
+            padding: Padding::Longest,
+        },
+    )
+    .unwrap();
+    assert!(matches!(
+        three.encode_pairs(&[("a b", "c d")]),
+        Err(Error::Tokenizer(_))
+    ));
+    assert_eq!(three.encode(&[&long]).unwrap().input_ids.shape(), &[1, 4]);
 }
 
 #[test]
