@@ -154,7 +154,6 @@ pub struct Session {
     /// Inputs that feed token lookups (their last dim is the sequence length).
     token_inputs: Vec<String>,
     opts: CompileOptions,
-    pool: rayon::ThreadPool,
     arenas: Mutex<Vec<Arena>>,
 }
 
@@ -207,11 +206,6 @@ impl Session {
         graph.verify()?;
         let order = graph.topo_order()?;
         let threads = opts.threads.max(1);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("encore-rt-{i}"))
-            .build()
-            .map_err(|e| Error::Invalid(format!("thread pool: {e}")))?;
 
         // Slot numbers for every outlet.
         let mut slot_of: HashMap<Outlet, usize> = HashMap::new();
@@ -411,7 +405,6 @@ impl Session {
             position_limits,
             token_inputs,
             opts: CompileOptions { threads, ..opts },
-            pool,
             arenas: Mutex::new(Vec::new()),
         })
     }
@@ -619,7 +612,6 @@ impl Session {
             slots[i.slot] = Slot::Ref(t);
         }
         let mut ctx = Ctx {
-            pool: &self.pool,
             threads: self.opts.threads,
             arena,
         };

@@ -1,7 +1,7 @@
 //! Multi-head attention (the recognised `attention` op).
 
 use super::simd::{attn_scores, attn_values, softmax_row, IB, JB};
-use super::{broadcast_strides, split_range, Ctx, SyncPtr};
+use super::{broadcast_strides, Ctx, SyncPtr};
 use crate::value::TensorValue;
 use crate::Error;
 
@@ -101,11 +101,6 @@ pub(crate) fn attention(
     let optr = SyncPtr(out.as_mut_ptr());
     let tasks = b * num_heads;
     let work = b * num_heads * sq * sk * dh * 2;
-    let parts = if ctx.threads > 1 && work >= 64 * 1024 {
-        ctx.threads.min(tasks)
-    } else {
-        1
-    };
     // Padded sizes of the register-blocked kernels; the padding rows/columns are zeros.
     let m_pad = sq.div_ceil(IB) * IB;
     let dh_pad = dh.div_ceil(JB) * JB;
@@ -156,16 +151,6 @@ pub(crate) fn attention(
             }
         }
     };
-    if parts <= 1 {
-        run(0..tasks);
-    } else {
-        let run = &run;
-        ctx.pool.scope(|s| {
-            for t in 0..parts {
-                let r = split_range(tasks, parts, t);
-                s.spawn(move |_| run(r));
-            }
-        });
-    }
+    ctx.par_tasks(tasks, work, run);
     Ok(TensorValue::raw(vec![b, sq, h], out))
 }

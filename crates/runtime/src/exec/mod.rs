@@ -12,12 +12,17 @@ pub(crate) mod simd;
 
 use std::ops::Range;
 
+use codegen::kernels::pool::parallel_for;
+
 use crate::value::TensorValue;
 use crate::Error;
 
-/// What a kernel may use besides its inputs: the thread pool and a pool of recycled buffers.
+/// What a kernel may use besides its inputs: the thread count and a pool of recycled buffers.
+///
+/// Parallel parts run on codegen's persistent pool (the calling thread is part 0), the same
+/// workers as the GEMMs: one set of threads for the whole run, still spinning from the previous
+/// GEMM when a LayerNorm or an attention starts.
 pub(crate) struct Ctx<'a> {
-    pub pool: &'a rayon::ThreadPool,
     pub threads: usize,
     pub arena: &'a mut Arena,
 }
@@ -91,8 +96,14 @@ impl Input<'_> {
 
 /// Raw pointer that may cross threads: used where workers write disjoint parts of one buffer
 /// that cannot be split into contiguous slices (e.g. attention heads interleaved in a row).
-#[derive(Clone, Copy)]
 pub(crate) struct SyncPtr<T>(pub *mut T);
+// Manual impls: derived ones would require `T: Copy`.
+impl<T> Clone for SyncPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SyncPtr<T> {}
 unsafe impl<T> Send for SyncPtr<T> {}
 unsafe impl<T> Sync for SyncPtr<T> {}
 
@@ -130,16 +141,29 @@ impl Ctx<'_> {
             f(0, out);
             return;
         }
-        self.pool.scope(|s| {
-            let mut rest = out;
-            for t in 0..parts {
-                let r = split_range(rows, parts, t);
-                let (block, tail) = rest.split_at_mut(r.len() * row_len);
-                rest = tail;
-                let f = &f;
-                s.spawn(move |_| f(r.start, block));
-            }
-        });
+        let len = out.len();
+        let ptr = SyncPtr(out.as_mut_ptr());
+        let job = |t: usize| {
+            let r = split_range(rows, parts, t);
+            let (start, end) = (r.start * row_len, (r.end * row_len).min(len));
+            // SAFETY: the parts' row ranges are disjoint and inside `out`, which outlives the
+            // call (parallel_for returns when every part is done).
+            let block =
+                unsafe { std::slice::from_raw_parts_mut(ptr.ptr().add(start), end - start) };
+            f(r.start, block);
+        };
+        parallel_for(parts, &job);
+    }
+
+    /// Runs `f(range)` over `tasks` split into one contiguous range per thread when `work`
+    /// (element-operations) is worth it.
+    pub fn par_tasks(&self, tasks: usize, work: usize, f: impl Fn(Range<usize>) + Sync) {
+        let parts = self.parts(tasks, work);
+        if parts <= 1 {
+            f(0..tasks);
+            return;
+        }
+        parallel_for(parts, &|t| f(split_range(tasks, parts, t)));
     }
 
     /// Threads for one GEMM of `work` multiply-adds: products under 4M MACs (~0.1 ms on one
