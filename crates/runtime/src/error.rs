@@ -6,6 +6,8 @@ use ir::DType;
 
 /// Everything that can go wrong when loading, compiling or running a model, or tokenizing text.
 ///
+/// Non-exhaustive: later versions may add variants without breaking callers.
+///
 /// Each variant names what and where: the input, the node (by its name in the source model) and
 /// the op. Bad inputs give one of these, never a panic.
 ///
@@ -15,6 +17,7 @@ use ir::DType;
 /// assert_eq!(e.to_string(), "missing input `input_ids`");
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     #[error("IR: {0}")]
     Ir(#[from] ir::IrError),

@@ -4,8 +4,10 @@ use ir::DType;
 
 use crate::Error;
 
-/// The elements of a [`TensorValue`], one vector per supported dtype.
+/// The elements of a [`TensorValue`], one vector per supported dtype. Non-exhaustive: more
+/// dtypes may come.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum TensorData {
     F32(Vec<f32>),
     I64(Vec<i64>),
