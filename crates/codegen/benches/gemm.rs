@@ -18,7 +18,7 @@ use std::time::Duration;
 
 /// The picked int8 kernel with the fused dequant → requant(u8) epilogue: the equivalent of ONNX
 /// QLinearMatMul / a QDQ MatMul, for the onnxruntime comparison.
-fn requant_row(m: usize, n: usize, k: usize, threads: usize) -> KernelBenchResult {
+fn requant_row(m: usize, n: usize, k: usize, threads: usize, vnni_peak: f64) -> KernelBenchResult {
     let kern = pick_int8(m, n, k);
     let a: Vec<u8> = (0..m * k).map(|i| (i * 7 % 251) as u8).collect();
     let w: Vec<i8> = (0..n * k).map(|i| (i * 13 % 255) as i8).collect();
@@ -59,7 +59,7 @@ fn requant_row(m: usize, n: usize, k: usize, threads: usize) -> KernelBenchResul
         threads,
         seconds: s,
         gops,
-        fraction_of_peak: 0.0,
+        fraction_of_peak: gops * 1e9 / vnni_peak,
         picked: false,
     }
 }
@@ -173,7 +173,7 @@ fn main() {
                 p.fma_flops_per_s = p.fma_flops_per_s.max(fresh.fma_flops_per_s);
                 let mut rows =
                     hwbench_with(m, n, k, t, p, &int8, &f32k, Duration::from_millis(150));
-                rows.push(requant_row(m, n, k, t));
+                rows.push(requant_row(m, n, k, t, p.vnni_ops_per_s));
                 eprint!("{}", render_table(&rows));
                 all.extend(rows);
             }
