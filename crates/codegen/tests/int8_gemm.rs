@@ -2,7 +2,9 @@
 //! triple loop (bit-exact i32) and the scalar kernel; extreme values; long K.
 
 mod common;
-use codegen::kernels::int8::{gemm_i8_amx_model, gemm_i8_with, Activations, PackedI8};
+use codegen::kernels::int8::{
+    gemm_i8_amx_model, gemm_i8_avxvnni_evex_twin, gemm_i8_with, Activations, PackedI8,
+};
 use codegen::kernels::{Epilogue, Int8Kernel, Output};
 use common::Rng;
 use proptest::prelude::*;
@@ -110,36 +112,25 @@ impl Case {
             self.bt,
         )
     }
-    /// Runs `kernel` (None = AMX on the tile model) and returns the i32 output (ldc = n + 1).
-    fn run(&self, kernel: Option<Int8Kernel>, threads: usize) -> Vec<i32> {
-        let pk = kernel.unwrap_or(Int8Kernel::Amx);
+    /// Runs `runner` and returns the i32 output (ldc = n + 1).
+    fn run(&self, runner: Runner, threads: usize) -> Vec<i32> {
+        let pk = match runner {
+            Runner::Hw(k) => k,
+            Runner::AmxTileModel => Int8Kernel::Amx,
+            Runner::AvxVnniEvexTwin => Int8Kernel::AvxVnni,
+        };
         let packed = PackedI8::pack_for(pk, &self.b, self.k, self.n, self.ldb(), self.bt).unwrap();
         let ldc = self.n + 1;
         let mut c = vec![i32::MIN; self.m * ldc];
         let out = Output::I32 { c: &mut c, ldc };
-        match kernel {
-            Some(k) => gemm_i8_with(
-                k,
-                self.m,
-                self.act(),
-                self.lda(),
-                &packed,
-                out,
-                &Epilogue::none(),
-                threads,
-            )
-            .unwrap(),
-            None => {
-                let dots = gemm_i8_amx_model(
-                    self.m,
-                    self.act(),
-                    self.lda(),
-                    &packed,
-                    out,
-                    &Epilogue::none(),
-                    threads,
-                )
-                .unwrap();
+        let (act, lda, ep) = (self.act(), self.lda(), Epilogue::none());
+        match runner {
+            Runner::Hw(k) => gemm_i8_with(k, self.m, act, lda, &packed, out, &ep, threads).unwrap(),
+            Runner::AvxVnniEvexTwin => {
+                gemm_i8_avxvnni_evex_twin(self.m, act, lda, &packed, out, &ep, threads).unwrap()
+            }
+            Runner::AmxTileModel => {
+                let dots = gemm_i8_amx_model(self.m, act, lda, &packed, out, &ep, threads).unwrap();
                 let expect =
                     self.m.div_ceil(32) * self.n.div_ceil(32) * 4 * self.k.max(1).div_ceil(64);
                 assert_eq!(
@@ -150,12 +141,12 @@ impl Case {
         }
         c
     }
-    fn check(&self, kernel: Option<Int8Kernel>, threads: usize) {
+    fn check(&self, runner: Runner, threads: usize) {
         codegen::kernels::pool::set_min_parallel_macs(0);
-        let got = self.run(kernel, threads);
+        let got = self.run(runner, threads);
         let want = self.want();
         let ldc = self.n + 1;
-        let name = kernel.map_or("amx(tile model)", |k| k.name());
+        let name = runner.name();
         for i in 0..self.m {
             for j in 0..self.n {
                 assert_eq!(
@@ -174,6 +165,35 @@ impl Case {
     }
 }
 
+/// How a case is run: a kernel on this CPU, or a kernel this CPU lacks through its stand-in.
+#[derive(Clone, Copy)]
+enum Runner {
+    Hw(Int8Kernel),
+    /// The AMX kernel on the software model of the tile registers.
+    AmxTileModel,
+    /// The AVX-VNNI kernel through the EVEX encoding of the same instruction.
+    AvxVnniEvexTwin,
+}
+
+impl Runner {
+    fn name(self) -> &'static str {
+        match self {
+            Runner::Hw(k) => k.name(),
+            Runner::AmxTileModel => "amx(tile model)",
+            Runner::AvxVnniEvexTwin => "avxvnni(evex twin)",
+        }
+    }
+}
+
+/// Whether the AVX-VNNI kernel can run here through its EVEX twin; says so loudly when not.
+fn evex_twin_available() -> bool {
+    let ok = codegen::kernels::cpu_features().avx512vnni;
+    if !ok {
+        eprintln!("SKIP avxvnni evex twin: this CPU has no AVX512-VNNI");
+    }
+    ok
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
     #[test]
@@ -181,14 +201,21 @@ proptest! {
         codegen::kernels::pool::set_min_parallel_macs(0);
         let c = Case::random(m, n, k, signed, bt, pad, seed);
         for kern in kernels() {
-            c.check(Some(kern), threads);
+            c.check(Runner::Hw(kern), threads);
         }
     }
 
     #[test]
     fn amx_tile_model_bit_exact(m in 1usize..=300, n in 1usize..=300, k in 1usize..=300, signed: bool, bt: bool, pad in 0usize..3, threads in 1usize..=2, seed: u64) {
         codegen::kernels::pool::set_min_parallel_macs(0);
-        Case::random(m, n, k, signed, bt, pad, seed).check(None, threads);
+        Case::random(m, n, k, signed, bt, pad, seed).check(Runner::AmxTileModel, threads);
+    }
+
+    #[test]
+    fn avxvnni_evex_twin_bit_exact(m in 1usize..=300, n in 1usize..=300, k in 1usize..=300, signed: bool, bt: bool, pad in 0usize..3, threads in 1usize..=2, seed: u64) {
+        if evex_twin_available() {
+            Case::random(m, n, k, signed, bt, pad, seed).check(Runner::AvxVnniEvexTwin, threads);
+        }
     }
 }
 
@@ -216,10 +243,13 @@ fn int8_awkward_shapes_all_kernels() {
         );
         for kern in kernels() {
             for t in 1..=2 {
-                c.check(Some(kern), t);
+                c.check(Runner::Hw(kern), t);
             }
         }
-        c.check(None, 2);
+        c.check(Runner::AmxTileModel, 2);
+        if evex_twin_available() {
+            c.check(Runner::AvxVnniEvexTwin, 2);
+        }
     }
 }
 
@@ -244,9 +274,12 @@ fn int8_extremes_no_saturation() {
     ] {
         let c = extreme_case(20, 40, 1000, av, bv, signed);
         for kern in kernels() {
-            c.check(Some(kern), 2);
+            c.check(Runner::Hw(kern), 2);
         }
-        c.check(None, 1);
+        c.check(Runner::AmxTileModel, 1);
+        if evex_twin_available() {
+            c.check(Runner::AvxVnniEvexTwin, 1);
+        }
     }
 }
 
@@ -258,7 +291,10 @@ fn int8_longest_k() {
     let want = c.want();
     assert_eq!(want[0], -2_139_095_040);
     for kern in kernels() {
-        c.check(Some(kern), 2);
+        c.check(Runner::Hw(kern), 2);
+    }
+    if evex_twin_available() {
+        c.check(Runner::AvxVnniEvexTwin, 2);
     }
     assert!(PackedI8::pack_for(Int8Kernel::Scalar, &vec![0; 65537], 65537, 1, 1, false).is_err());
 }
@@ -310,7 +346,7 @@ fn work_stealing_path_is_exact() {
     for &(m, n, k) in &[(1100, 200, 64), (37, 500, 100), (600, 97, 33), (5, 7, 9)] {
         let c = Case::random(m, n, k, m % 2 == 1, true, 1, (m + n + k) as u64);
         for kern in kernels() {
-            c.check(Some(kern), 2);
+            c.check(Runner::Hw(kern), 2);
         }
     }
     codegen::kernels::pool::set_eager_steal(false);

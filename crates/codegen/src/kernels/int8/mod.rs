@@ -240,6 +240,41 @@ pub fn gemm_i8_with(
     drive(&*k, m, a, lda, b, out, epilogue, threads)
 }
 
+/// [`gemm_i8`] running the AVX-VNNI kernel (its 6×16 register blocking, packing and driver)
+/// through [`avxvnni::ukernel_evex_twin`], the EVEX encoding of the same `vpdpbusd ymm`. CPUs
+/// with AVX512-VNNI but no AVX-VNNI (Cascade Lake, Ice Lake, this project's Zen guest) can so
+/// test everything of the AVX-VNNI kernel except its instruction encoding, as the tile model does
+/// for AMX. `b` must be packed for [`Int8Kernel::AvxVnni`].
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_i8_avxvnni_evex_twin(
+    m: usize,
+    a: Activations<'_>,
+    lda: usize,
+    b: &PackedI8,
+    out: Output<'_>,
+    epilogue: &Epilogue<'_>,
+    threads: usize,
+) -> Result<(), KernelError> {
+    if !super::cpu_features().avx512vnni {
+        return Err(KernelError::Unsupported(
+            "avxvnni (EVEX twin needs avx512vnni)",
+        ));
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let k = FnKernel {
+            d: desc(Int8Kernel::AvxVnni),
+            f: avxvnni::ukernel_evex_twin,
+        };
+        drive(&k, m, a, lda, b, out, epilogue, threads)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (m, a, lda, b, out, epilogue, threads);
+        Err(KernelError::Unsupported("avxvnni"))
+    }
+}
+
 /// [`gemm_i8`] running the AMX kernel on the software [`TileModel`] (single model, any CPU);
 /// `b` must be packed for [`Int8Kernel::Amx`]. Returns the number of tile dot products issued.
 #[allow(clippy::too_many_arguments)]
