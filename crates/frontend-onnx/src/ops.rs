@@ -288,10 +288,15 @@ impl<'m> Importer<'m> {
         };
         let opset = self.opset;
         match x.op_type() {
-            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater" | "And" | "Or" => {
+            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater" | "And" | "Or"
+            | "LessOrEqual" | "GreaterOrEqual" => {
                 x.arity(2, 2)?;
                 let (a, b) = (x.input(0)?, x.input(1)?);
-                let op = BinaryOp::from_name(&x.op_type().to_lowercase()).expect("listed above");
+                let op = match x.op_type() {
+                    "LessOrEqual" => BinaryOp::LessOrEqual,
+                    "GreaterOrEqual" => BinaryOp::GreaterOrEqual,
+                    t => BinaryOp::from_name(&t.to_lowercase()).expect("listed above"),
+                };
                 let out = match op {
                     BinaryOp::Pow => self.dtype(a),
                     BinaryOp::And | BinaryOp::Or => {
@@ -299,7 +304,11 @@ impl<'m> Importer<'m> {
                         self.require_dtype(&x, 1, &[DType::Bool])?;
                         DType::Bool
                     }
-                    BinaryOp::Equal | BinaryOp::Less | BinaryOp::Greater => {
+                    BinaryOp::Equal
+                    | BinaryOp::Less
+                    | BinaryOp::Greater
+                    | BinaryOp::LessOrEqual
+                    | BinaryOp::GreaterOrEqual => {
                         self.same_dtypes(&x, &[a, b])?;
                         DType::Bool
                     }

@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use frontend_onnx::proto::{DataType, TensorProto};
-use ir::{text, DType, Dim, Op, ReduceOp, Tensor};
+use ir::{text, BinaryOp, DType, Dim, Op, ReduceOp, Tensor};
 
 fn first_op<'g>(g: &'g ir::Graph, name: &str) -> &'g Op {
     g.node_ids()
@@ -236,6 +236,41 @@ fn output_dtypes_follow_onnx() {
     assert_eq!(dt("s"), DType::I64);
     assert_eq!(dt("ci"), DType::I32);
     assert_eq!(dt("nmask"), DType::Bool);
+}
+
+#[test]
+fn less_or_equal_and_greater_or_equal_give_bool() {
+    let g = xy(17)
+        .init(f32_tensor("zero", &[], &[0.0]))
+        .node(node("LessOrEqual", "le", &["x", "zero"], &["le"]))
+        .node(node("GreaterOrEqual", "ge", &["x", "zero"], &["ge"]))
+        .node(node("And", "and", &["le", "ge"], &["both"]))
+        .node(node("Where", "w", &["both", "x", "zero"], &["y"]))
+        .output(value_info("le", DataType::Bool, None))
+        .output(value_info("ge", DataType::Bool, None))
+        .import()
+        .unwrap();
+    assert_eq!(output_node(&g, "le").op, Op::Binary(BinaryOp::LessOrEqual));
+    assert_eq!(
+        output_node(&g, "ge").op,
+        Op::Binary(BinaryOp::GreaterOrEqual)
+    );
+    let dt = |name| g.outlet_type(output_node_outlet(&g, name)).dtype;
+    assert_eq!(dt("le"), DType::Bool);
+    assert_eq!(dt("ge"), DType::Bool);
+
+    // Operands of different dtypes are rejected, naming the node.
+    let e = xy(17)
+        .init(i64_tensor("zero", &[], &[0]))
+        .node(node("LessOrEqual", "le", &["x", "zero"], &["y"]))
+        .import()
+        .unwrap_err();
+    match e {
+        frontend_onnx::ImportError::BadNode { node, op_type, .. } => {
+            assert_eq!((node.as_str(), op_type.as_str()), ("le", "LessOrEqual"))
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 fn output_node_outlet(g: &ir::Graph, name: &str) -> ir::Outlet {

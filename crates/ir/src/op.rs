@@ -21,6 +21,10 @@ pub enum BinaryOp {
     Equal,
     Less,
     Greater,
+    /// `a <= b` → bool (ONNX `LessOrEqual`, opset 12+).
+    LessOrEqual,
+    /// `a >= b` → bool (ONNX `GreaterOrEqual`, opset 12+).
+    GreaterOrEqual,
     And,
     Or,
 }
@@ -74,6 +78,7 @@ macro_rules! name_table {
 }
 name_table!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", Pow => "pow",
     Max => "max", Min => "min", Equal => "equal", Less => "less", Greater => "greater",
+    LessOrEqual => "less_or_equal", GreaterOrEqual => "greater_or_equal",
     And => "and", Or => "or" });
 name_table!(UnaryOp { Neg => "neg", Abs => "abs", Sqrt => "sqrt", Reciprocal => "reciprocal",
     Exp => "exp", Log => "log", Erf => "erf", Tanh => "tanh", Sigmoid => "sigmoid",

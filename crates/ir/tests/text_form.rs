@@ -158,3 +158,19 @@ fn tensor_literals_round_trip_every_dtype() {
         assert_eq!(t.to_text(64), lit);
     }
 }
+
+/// The ops added for BERT-family exports (comparisons with equality, clip, split, tile) print
+/// and parse back unchanged.
+#[test]
+fn export_ops_round_trip() {
+    let sample = r#"%0 = input[name="a"] : f32[2,3]
+%1 = input[name="b"] : f32[3]
+%2 = less_or_equal(%0, %1) : bool[2,3]  # /le
+%3 = greater_or_equal(%0, %1) : bool[2,3]  # /ge
+output "le" = %2
+output "ge" = %3
+"#;
+    let g = text::parse(sample, None).unwrap();
+    g.verify().unwrap();
+    assert_eq!(text::print(&g).unwrap(), sample);
+}

@@ -393,6 +393,8 @@ fn binary(b: BinaryOp, x: &Data, y: &Data) -> Result<Data, String> {
                 Equal => cmp(z.map(|(a, b)| a == b).collect()),
                 Less => cmp(z.map(|(a, b)| a < b).collect()),
                 Greater => cmp(z.map(|(a, b)| a > b).collect()),
+                LessOrEqual => cmp(z.map(|(a, b)| a <= b).collect()),
+                GreaterOrEqual => cmp(z.map(|(a, b)| a >= b).collect()),
                 And | Or => return Err(format!("{} on floats", b.name())),
             }
         }
@@ -416,6 +418,8 @@ fn binary(b: BinaryOp, x: &Data, y: &Data) -> Result<Data, String> {
                 Equal => cmp(z.map(|(a, b)| a == b).collect()),
                 Less => cmp(z.map(|(a, b)| a < b).collect()),
                 Greater => cmp(z.map(|(a, b)| a > b).collect()),
+                LessOrEqual => cmp(z.map(|(a, b)| a <= b).collect()),
+                GreaterOrEqual => cmp(z.map(|(a, b)| a >= b).collect()),
                 And => cmp(z.map(|(a, b)| *a != 0 && *b != 0).collect()),
                 Or => cmp(z.map(|(a, b)| *a != 0 || *b != 0).collect()),
             }

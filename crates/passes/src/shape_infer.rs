@@ -334,6 +334,8 @@ fn infer(
                 BinaryOp::Equal
                 | BinaryOp::Less
                 | BinaryOp::Greater
+                | BinaryOp::LessOrEqual
+                | BinaryOp::GreaterOrEqual
                 | BinaryOp::And
                 | BinaryOp::Or => DType::Bool,
                 _ => dtype(0),
@@ -970,6 +972,8 @@ fn infer_value(op: &Op, ins: &[TensorType], vals: &[Option<&SymTensor>]) -> Opti
                         | BinaryOp::Min
                         | BinaryOp::Less
                         | BinaryOp::Greater
+                        | BinaryOp::LessOrEqual
+                        | BinaryOp::GreaterOrEqual
                         | BinaryOp::And
                         | BinaryOp::Or => match (p.as_int(), q.as_int()) {
                             (Some(p), Some(q)) => SymInt::Int(match b {
@@ -977,6 +981,8 @@ fn infer_value(op: &Op, ins: &[TensorType], vals: &[Option<&SymTensor>]) -> Opti
                                 BinaryOp::Min => p.min(q),
                                 BinaryOp::Less => i64::from(p < q),
                                 BinaryOp::Greater => i64::from(p > q),
+                                BinaryOp::LessOrEqual => i64::from(p <= q),
+                                BinaryOp::GreaterOrEqual => i64::from(p >= q),
                                 BinaryOp::And => i64::from(p != 0 && q != 0),
                                 _ => i64::from(p != 0 || q != 0),
                             }),

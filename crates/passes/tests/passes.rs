@@ -753,3 +753,40 @@ output \"cast\" = %14
     );
     insta::assert_snapshot!(snap);
 }
+
+/// `less_or_equal` / `greater_or_equal`: bool results broadcast like the other comparisons,
+/// and folded on constants (equal elements included, for floats and integers).
+#[test]
+fn comparisons_with_equality_infer_and_fold() {
+    let mut g = parse(
+        "%0 = input[name=\"x\"] : f32[B,3]\n\
+         %1 = const[value=f32[3]{1.0, 2.0, 3.0}] : f32[3]\n\
+         %2 = less_or_equal(%0, %1) : bool[*]\n\
+         %3 = const[value=f32[]{2.0}] : f32[]\n\
+         %4 = greater_or_equal(%1, %3) : bool[*]\n\
+         %5 = less_or_equal(%1, %3) : bool[*]\n\
+         %6 = const[value=i64[2]{1, 5}] : i64[2]\n\
+         %7 = const[value=i64[]{5}] : i64[]\n\
+         %8 = greater_or_equal(%6, %7) : bool[*]\n\
+         output \"a\" = %2\n\
+         output \"b\" = %4\n\
+         output \"c\" = %5\n\
+         output \"d\" = %8\n",
+    );
+    ShapeInference.run(&mut g).unwrap();
+    let t = print(&g);
+    assert!(t.contains("less_or_equal(%0, %1) : bool[B,3]"), "{t}");
+    assert!(t.contains("greater_or_equal(%1, %3) : bool[3]"), "{t}");
+    assert!(ConstantFolding.run(&mut g).unwrap());
+    DeadCodeElimination.run(&mut g).unwrap();
+    let t = print(&g);
+    for want in [
+        "bool[3]{false, true, true}",
+        "bool[3]{true, true, false}",
+        "bool[2]{false, true}",
+    ] {
+        assert!(t.contains(want), "{want} missing in\n{t}");
+    }
+    assert_eq!(count(&g, "less_or_equal"), 1, "{t}");
+    assert_eq!(count(&g, "greater_or_equal"), 0, "{t}");
+}

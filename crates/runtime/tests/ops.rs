@@ -215,3 +215,36 @@ fn session_is_send_sync_and_runs_concurrently() {
         }
     });
 }
+
+/// `less_or_equal` / `greater_or_equal` broadcast and give bool, equality included, for f32
+/// and i64.
+#[test]
+fn comparisons_with_equality() {
+    let s = session(
+        "%0 = input[name=\"a\"] : f32[2,3]\n\
+         %1 = input[name=\"b\"] : f32[3]\n\
+         %2 = less_or_equal(%0, %1) : bool[2,3]\n\
+         %3 = greater_or_equal(%0, %1) : bool[2,3]\n\
+         %4 = input[name=\"i\"] : i64[2,1]\n\
+         %5 = const[value=i64[2]{3, 4}] : i64[2]\n\
+         %6 = greater_or_equal(%4, %5) : bool[2,2]\n\
+         output \"le\" = %2\n\
+         output \"ge\" = %3\n\
+         output \"ige\" = %6\n",
+    );
+    let a = TensorValue::from_f32(vec![2, 3], vec![1.0, 2.0, 3.0, 0.0, 5.0, -1.0]).unwrap();
+    let b = TensorValue::from_f32(vec![3], vec![1.0, 0.0, 4.0]).unwrap();
+    let i = TensorValue::from_i64(vec![2, 1], vec![3, 5]).unwrap();
+    let out = s.run(&[("a", a), ("b", b), ("i", i)]).unwrap();
+    let get = |n: &str| &out.iter().find(|(k, _)| k == n).unwrap().1;
+    assert_eq!(get("le").shape(), &[2, 3]);
+    assert_eq!(
+        get("le").as_bool().unwrap(),
+        &[true, false, true, true, false, true]
+    );
+    assert_eq!(
+        get("ge").as_bool().unwrap(),
+        &[true, true, false, false, true, false]
+    );
+    assert_eq!(get("ige").as_bool().unwrap(), &[true, false, true, true]);
+}

@@ -150,6 +150,8 @@ macro_rules! compare {
             BinaryOp::Equal => broadcast2(a, $ash, b, $bsh, $out, |x, y| x == y),
             BinaryOp::Less => broadcast2(a, $ash, b, $bsh, $out, |x, y| x < y),
             BinaryOp::Greater => broadcast2(a, $ash, b, $bsh, $out, |x, y| x > y),
+            BinaryOp::LessOrEqual => broadcast2(a, $ash, b, $bsh, $out, |x, y| x <= y),
+            BinaryOp::GreaterOrEqual => broadcast2(a, $ash, b, $bsh, $out, |x, y| x >= y),
             _ => unreachable!("comparisons only"),
         }
     }};
@@ -183,7 +185,14 @@ pub(crate) fn binary(
             ),
         ));
     }
-    let is_cmp = matches!(op, BinaryOp::Equal | BinaryOp::Less | BinaryOp::Greater);
+    let is_cmp = matches!(
+        op,
+        BinaryOp::Equal
+            | BinaryOp::Less
+            | BinaryOp::Greater
+            | BinaryOp::LessOrEqual
+            | BinaryOp::GreaterOrEqual
+    );
     let is_logic = matches!(op, BinaryOp::And | BinaryOp::Or);
     // In place on an owned f32 operand that already has the output shape.
     if let Some(f) = f32_fn(op) {
