@@ -378,6 +378,44 @@ impl<'m> Importer<'m> {
                 let d = self.same_dtypes(&x, &ins[1..])?;
                 self.emit(n, Op::Where, &ins, &[d])?;
             }
+            "Clip" => {
+                // From opset 11 the bounds are optional inputs; before, they were attributes.
+                x.no_attr("min", "an input")?;
+                x.no_attr("max", "an input")?;
+                x.arity(1, 3)?;
+                let a = x.input(0)?;
+                let d = self.require_dtype(
+                    &x,
+                    0,
+                    &[DType::F32, DType::I64, DType::I32, DType::I8, DType::U8],
+                )?;
+                let mut ins = vec![a];
+                for i in 1..x.ins.len() {
+                    if x.opt(i).is_some() {
+                        self.require_dtype(&x, i, &[d])?;
+                    }
+                }
+                match (x.opt(1), x.opt(2)) {
+                    (Some(lo), hi) => {
+                        ins.push(lo);
+                        ins.extend(hi);
+                    }
+                    // The IR has no gaps in its inputs: an absent min is the lowest value.
+                    (None, Some(hi)) => {
+                        let lowest = match d {
+                            DType::F32 => Tensor::scalar(f32::NEG_INFINITY),
+                            DType::I64 => Tensor::scalar(i64::MIN),
+                            DType::I32 => Tensor::scalar(i32::MIN),
+                            DType::I8 => Tensor::scalar(i8::MIN),
+                            _ => Tensor::scalar(u8::MIN),
+                        };
+                        ins.push(self.aux_const(&x, "min", lowest));
+                        ins.push(hi);
+                    }
+                    (None, None) => {}
+                }
+                self.emit(n, Op::Clip, &ins, &[d])?;
+            }
             "Cast" => {
                 x.arity(1, 1)?;
                 let to = x

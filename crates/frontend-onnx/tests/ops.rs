@@ -273,6 +273,70 @@ fn less_or_equal_and_greater_or_equal_give_bool() {
     }
 }
 
+#[test]
+fn clip_bounds_are_optional_inputs() {
+    let both = xy(13)
+        .init(f32_tensor("lo", &[], &[-1.0]))
+        .init(f32_tensor("hi", &[], &[6.0]))
+        .node(node("Clip", "c", &["x", "lo", "hi"], &["y"]))
+        .import()
+        .unwrap();
+    assert_eq!(output_node(&both, "y").op, Op::Clip);
+    assert_eq!(
+        both.node_inputs(output_node_outlet(&both, "y").node).len(),
+        3
+    );
+
+    let min_only = xy(11)
+        .init(f32_tensor("lo", &[], &[0.0]))
+        .node(node("Clip", "c", &["x", "lo"], &["y"]))
+        .import()
+        .unwrap();
+    assert_eq!(
+        min_only
+            .node_inputs(output_node_outlet(&min_only, "y").node)
+            .len(),
+        2
+    );
+
+    // Max without min: the IR has no gaps, so min becomes the lowest f32.
+    let max_only = xy(13)
+        .init(f32_tensor("hi", &[], &[6.0]))
+        .node(node("Clip", "c", &["x", "", "hi"], &["y"]))
+        .import()
+        .unwrap();
+    let ins = max_only.node_inputs(output_node_outlet(&max_only, "y").node);
+    assert_eq!(ins.len(), 3);
+    let lo = max_only.const_value(ins[1]).unwrap().to_f32_vec().unwrap();
+    assert_eq!(lo, vec![f32::NEG_INFINITY]);
+    assert_eq!(
+        max_only.const_value(ins[2]).unwrap().to_f32_vec().unwrap(),
+        vec![6.0]
+    );
+
+    // The pre-11 attribute form and mismatched bound dtypes are rejected.
+    let e = xy(13)
+        .node(with_attr(
+            node("Clip", "c", &["x"], &["y"]),
+            attr_float("max", 6.0),
+        ))
+        .import()
+        .unwrap_err();
+    assert!(
+        matches!(e, frontend_onnx::ImportError::BadAttribute { .. }),
+        "{e:?}"
+    );
+    let e = xy(13)
+        .init(i64_tensor("hi", &[], &[6]))
+        .node(node("Clip", "c", &["x", "", "hi"], &["y"]))
+        .import()
+        .unwrap_err();
+    assert!(
+        matches!(e, frontend_onnx::ImportError::BadNode { ref node, .. } if node == "c"),
+        "{e:?}"
+    );
+}
+
 fn output_node_outlet(g: &ir::Graph, name: &str) -> ir::Outlet {
     g.outputs().iter().find(|(n, _)| n == name).unwrap().1
 }

@@ -135,6 +135,14 @@ pub enum Op {
     Where,
     /// `(x)` converted to `to`.
     Cast { to: DType },
+    /// `(x, min?, max?)` elementwise clamp to `[min, max]` (one-element tensors of x's dtype;
+    /// absent bounds do not clamp). NaN stays NaN; `min > max` gives `max`, as numpy's `clip`.
+    ///
+    /// ```text
+    /// %2 = clip(%0, %1) : f32[B,S]        # max(x, %1)
+    /// %4 = clip(%0, %1, %3) : f32[B,S]    # min(max(x, %1), %3)
+    /// ```
+    Clip,
     /// `(x)` → i64 1-D: the dims of `x` from `start` to `end` (exclusive, `None` = rank).
     Shape { start: i64, end: Option<i64> },
     /// `(x, shape)` with ONNX semantics: 0 copies the input dim (unless `allowzero`), -1 infers.
@@ -210,6 +218,7 @@ impl Op {
             Op::Unary(u) => u.name(),
             Op::Where => "where",
             Op::Cast { .. } => "cast",
+            Op::Clip => "clip",
             Op::Shape { .. } => "shape",
             Op::Reshape { .. } => "reshape",
             Op::Transpose { .. } => "transpose",
@@ -245,6 +254,7 @@ impl Op {
             Op::Input { .. } | Op::Const { .. } => (0, 0),
             Op::Binary(_) => (2, 2),
             Op::Where | Op::Range => (3, 3),
+            Op::Clip => (1, 3),
             Op::Unary(_)
             | Op::Cast { .. }
             | Op::Shape { .. }
@@ -333,6 +343,7 @@ impl Op {
             Op::Binary(_)
             | Op::Unary(_)
             | Op::Where
+            | Op::Clip
             | Op::Slice
             | Op::Expand
             | Op::Range
@@ -354,6 +365,7 @@ impl Op {
                 value: a.tensor("value")?,
             },
             "where" => Op::Where,
+            "clip" => Op::Clip,
             "cast" => Op::Cast { to: a.dtype("to")? },
             "shape" => Op::Shape {
                 start: a.int("start")?,

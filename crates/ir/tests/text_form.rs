@@ -167,8 +167,15 @@ fn export_ops_round_trip() {
 %1 = input[name="b"] : f32[3]
 %2 = less_or_equal(%0, %1) : bool[2,3]  # /le
 %3 = greater_or_equal(%0, %1) : bool[2,3]  # /ge
+%4 = const[value=f32[]{-inf}] : f32[]  # lo
+%5 = const[value=f32[]{6.0}] : f32[]  # hi
+%6 = clip(%0) : f32[2,3]  # /clip_none
+%7 = clip(%0, %4) : f32[2,3]  # /clip_min
+%8 = clip(%6, %4, %5) : f32[2,3]  # /clip_both
 output "le" = %2
 output "ge" = %3
+output "c1" = %7
+output "c2" = %8
 "#;
     let g = text::parse(sample, None).unwrap();
     g.verify().unwrap();

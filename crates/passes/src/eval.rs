@@ -183,6 +183,49 @@ pub fn eval_node(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Option
                 _ => return Err("where branches of different kinds".into()),
             }
         }
+        Op::Clip => {
+            let bound = |i: usize| -> Result<Option<Data>, String> {
+                match inputs.get(i) {
+                    None => Ok(None),
+                    Some(t) if t.len() != 1 => Err(format!("clip bound {i} must hold one element")),
+                    Some(t) => load(t).map(Some),
+                }
+            };
+            // Comparisons, not f32::max/min, so NaN stays NaN and min > max gives max.
+            fn clamp<T: Copy + PartialOrd>(v: Vec<T>, lo: Option<T>, hi: Option<T>) -> Vec<T> {
+                v.into_iter()
+                    .map(|x| {
+                        let y = match lo {
+                            Some(l) if x < l => l,
+                            _ => x,
+                        };
+                        match hi {
+                            Some(h) if y > h => h,
+                            _ => y,
+                        }
+                    })
+                    .collect()
+            }
+            let (lo, hi) = (bound(1)?, bound(2)?);
+            match load(inputs[0])? {
+                Data::F(v) => {
+                    let f = |b: Option<Data>| match b {
+                        Some(Data::F(w)) => Ok(Some(w[0])),
+                        None => Ok(None),
+                        Some(Data::I(_)) => Err("clip bounds of another dtype".to_string()),
+                    };
+                    Data::F(clamp(v, f(lo)?, f(hi)?))
+                }
+                Data::I(v) => {
+                    let f = |b: Option<Data>| match b {
+                        Some(Data::I(w)) => Ok(Some(w[0])),
+                        None => Ok(None),
+                        Some(Data::F(_)) => Err("clip bounds of another dtype".to_string()),
+                    };
+                    Data::I(clamp(v, f(lo)?, f(hi)?))
+                }
+            }
+        }
         Op::Cast { to } => {
             let d = load(inputs[0])?;
             match (d, to.is_float()) {

@@ -353,6 +353,27 @@ fn infer(
         ),
         Op::Where => one(dtype(1), shapes.map(|s| broadcast(ctx, &s)).transpose()?),
         Op::Cast { to } => one(*to, ins[0].shape.clone()),
+        Op::Clip => {
+            for (i, t) in ins.iter().enumerate().skip(1) {
+                let n = t
+                    .shape
+                    .as_ref()
+                    .and_then(|s| s.iter().map(|d| d.as_fixed()).product::<Option<usize>>());
+                if let Some(n) = n {
+                    if n != 1 {
+                        return Err(format!("clip: bound {i} must hold one element, holds {n}"));
+                    }
+                }
+                if t.dtype != dtype(0) {
+                    return Err(format!(
+                        "clip: bound {i} is {}, the input is {}",
+                        t.dtype,
+                        dtype(0)
+                    ));
+                }
+            }
+            one(dtype(0), ins[0].shape.clone())
+        }
         Op::Shape { start, end } => {
             let s = ins[0].shape.as_ref().map(|s| {
                 let (a, b) = shape_range(*start, *end, s.len());

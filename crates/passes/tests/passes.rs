@@ -790,3 +790,45 @@ fn comparisons_with_equality_infer_and_fold() {
     assert_eq!(count(&g, "less_or_equal"), 1, "{t}");
     assert_eq!(count(&g, "greater_or_equal"), 0, "{t}");
 }
+
+/// `clip` keeps its input's type, rejects a bound with more than one element, and folds on
+/// constants (NaN stays NaN, an integer input clamps too).
+#[test]
+fn clip_infers_and_folds() {
+    let mut g = parse(
+        "%0 = input[name=\"x\"] : f32[B,3]\n\
+         %1 = const[value=f32[]{-1.0}] : f32[]\n\
+         %2 = const[value=f32[]{2.0}] : f32[]\n\
+         %3 = clip(%0, %1, %2) : f32[*]\n\
+         %4 = const[value=f32[4]{-3.0, 0.5, 7.0, NaN}] : f32[4]\n\
+         %5 = clip(%4, %1, %2) : f32[*]\n\
+         %6 = const[value=i64[3]{-5, 1, 9}] : i64[3]\n\
+         %7 = const[value=i64[]{0}] : i64[]\n\
+         %8 = clip(%6, %7) : i64[*]\n\
+         output \"a\" = %3\n\
+         output \"b\" = %5\n\
+         output \"c\" = %8\n",
+    );
+    ShapeInference.run(&mut g).unwrap();
+    let t = print(&g);
+    assert!(t.contains("clip(%0, %1, %2) : f32[B,3]"), "{t}");
+    assert!(ConstantFolding.run(&mut g).unwrap());
+    DeadCodeElimination.run(&mut g).unwrap();
+    let t = print(&g);
+    for want in ["f32[4]{-1.0, 0.5, 2.0, NaN}", "i64[3]{0, 1, 9}"] {
+        assert!(t.contains(want), "{want} missing in\n{t}");
+    }
+    assert_eq!(count(&g, "clip"), 1, "{t}");
+
+    let mut g = parse(
+        "%0 = input[name=\"x\"] : f32[B,3]\n\
+         %1 = const[value=f32[2]{-1.0, 0.0}] : f32[2]\n\
+         %2 = clip(%0, %1) : f32[*]  # /act/Clip\n\
+         output \"y\" = %2\n",
+    );
+    let err = ShapeInference.run(&mut g).unwrap_err().to_string();
+    assert!(
+        err.contains("/act/Clip") && err.contains("one element"),
+        "{err}"
+    );
+}

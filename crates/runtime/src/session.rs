@@ -749,6 +749,10 @@ impl Session {
             }
             Op::Unary(u) => one(ew::unary(*u, take(ins, 0), ctx, node)?),
             Op::Where => one(ew::where_op(r(0), r(1), r(2), node)?),
+            Op::Clip => {
+                let bound = |i: usize| ins.get(i).map(|t| t.get());
+                one(ew::clip(r(0), bound(1), bound(2), node)?)
+            }
             Op::Cast { to } => one(ew::cast(take(ins, 0), *to, node)?),
             Op::Shape { start, end } => one(so::shape(r(0), *start, *end)),
             Op::Reshape { allowzero } => {

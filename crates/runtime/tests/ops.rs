@@ -248,3 +248,51 @@ fn comparisons_with_equality() {
     );
     assert_eq!(get("ige").as_bool().unwrap(), &[true, false, true, true]);
 }
+
+/// `clip` with both bounds, min only, max only (min = -inf, as the importer writes it), on
+/// i64, and NaN passing through; a bound with two elements is an error naming the node.
+#[test]
+fn clip_bounds() {
+    let s = session(
+        "%0 = input[name=\"x\"] : f32[5]\n\
+         %1 = const[value=f32[]{-1.0}] : f32[]\n\
+         %2 = const[value=f32[1]{2.0}] : f32[1]\n\
+         %3 = clip(%0, %1, %2) : f32[5]\n\
+         %4 = clip(%0, %1) : f32[5]\n\
+         %5 = const[value=f32[]{-inf}] : f32[]\n\
+         %6 = clip(%0, %5, %2) : f32[5]\n\
+         %7 = input[name=\"i\"] : i64[3]\n\
+         %8 = const[value=i64[]{0}] : i64[]\n\
+         %9 = const[value=i64[]{4}] : i64[]\n\
+         %10 = clip(%7, %8, %9) : i64[3]\n\
+         output \"both\" = %3\n\
+         output \"min\" = %4\n\
+         output \"max\" = %6\n\
+         output \"int\" = %10\n",
+    );
+    let x = TensorValue::from_f32(vec![5], vec![-3.0, 0.5, 7.0, f32::NAN, 2.0]).unwrap();
+    let i = TensorValue::from_i64(vec![3], vec![-5, 3, 9]).unwrap();
+    let out = s.run(&[("x", x), ("i", i)]).unwrap();
+    let get = |n: &str| &out.iter().find(|(k, _)| k == n).unwrap().1;
+    let f = |n: &str| format!("{:?}", get(n).as_f32().unwrap());
+    assert_eq!(f("both"), "[-1.0, 0.5, 2.0, NaN, 2.0]");
+    assert_eq!(f("min"), "[-1.0, 0.5, 7.0, NaN, 2.0]");
+    assert_eq!(f("max"), "[-3.0, 0.5, 2.0, NaN, 2.0]");
+    assert_eq!(get("int").as_i64().unwrap(), &[0, 3, 4]);
+
+    let s = session(
+        "%0 = input[name=\"x\"] : f32[*]\n\
+         %1 = input[name=\"lo\"] : f32[*]\n\
+         %2 = clip(%0, %1) : f32[*]  # my/clip\n\
+         output \"y\" = %2\n",
+    );
+    let x = TensorValue::from_f32(vec![2], vec![1.0, 2.0]).unwrap();
+    let lo = TensorValue::from_f32(vec![2], vec![0.0, 0.0]).unwrap();
+    match s.run(&[("x", x), ("lo", lo)]) {
+        Err(Error::Op { node, op, message }) => {
+            assert_eq!((node.as_str(), op), ("my/clip", "clip"));
+            assert!(message.contains("one element"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -582,6 +582,70 @@ pub(crate) fn cast(x: Input<'_>, to: DType, node: &str) -> Result<TensorValue, E
     Ok(TensorValue::raw_data(t.shape().to_vec(), data))
 }
 
+/// `max(x, lo)` then `min(·, hi)` by comparisons, so a NaN element stays NaN (`f32::max` would
+/// replace it) and `lo > hi` gives `hi`, as numpy's `clip`.
+fn clip_typed<T: Copy + PartialOrd>(v: &[T], lo: Option<T>, hi: Option<T>) -> Vec<T> {
+    v.iter()
+        .map(|&x| {
+            let y = match lo {
+                Some(l) if x < l => l,
+                _ => x,
+            };
+            match hi {
+                Some(h) if y > h => h,
+                _ => y,
+            }
+        })
+        .collect()
+}
+
+/// `clip(x, min?, max?)`: the bounds are one-element tensors of x's dtype.
+pub(crate) fn clip(
+    x: &TensorValue,
+    lo: Option<&TensorValue>,
+    hi: Option<&TensorValue>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    for (what, b) in [("min", lo), ("max", hi)] {
+        if let Some(b) = b {
+            if b.len() != 1 {
+                return Err(Error::op(
+                    node,
+                    "clip",
+                    format!("{what} must hold one element, has shape {:?}", b.shape()),
+                ));
+            }
+            if b.dtype() != x.dtype() {
+                return Err(Error::op(
+                    node,
+                    "clip",
+                    format!("{what} is {}, the input is {}", b.dtype(), x.dtype()),
+                ));
+            }
+        }
+    }
+    macro_rules! go {
+        ($v:expr, $variant:ident) => {{
+            let first = |b: Option<&TensorValue>| match b.map(|b| b.data()) {
+                Some(TensorData::$variant(w)) => Some(w[0]),
+                _ => None,
+            };
+            TensorData::$variant(clip_typed($v, first(lo), first(hi)))
+        }};
+    }
+    let data = match x.data() {
+        TensorData::F32(v) => go!(v, F32),
+        TensorData::I64(v) => go!(v, I64),
+        TensorData::I32(v) => go!(v, I32),
+        TensorData::I8(v) => go!(v, I8),
+        TensorData::U8(v) => go!(v, U8),
+        TensorData::Bool(_) => {
+            return Err(Error::op(node, "clip", "not defined on bool"));
+        }
+    };
+    Ok(TensorValue::raw_data(x.shape().to_vec(), data))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
