@@ -286,3 +286,33 @@ fn bad_inputs_fail_cleanly() {
     ]);
     assert_clean_failure(&o, &["empty"]);
 }
+
+#[test]
+fn hwbench_times_every_kernel_and_marks_one_pick_per_dtype() {
+    let o = encore(&["hwbench", "--m", "16", "--n", "48", "--k", "64", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert!(
+        rows.iter().any(|r| r["kernel"] == "scalar"),
+        "the oracle always runs"
+    );
+    for dtype in ["int8", "f32"] {
+        let of_dtype: Vec<_> = rows.iter().filter(|r| r["dtype"] == dtype).collect();
+        assert!(!of_dtype.is_empty(), "no {dtype} rows");
+        let picked = of_dtype.iter().filter(|r| r["picked"] == true).count();
+        assert_eq!(
+            picked, 1,
+            "{dtype}: exactly one kernel is the picker's choice"
+        );
+        for r in of_dtype {
+            assert!(r["gops"].as_f64().unwrap() > 0.0, "{r}");
+            assert_eq!(
+                (r["m"].as_u64(), r["n"].as_u64(), r["k"].as_u64()),
+                (Some(16), Some(48), Some(64))
+            );
+        }
+    }
+    let o = encore(&["hwbench", "--m", "0"]);
+    assert_clean_failure(&o, &["--m"]);
+}
