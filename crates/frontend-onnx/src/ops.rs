@@ -499,6 +499,59 @@ impl<'m> Importer<'m> {
                 let d = self.same_dtypes(&x, &ins)?;
                 self.emit(n, Op::Concat { axis }, &ins, &[d])?;
             }
+            "Split" => {
+                let outs = n.output.len();
+                if outs == 0 {
+                    return Err(x.bad("has no outputs"));
+                }
+                let a;
+                // The sizes: an attribute before opset 13, an optional input from 13.
+                let split = if opset < 13 {
+                    x.arity(1, 1)?;
+                    a = x.input(0)?;
+                    x.ints("split")?
+                        .map(|s| self.aux_const(&x, "split", Tensor::from_vec(vec![s.len()], s)))
+                } else {
+                    x.no_attr("split", "an input")?;
+                    x.arity(1, 2)?;
+                    a = x.input(0)?;
+                    if x.opt(1).is_some() {
+                        self.require_dtype(&x, 1, &[DType::I64])?;
+                    }
+                    x.opt(1)
+                };
+                if let Some(s) = split {
+                    if let Some(t) = self.graph.const_value(s) {
+                        if t.len() != outs {
+                            return Err(
+                                x.bad(format!("split has {} sizes for {outs} outputs", t.len()))
+                            );
+                        }
+                    }
+                }
+                match x.opt_int("num_outputs")? {
+                    Some(_) if opset < 18 => {
+                        return Err(x.bad_attr("num_outputs", "is an attribute from opset 18 only"))
+                    }
+                    Some(_) if split.is_some() => {
+                        return Err(x.bad_attr("num_outputs", "given together with split"))
+                    }
+                    Some(k) if k != outs as i64 => {
+                        return Err(x.bad_attr(
+                            "num_outputs",
+                            format!("is {k}, the node has {outs} outputs"),
+                        ))
+                    }
+                    _ => {}
+                }
+                let op = Op::Split {
+                    axis: x.int("axis", 0)?,
+                    num_outputs: outs,
+                };
+                let d = self.dtype(a);
+                let ins: Vec<Outlet> = std::iter::once(a).chain(split).collect();
+                self.emit(n, op, &ins, &vec![d; outs])?;
+            }
             "Gather" | "GatherElements" => {
                 x.arity(2, 2)?;
                 let (a, idx) = (x.input(0)?, x.input(1)?);

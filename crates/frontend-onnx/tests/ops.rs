@@ -337,6 +337,84 @@ fn clip_bounds_are_optional_inputs() {
     );
 }
 
+#[test]
+fn split_sizes_by_opset() {
+    let with_outputs = |m: Model| {
+        m.output(value_info("a", DataType::Float, None))
+            .output(value_info("b", DataType::Float, None))
+    };
+    // Opset 11: sizes as an attribute, turned into a constant input.
+    let g = with_outputs(xy(11))
+        .node(with_attr(
+            with_attr(node("Split", "s", &["x"], &["a", "b"]), attr_int("axis", 1)),
+            attr_ints("split", &[1, 3]),
+        ))
+        .node(node("Add", "add", &["a", "a"], &["y"]))
+        .import()
+        .unwrap();
+    let s = output_node_outlet(&g, "b");
+    assert_eq!(s.slot, 1);
+    assert_eq!(
+        g.node(s.node).op,
+        Op::Split {
+            axis: 1,
+            num_outputs: 2
+        }
+    );
+    let ins = g.node_inputs(s.node);
+    assert_eq!(
+        g.const_value(ins[1]).unwrap().to_i64_vec().unwrap(),
+        vec![1, 3]
+    );
+    assert_eq!(g.outlet_type(s).dtype, DType::F32);
+
+    // Opset 13: an input; 18: num_outputs instead, which must match the outputs.
+    let g = with_outputs(xy(13))
+        .init(i64_tensor("sizes", &[2], &[2, 2]))
+        .node(node("Split", "s", &["x", "sizes"], &["a", "b"]))
+        .node(node("Add", "add", &["a", "b"], &["y"]))
+        .import()
+        .unwrap();
+    assert_eq!(g.node_inputs(output_node_outlet(&g, "a").node).len(), 2);
+    let g = with_outputs(xy(18))
+        .node(with_attr(
+            node("Split", "s", &["x"], &["a", "b"]),
+            attr_int("num_outputs", 2),
+        ))
+        .node(node("Add", "add", &["a", "b"], &["y"]))
+        .import()
+        .unwrap();
+    assert_eq!(g.node_inputs(output_node_outlet(&g, "a").node).len(), 1);
+
+    let bad_attr = |m: Model| match m.import().unwrap_err() {
+        frontend_onnx::ImportError::BadAttribute { node, attr, .. } => (node, attr),
+        other => panic!("{other:?}"),
+    };
+    let add = node("Add", "add", &["a", "b"], &["y"]);
+    let three = with_attr(
+        node("Split", "s", &["x"], &["a", "b"]),
+        attr_int("num_outputs", 3),
+    );
+    assert_eq!(
+        bad_attr(with_outputs(xy(18)).node(three.clone()).node(add.clone())),
+        ("s".to_string(), "num_outputs".to_string())
+    );
+    assert_eq!(
+        bad_attr(with_outputs(xy(13)).node(three).node(add.clone())),
+        ("s".to_string(), "num_outputs".to_string())
+    );
+    let e = with_outputs(xy(13))
+        .init(i64_tensor("sizes", &[3], &[1, 1, 2]))
+        .node(node("Split", "s", &["x", "sizes"], &["a", "b"]))
+        .node(add)
+        .import()
+        .unwrap_err();
+    assert!(
+        matches!(e, frontend_onnx::ImportError::BadNode { ref node, .. } if node == "s"),
+        "{e:?}"
+    );
+}
+
 fn output_node_outlet(g: &ir::Graph, name: &str) -> ir::Outlet {
     g.outputs().iter().find(|(n, _)| n == name).unwrap().1
 }

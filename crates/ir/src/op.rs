@@ -155,6 +155,16 @@ pub enum Op {
     Squeeze { axes: Vec<i64> },
     /// `(x…)` concatenated on `axis`.
     Concat { axis: i64 },
+    /// `(x, split?)` → `num_outputs` pieces of `x` along `axis`. `split` is 1-D integer, one
+    /// non-negative size per output, summing to the axis' size. Without it the pieces have size
+    /// `ceil(dim / num_outputs)`, the last one what remains (the ONNX 18 rule, which is the even
+    /// split of earlier opsets whenever the axis divides evenly).
+    ///
+    /// ```text
+    /// %2 = split[axis=-1, num_outputs=3](%0) : (f32[B,S,4], f32[B,S,4], f32[B,S,4])
+    /// %3 = add(%2.1, %2.2) : f32[B,S,4]
+    /// ```
+    Split { axis: i64, num_outputs: usize },
     /// `(data, indices)` gathered along `axis`.
     Gather { axis: i64 },
     /// `(data, indices)`, same-rank indices, along `axis`.
@@ -225,6 +235,7 @@ impl Op {
             Op::Unsqueeze { .. } => "unsqueeze",
             Op::Squeeze { .. } => "squeeze",
             Op::Concat { .. } => "concat",
+            Op::Split { .. } => "split",
             Op::Gather { .. } => "gather",
             Op::GatherElements { .. } => "gather_elements",
             Op::Slice => "slice",
@@ -274,6 +285,7 @@ impl Op {
             | Op::CumSum { .. }
             | Op::MatMul => (2, 2),
             Op::Concat { .. } => (1, usize::MAX),
+            Op::Split { .. } => (1, 2),
             Op::Slice => (3, 5),
             Op::Gemm { .. } | Op::LayerNorm { .. } | Op::Linear => (2, 3),
             Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => (2, 3),
@@ -286,6 +298,7 @@ impl Op {
     pub fn num_outputs(&self) -> usize {
         match self {
             Op::DynamicQuantizeLinear => 3,
+            Op::Split { num_outputs, .. } => *num_outputs,
             _ => 1,
         }
     }
@@ -314,6 +327,10 @@ impl Op {
             | Op::Softmax { axis }
             | Op::DequantizeLinear { axis } => vec![("axis", Int(*axis))],
             Op::ConstantOfShape { value } => vec![("value", Tensor(value.clone()))],
+            Op::Split { axis, num_outputs } => vec![
+                ("axis", Int(*axis)),
+                ("num_outputs", Int(*num_outputs as i64)),
+            ],
             Op::CumSum { exclusive, reverse } => {
                 vec![("exclusive", Bool(*exclusive)), ("reverse", Bool(*reverse))]
             }
@@ -385,6 +402,13 @@ impl Op {
             },
             "concat" => Op::Concat {
                 axis: a.int("axis")?,
+            },
+            "split" => Op::Split {
+                axis: a.int("axis")?,
+                num_outputs: usize::try_from(a.int("num_outputs")?)
+                    .ok()
+                    .filter(|&k| k > 0)
+                    .ok_or_else(|| a.bad("num_outputs", "a positive integer"))?,
             },
             "gather" => Op::Gather {
                 axis: a.int("axis")?,

@@ -172,12 +172,26 @@ fn export_ops_round_trip() {
 %6 = clip(%0) : f32[2,3]  # /clip_none
 %7 = clip(%0, %4) : f32[2,3]  # /clip_min
 %8 = clip(%6, %4, %5) : f32[2,3]  # /clip_both
+%9 = split[axis=-1, num_outputs=2](%8) : (f32[2,2], f32[2,1])  # /split
+%10 = const[value=i64[3]{1, 0, 2}] : i64[3]  # sizes
+%11 = split[axis=1, num_outputs=3](%0, %10) : (f32[2,1], f32[2,0], f32[2,2])  # /split_sizes
 output "le" = %2
 output "ge" = %3
 output "c1" = %7
 output "c2" = %8
+output "s1" = %9.1
+output "s2" = %11.2
 "#;
     let g = text::parse(sample, None).unwrap();
     g.verify().unwrap();
     assert_eq!(text::print(&g).unwrap(), sample);
+    let split = g
+        .node_ids()
+        .find(|&n| g.node(n).name == "/split_sizes")
+        .unwrap();
+    assert_eq!(g.node(split).op.num_outputs(), 3);
+    assert!(
+        text::parse(&sample.replace("num_outputs=3", "num_outputs=0"), None).is_err(),
+        "zero outputs must not parse"
+    );
 }

@@ -504,6 +504,55 @@ fn infer(
             };
             one(dtype(0), s)
         }
+        Op::Split { axis, num_outputs } => {
+            let k = *num_outputs;
+            match &ins[0].shape {
+                None => vec![TensorType::unknown_shape(dtype(0)); k],
+                Some(s) => {
+                    let a = norm_axis(*axis, s.len())?;
+                    let sizes: Option<Vec<usize>> = match vals.get(1).copied().flatten() {
+                        Some(v) => match v.as_ints() {
+                            Some(sz) => {
+                                if sz.len() != k || sz.iter().any(|&x| x < 0) {
+                                    return Err(format!("split: sizes {sz:?} for {k} outputs"));
+                                }
+                                let total: i64 = sz.iter().sum();
+                                if let Some(d) = s[a].as_fixed() {
+                                    if total != d as i64 {
+                                        return Err(format!(
+                                            "split: sizes {sz:?} sum to {total}, the axis is {d}"
+                                        ));
+                                    }
+                                }
+                                Some(sz.into_iter().map(|x| x as usize).collect())
+                            }
+                            None => None,
+                        },
+                        None if ins.len() > 1 => None,
+                        None => s[a].as_fixed().map(|d| {
+                            let chunk = d.div_ceil(k);
+                            (0..k)
+                                .map(|i| d.saturating_sub(i * chunk).min(chunk))
+                                .collect()
+                        }),
+                    };
+                    (0..k)
+                        .map(|i| {
+                            let mut o = s.clone();
+                            o[a] = match &sizes {
+                                Some(sz) => Dim::fixed(sz[i]),
+                                None if k == 1 && ins.len() == 1 => s[a].clone(),
+                                None => ctx.fresh(),
+                            };
+                            TensorType {
+                                dtype: dtype(0),
+                                shape: Some(o),
+                            }
+                        })
+                        .collect()
+                }
+            }
+        }
         Op::Gather { axis } => {
             let s = match shapes {
                 None => None,

@@ -832,3 +832,39 @@ fn clip_infers_and_folds() {
         "{err}"
     );
 }
+
+/// `split` types each output: from constant sizes, from the even rule (the last piece what
+/// remains), fresh symbols when the axis is symbolic; sizes not summing to the axis are an
+/// error naming the node.
+#[test]
+fn split_shapes() {
+    let mut g = parse(
+        "%0 = input[name=\"x\"] : f32[B,7]\n\
+         %1 = const[value=i64[2]{2, 5}] : i64[2]\n\
+         %2 = split[axis=1, num_outputs=2](%0, %1) : (f32[*], f32[*])\n\
+         %3 = split[axis=-1, num_outputs=3](%0) : (f32[*], f32[*], f32[*])\n\
+         %4 = split[axis=0, num_outputs=2](%0) : (f32[*], f32[*])\n\
+         output \"a\" = %2.1\n\
+         output \"b\" = %3.2\n\
+         output \"c\" = %4\n",
+    );
+    ShapeInference.run(&mut g).unwrap();
+    let t = print(&g);
+    assert!(t.contains("(%0, %1) : (f32[B,2], f32[B,5])"), "{t}");
+    assert!(t.contains("(%0) : (f32[B,3], f32[B,3], f32[B,1])"), "{t}");
+    assert!(
+        !t.contains("split[axis=0, num_outputs=2](%0) : (f32[B,7]"),
+        "{t}"
+    );
+    let mut g = parse(
+        "%0 = input[name=\"x\"] : f32[B,7]\n\
+         %1 = const[value=i64[2]{2, 4}] : i64[2]\n\
+         %2 = split[axis=1, num_outputs=2](%0, %1) : (f32[*], f32[*])  # /qkv/Split\n\
+         output \"a\" = %2.1\n",
+    );
+    let err = ShapeInference.run(&mut g).unwrap_err().to_string();
+    assert!(
+        err.contains("/qkv/Split") && err.contains("sum to 6, the axis is 7"),
+        "{err}"
+    );
+}

@@ -767,6 +767,9 @@ impl Session {
                 let xs: Vec<&TensorValue> = ins.iter().map(|i| i.get()).collect();
                 one(so::concat(&xs, *axis, node)?)
             }
+            Op::Split { axis, num_outputs } => {
+                so::split(r(0), ins.get(1).map(|i| i.get()), *axis, *num_outputs, node)
+            }
             Op::Gather { axis } => {
                 let allow_negative = !matches!(st.lookup, Lookup::Token { .. });
                 match so::gather(r(0), r(1), *axis, allow_negative, node)? {

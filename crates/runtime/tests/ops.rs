@@ -296,3 +296,52 @@ fn clip_bounds() {
         other => panic!("{other:?}"),
     }
 }
+
+/// `split` by sizes (one empty piece), by the even rule with a smaller last piece, on i64;
+/// sizes that do not sum to the axis are an error naming the node.
+#[test]
+fn split_pieces() {
+    let s = session(
+        "%0 = input[name=\"x\"] : f32[2,5]\n\
+         %1 = const[value=i64[3]{2, 0, 3}] : i64[3]\n\
+         %2 = split[axis=1, num_outputs=3](%0, %1) : (f32[2,2], f32[2,0], f32[2,3])\n\
+         %3 = split[axis=-1, num_outputs=2](%0) : (f32[2,3], f32[2,2])\n\
+         %4 = input[name=\"i\"] : i64[3,2]\n\
+         %5 = split[axis=0, num_outputs=3](%4) : (i64[1,2], i64[1,2], i64[1,2])\n\
+         output \"a\" = %2\n\
+         output \"b\" = %2.1\n\
+         output \"c\" = %2.2\n\
+         output \"d\" = %3\n\
+         output \"e\" = %3.1\n\
+         output \"f\" = %5.2\n",
+    );
+    let x = TensorValue::from_f32(vec![2, 5], (0..10).map(|v| v as f32).collect()).unwrap();
+    let i = TensorValue::from_i64(vec![3, 2], vec![1, 2, 3, 4, 5, 6]).unwrap();
+    let out = s.run(&[("x", x), ("i", i)]).unwrap();
+    let get = |n: &str| &out.iter().find(|(k, _)| k == n).unwrap().1;
+    let f = |n: &str| (get(n).shape().to_vec(), get(n).as_f32().unwrap().to_vec());
+    assert_eq!(f("a"), (vec![2, 2], vec![0.0, 1.0, 5.0, 6.0]));
+    assert_eq!(f("b"), (vec![2, 0], vec![]));
+    assert_eq!(f("c"), (vec![2, 3], vec![2.0, 3.0, 4.0, 7.0, 8.0, 9.0]));
+    assert_eq!(f("d"), (vec![2, 3], vec![0.0, 1.0, 2.0, 5.0, 6.0, 7.0]));
+    assert_eq!(f("e"), (vec![2, 2], vec![3.0, 4.0, 8.0, 9.0]));
+    assert_eq!(get("f").shape(), &[1, 2]);
+    assert_eq!(get("f").as_i64().unwrap(), &[5, 6]);
+
+    let s = session(
+        "%0 = input[name=\"x\"] : f32[*]\n\
+         %1 = input[name=\"sizes\"] : i64[2]\n\
+         %2 = split[axis=0, num_outputs=2](%0, %1) : (f32[*], f32[*])  # my/split\n\
+         output \"a\" = %2\n\
+         output \"b\" = %2.1\n",
+    );
+    let x = TensorValue::from_f32(vec![4], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+    let sizes = TensorValue::from_i64(vec![2], vec![1, 2]).unwrap();
+    match s.run(&[("x", x), ("sizes", sizes)]) {
+        Err(Error::Op { node, op, message }) => {
+            assert_eq!((node.as_str(), op), ("my/split", "split"));
+            assert!(message.contains("summing to the size 4"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

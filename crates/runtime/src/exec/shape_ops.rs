@@ -281,6 +281,68 @@ pub(crate) struct OutOfRange {
     pub dim: usize,
 }
 
+fn split_typed<T: Copy>(
+    v: &[T],
+    outer: usize,
+    dim: usize,
+    inner: usize,
+    off: usize,
+    len: usize,
+) -> Vec<T> {
+    let mut out = Vec::with_capacity(outer * len * inner);
+    for o in 0..outer {
+        let start = (o * dim + off) * inner;
+        out.extend_from_slice(&v[start..start + len * inner]);
+    }
+    out
+}
+
+/// `split(x, sizes?)` into `k` pieces along `axis`: the given sizes, or chunks of
+/// `ceil(dim / k)` with the last one what remains.
+pub(crate) fn split(
+    x: &TensorValue,
+    sizes: Option<&TensorValue>,
+    axis: i64,
+    k: usize,
+    node: &str,
+) -> Result<Vec<TensorValue>, Error> {
+    let a = norm_axis(axis, x.rank(), node, "split")?;
+    let dim = x.shape()[a];
+    let sizes: Vec<usize> = match sizes {
+        Some(t) => {
+            let v = ints(t, node, "split", "the split sizes")?;
+            if v.len() != k || v.iter().any(|&s| s < 0) || v.iter().sum::<i64>() != dim as i64 {
+                return Err(Error::op(
+                    node,
+                    "split",
+                    format!(
+                        "sizes {v:?} must be {k} non-negative numbers summing to the size {dim} of axis {a}"
+                    ),
+                ));
+            }
+            v.into_iter().map(|s| s as usize).collect()
+        }
+        None => {
+            let chunk = dim.div_ceil(k);
+            (0..k)
+                .map(|i| dim.saturating_sub(i * chunk).min(chunk))
+                .collect()
+        }
+    };
+    let outer: usize = x.shape()[..a].iter().product();
+    let inner: usize = x.shape()[a + 1..].iter().product();
+    let mut off = 0;
+    let mut outs = Vec::with_capacity(k);
+    for len in sizes {
+        let mut shape = x.shape().to_vec();
+        shape[a] = len;
+        let d = map_data!(x.data(), v => split_typed(v, outer, dim, inner, off, len));
+        outs.push(TensorValue::raw_data(shape, d));
+        off += len;
+    }
+    Ok(outs)
+}
+
 fn gather_typed<T: Copy>(v: &[T], outer: usize, dim: usize, inner: usize, idx: &[usize]) -> Vec<T> {
     let mut out = Vec::with_capacity(outer * idx.len() * inner);
     for o in 0..outer {
