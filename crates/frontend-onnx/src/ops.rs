@@ -603,6 +603,13 @@ impl<'m> Importer<'m> {
                 let d = self.dtype(a);
                 self.emit(n, Op::Expand, &[a, x.input(1)?], &[d])?;
             }
+            "Tile" => {
+                x.arity(2, 2)?;
+                let a = x.input(0)?;
+                self.require_dtype(&x, 1, &[DType::I64])?;
+                let d = self.dtype(a);
+                self.emit(n, Op::Tile, &[a, x.input(1)?], &[d])?;
+            }
             "ConstantOfShape" => {
                 x.arity(1, 1)?;
                 self.require_dtype(&x, 0, &[DType::I64])?;

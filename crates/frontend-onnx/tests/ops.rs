@@ -415,6 +415,26 @@ fn split_sizes_by_opset() {
     );
 }
 
+#[test]
+fn tile_takes_i64_repeats() {
+    let g = xy(13)
+        .init(i64_tensor("reps", &[2], &[1, 2]))
+        .node(node("Tile", "t", &["x", "reps"], &["y"]))
+        .import()
+        .unwrap();
+    assert_eq!(output_node(&g, "y").op, Op::Tile);
+    assert_eq!(g.outlet_type(output_node_outlet(&g, "y")).dtype, DType::F32);
+    let e = xy(13)
+        .init(f32_tensor("reps", &[2], &[1.0, 2.0]))
+        .node(node("Tile", "t", &["x", "reps"], &["y"]))
+        .import()
+        .unwrap_err();
+    assert!(
+        matches!(e, frontend_onnx::ImportError::BadNode { ref node, .. } if node == "t"),
+        "{e:?}"
+    );
+}
+
 fn output_node_outlet(g: &ir::Graph, name: &str) -> ir::Outlet {
     g.outputs().iter().find(|(n, _)| n == name).unwrap().1
 }

@@ -173,6 +173,13 @@ pub enum Op {
     Slice,
     /// `(x, shape)` broadcast to `shape`.
     Expand,
+    /// `(x, repeats)`: `x` repeated `repeats[i]` times along each axis `i`; `repeats` is 1-D
+    /// integer with one non-negative count per axis of `x`.
+    ///
+    /// ```text
+    /// %2 = tile(%0, %1) : f32[2*B,3]    # %1 = i64[2]{2, 1}, %0 : f32[B,3]
+    /// ```
+    Tile,
     /// `(shape)` → tensor of that shape filled with `value` (a one-element tensor).
     ConstantOfShape { value: Tensor },
     /// `(start, limit, delta)` scalars → 1-D.
@@ -240,6 +247,7 @@ impl Op {
             Op::GatherElements { .. } => "gather_elements",
             Op::Slice => "slice",
             Op::Expand => "expand",
+            Op::Tile => "tile",
             Op::ConstantOfShape { .. } => "constant_of_shape",
             Op::Range => "range",
             Op::CumSum { .. } => "cumsum",
@@ -282,6 +290,7 @@ impl Op {
             | Op::Gather { .. }
             | Op::GatherElements { .. }
             | Op::Expand
+            | Op::Tile
             | Op::CumSum { .. }
             | Op::MatMul => (2, 2),
             Op::Concat { .. } => (1, usize::MAX),
@@ -363,6 +372,7 @@ impl Op {
             | Op::Clip
             | Op::Slice
             | Op::Expand
+            | Op::Tile
             | Op::Range
             | Op::MatMul
             | Op::DynamicQuantizeLinear
@@ -418,6 +428,7 @@ impl Op {
             },
             "slice" => Op::Slice,
             "expand" => Op::Expand,
+            "tile" => Op::Tile,
             "constant_of_shape" => Op::ConstantOfShape {
                 value: a.tensor("value")?,
             },

@@ -175,8 +175,11 @@ fn export_ops_round_trip() {
 %9 = split[axis=-1, num_outputs=2](%8) : (f32[2,2], f32[2,1])  # /split
 %10 = const[value=i64[3]{1, 0, 2}] : i64[3]  # sizes
 %11 = split[axis=1, num_outputs=3](%0, %10) : (f32[2,1], f32[2,0], f32[2,2])  # /split_sizes
+%12 = const[value=i64[2]{2, 1}] : i64[2]  # reps
+%13 = tile(%0, %12) : f32[4,3]  # /tile
 output "le" = %2
 output "ge" = %3
+output "t" = %13
 output "c1" = %7
 output "c2" = %8
 output "s1" = %9.1

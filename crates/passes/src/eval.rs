@@ -392,6 +392,32 @@ pub fn eval_node(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Option
                 .collect();
             load(inputs[0])?.pick(&idx)
         }
+        Op::Tile => {
+            let s = inputs[0].shape();
+            let reps = load(inputs[1])?;
+            let ok = match &reps {
+                Data::I(r) => {
+                    r.len() == s.len()
+                        && s.iter().zip(r).zip(&oshape).all(|((&d, &k), &o)| {
+                            usize::try_from(k).ok().and_then(|k| d.checked_mul(k)) == Some(o)
+                        })
+                }
+                Data::F(_) => false,
+            };
+            if !ok {
+                return Err(format!("tile of {s:?} by {reps:?} is not {oshape:?}"));
+            }
+            // Output coordinate c reads input coordinate c mod dim on every axis.
+            let (st, ost) = (strides(s), strides(&oshape));
+            let idx: Vec<usize> = (0..n)
+                .map(|flat| {
+                    (0..s.len())
+                        .map(|k| (flat / ost[k]) % oshape[k] % s[k] * st[k])
+                        .sum()
+                })
+                .collect();
+            load(inputs[0])?.pick(&idx)
+        }
         Op::Expand => load(inputs[0])?.pick(&broadcast_index(inputs[0].shape(), &oshape)),
         Op::ConstantOfShape { value } => match load(value)? {
             Data::F(v) => Data::F(vec![*v.first().ok_or("empty value")?; n]),

@@ -592,6 +592,31 @@ fn infer(
             };
             one(dtype(0), s)
         }
+        Op::Tile => {
+            let reps = vals[1].and_then(|v| v.as_ints());
+            let s = match (&ins[0].shape, reps) {
+                (Some(s), Some(r)) => {
+                    if r.len() != s.len() || r.iter().any(|&k| k < 0) {
+                        return Err(format!(
+                            "tile: repeats {r:?} for rank {}, expected one count >= 0 per axis",
+                            s.len()
+                        ));
+                    }
+                    Some(
+                        s.iter()
+                            .zip(&r)
+                            .map(|(d, &k)| match dim_mul(d, &Dim::fixed(k as usize)) {
+                                Some(d) => d,
+                                None => ctx.fresh(),
+                            })
+                            .collect(),
+                    )
+                }
+                (Some(s), None) => Some(s.iter().map(|_| ctx.fresh()).collect()),
+                (None, _) => None,
+            };
+            one(dtype(0), s)
+        }
         Op::ConstantOfShape { value } => {
             let s = shape_operand(&ins[0], vals[0])?.map(|v| {
                 v.into_iter()

@@ -868,3 +868,39 @@ fn split_shapes() {
         "{err}"
     );
 }
+
+/// `tile` multiplies each dim by its count (symbolic dims too), folds on constants, and
+/// rejects repeats of the wrong length, naming the node.
+#[test]
+fn tile_infers_and_folds() {
+    let mut g = parse(
+        "%0 = input[name=\"x\"] : f32[B,3]\n\
+         %1 = const[value=i64[2]{2, 1}] : i64[2]\n\
+         %2 = tile(%0, %1) : f32[*]\n\
+         %3 = const[value=i64[2,2]{1, 2, 3, 4}] : i64[2,2]\n\
+         %4 = const[value=i64[2]{1, 2}] : i64[2]\n\
+         %5 = tile(%3, %4) : i64[*]\n\
+         output \"a\" = %2\n\
+         output \"b\" = %5\n",
+    );
+    ShapeInference.run(&mut g).unwrap();
+    let t = print(&g);
+    assert!(t.contains("tile(%0, %1) : f32[2*B,3]"), "{t}");
+    assert!(ConstantFolding.run(&mut g).unwrap());
+    DeadCodeElimination.run(&mut g).unwrap();
+    let t = print(&g);
+    assert!(t.contains("i64[2,4]{1, 2, 1, 2, 3, 4, 3, 4}"), "{t}");
+    assert_eq!(count(&g, "tile"), 1, "{t}");
+
+    let mut g = parse(
+        "%0 = input[name=\"x\"] : f32[B,3]\n\
+         %1 = const[value=i64[1]{2}] : i64[1]\n\
+         %2 = tile(%0, %1) : f32[*]  # /pos/Tile\n\
+         output \"y\" = %2\n",
+    );
+    let err = ShapeInference.run(&mut g).unwrap_err().to_string();
+    assert!(
+        err.contains("/pos/Tile") && err.contains("repeats"),
+        "{err}"
+    );
+}

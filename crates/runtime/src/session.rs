@@ -783,6 +783,7 @@ impl Session {
                 one(so::slice(r(0), &args, node)?)
             }
             Op::Expand => one(so::expand(r(0), r(1), node)?),
+            Op::Tile => one(so::tile(r(0), r(1), node)?),
             Op::ConstantOfShape { value } => one(so::constant_of_shape(
                 r(0),
                 &TensorValue::from_ir(value)?,

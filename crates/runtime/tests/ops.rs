@@ -345,3 +345,49 @@ fn split_pieces() {
         other => panic!("{other:?}"),
     }
 }
+
+/// `tile` on every axis (including a zero count) and on i64; repeats of the wrong length are
+/// an error naming the node.
+#[test]
+fn tile_repeats() {
+    let s = session(
+        "%0 = input[name=\"x\"] : f32[2,2]\n\
+         %1 = const[value=i64[2]{2, 3}] : i64[2]\n\
+         %2 = tile(%0, %1) : f32[4,6]\n\
+         %3 = const[value=i64[2]{0, 1}] : i64[2]\n\
+         %4 = tile(%0, %3) : f32[0,2]\n\
+         %5 = input[name=\"i\"] : i64[3]\n\
+         %6 = const[value=i64[1]{2}] : i64[1]\n\
+         %7 = tile(%5, %6) : i64[6]\n\
+         output \"a\" = %2\n\
+         output \"b\" = %4\n\
+         output \"c\" = %7\n",
+    );
+    let x = TensorValue::from_f32(vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+    let i = TensorValue::from_i64(vec![3], vec![7, 8, 9]).unwrap();
+    let out = s.run(&[("x", x), ("i", i)]).unwrap();
+    let get = |n: &str| &out.iter().find(|(k, _)| k == n).unwrap().1;
+    assert_eq!(get("a").shape(), &[4, 6]);
+    #[rustfmt::skip]
+    let want = [
+        1.0, 2.0, 1.0, 2.0, 1.0, 2.0,
+        3.0, 4.0, 3.0, 4.0, 3.0, 4.0,
+        1.0, 2.0, 1.0, 2.0, 1.0, 2.0,
+        3.0, 4.0, 3.0, 4.0, 3.0, 4.0,
+    ];
+    assert_eq!(get("a").as_f32().unwrap(), &want);
+    assert_eq!(get("b").shape(), &[0, 2]);
+    assert_eq!(get("c").as_i64().unwrap(), &[7, 8, 9, 7, 8, 9]);
+
+    let s = session(
+        "%0 = input[name=\"x\"] : f32[*]\n\
+         %1 = const[value=i64[1]{2}] : i64[1]\n\
+         %2 = tile(%0, %1) : f32[*]  # my/tile\n\
+         output \"y\" = %2\n",
+    );
+    let x = TensorValue::from_f32(vec![1, 2], vec![1.0, 2.0]).unwrap();
+    match s.run(&[("x", x)]) {
+        Err(Error::Op { node, op, .. }) => assert_eq!((node.as_str(), op), ("my/tile", "tile")),
+        other => panic!("{other:?}"),
+    }
+}

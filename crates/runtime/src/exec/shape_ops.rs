@@ -607,6 +607,75 @@ pub(crate) fn expand(
     Ok(TensorValue::raw_data(out, d))
 }
 
+fn tile_typed<T: Copy>(v: &[T], shape: &[usize], reps: &[usize], out_shape: &[usize]) -> Vec<T> {
+    let n: usize = out_shape.iter().product();
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let st = strides_of(shape);
+    let inner = *shape.last().unwrap_or(&1);
+    let last_reps = *reps.last().unwrap_or(&1);
+    // One output row of the last axis is the input row repeated; walk the other axes with an
+    // odometer over output coordinates, reading input coordinate `c mod dim`.
+    let outer_axes = out_shape.len().saturating_sub(1);
+    let mut coord = vec![0usize; outer_axes];
+    loop {
+        let src: usize = (0..outer_axes).map(|k| coord[k] % shape[k] * st[k]).sum();
+        let row = &v[src..src + inner];
+        for _ in 0..last_reps {
+            out.extend_from_slice(row);
+        }
+        let mut k = outer_axes;
+        loop {
+            if k == 0 {
+                return out;
+            }
+            k -= 1;
+            coord[k] += 1;
+            if coord[k] < out_shape[k] {
+                break;
+            }
+            coord[k] = 0;
+        }
+    }
+}
+
+/// `tile(x, repeats)`: `x` repeated `repeats[i]` times along axis `i`.
+pub(crate) fn tile(x: &TensorValue, reps: &TensorValue, node: &str) -> Result<TensorValue, Error> {
+    let r = ints(reps, node, "tile", "the repeats")?;
+    if r.len() != x.rank() || r.iter().any(|&k| k < 0) {
+        return Err(Error::op(
+            node,
+            "tile",
+            format!(
+                "repeats {r:?} must be one count >= 0 for each of the {} axes of {:?}",
+                x.rank(),
+                x.shape()
+            ),
+        ));
+    }
+    let r: Vec<usize> = r.into_iter().map(|k| k as usize).collect();
+    let out_shape = x
+        .shape()
+        .iter()
+        .zip(&r)
+        .map(|(&d, &k)| d.checked_mul(k))
+        .collect::<Option<Vec<usize>>>()
+        .filter(|s| {
+            s.iter()
+                .try_fold(1usize, |a, &d| a.checked_mul(d))
+                .is_some()
+        })
+        .ok_or_else(|| Error::op(node, "tile", "the output is too large"))?;
+    if x.rank() == 0 {
+        return Ok(x.clone());
+    }
+    let sh = x.shape();
+    let d = map_data!(x.data(), v => tile_typed(v, sh, &r, &out_shape));
+    Ok(TensorValue::raw_data(out_shape, d))
+}
+
 pub(crate) fn constant_of_shape(
     spec: &TensorValue,
     value: &TensorValue,
