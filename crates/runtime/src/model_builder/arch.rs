@@ -235,11 +235,18 @@ impl Builder<'_> {
     /// exporter creates it here, deduplicated with the embeddings' constants).
     fn bert_embeddings(&mut self) -> (String, Option<String>) {
         let s = "/model/embeddings";
-        let h = self.spec.hidden;
         let seq = self.e.dim_of(s, "input_ids", 1);
         let pos_buf = self.position_ids_buffer();
         let cls_index = self.spec.with_pooler.then(|| self.e.scalar_i64(s, 0));
         let pos_ids = self.slice_buffer(s, &pos_buf, &seq);
+        let x = self.sum_embeddings(s, &pos_ids, "token_type_ids");
+        (x, cls_index)
+    }
+
+    /// Word + token-type + position embeddings, summed in the exporter's order, then LayerNorm.
+    /// BERT and XLM-R differ only in where `pos_ids` and `token_types` come from.
+    fn sum_embeddings(&mut self, s: &str, pos_ids: &str, token_types: &str) -> String {
+        let h = self.spec.hidden;
         let word_w = self.param(
             "model.embeddings.word_embeddings.weight",
             &[self.spec.vocab, h],
@@ -261,24 +268,23 @@ impl Builder<'_> {
         let types = self.e.op(
             &format!("{s}/token_type_embeddings"),
             "Gather",
-            &[&type_w, "token_type_ids"],
+            &[&type_w, token_types],
             vec![],
         );
         let sum = self.e.op(s, "Add", &[&word, &types], vec![]);
         let pos = self.e.op(
             &format!("{s}/position_embeddings"),
             "Gather",
-            &[&pos_w, &pos_ids],
+            &[&pos_w, pos_ids],
             vec![],
         );
         let sum = self.e.op(s, "Add", &[&sum, &pos], vec![]);
-        let x = self.layer_norm(
+        self.layer_norm(
             &format!("{s}/LayerNorm"),
             "model.embeddings.LayerNorm",
             &sum,
             None,
-        );
-        (x, cls_index)
+        )
     }
 
     /// XLM-R has no `token_type_ids` input: the export expands a zero `token_type_ids` buffer to
@@ -325,7 +331,6 @@ impl Builder<'_> {
     /// position, LayerNorm.
     fn xlmr_embeddings(&mut self, token_types: &str) -> String {
         let s = "/model/embeddings";
-        let h = self.spec.hidden;
         let e = &mut self.e;
         let pad = e.scalar_i64(s, XLMR_PAD_ID);
         let is_pad = e.op(s, "Equal", &["input_ids", &pad], vec![]);
@@ -347,44 +352,7 @@ impl Builder<'_> {
         );
         let pad = e.scalar_i64(s, XLMR_PAD_ID);
         let pos_ids = e.op(s, "Add", &[&cum, &pad], vec![]);
-        let word_w = self.param(
-            "model.embeddings.word_embeddings.weight",
-            &[self.spec.vocab, h],
-        );
-        let pos_w = self.param(
-            "model.embeddings.position_embeddings.weight",
-            &[self.spec.max_positions, h],
-        );
-        let type_w = self.param(
-            "model.embeddings.token_type_embeddings.weight",
-            &[self.spec.type_vocab, h],
-        );
-        let word = self.e.op(
-            &format!("{s}/word_embeddings"),
-            "Gather",
-            &[&word_w, "input_ids"],
-            vec![],
-        );
-        let types = self.e.op(
-            &format!("{s}/token_type_embeddings"),
-            "Gather",
-            &[&type_w, token_types],
-            vec![],
-        );
-        let sum = self.e.op(s, "Add", &[&word, &types], vec![]);
-        let pos = self.e.op(
-            &format!("{s}/position_embeddings"),
-            "Gather",
-            &[&pos_w, &pos_ids],
-            vec![],
-        );
-        let sum = self.e.op(s, "Add", &[&sum, &pos], vec![]);
-        self.layer_norm(
-            &format!("{s}/LayerNorm"),
-            "model.embeddings.LayerNorm",
-            &sum,
-            None,
-        )
+        self.sum_embeddings(s, &pos_ids, token_types)
     }
 
     /// BERT/XLM-R additive mask `(1 - mask[:, None, None, :]) * f32::MIN`, shared by all layers.
