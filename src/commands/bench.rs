@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use ir::Op;
 use runtime::{CompileOptions, Model, Session, TensorValue};
 
 use crate::error::CliError;
@@ -113,7 +112,7 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         },
     )?;
     let compile_s = t0.elapsed().as_secs_f64();
-    let feeds = random_feeds(model, args.batch, args.seq)?;
+    let feeds = random_feeds(&session, args.batch, args.seq)?;
     let refs: Vec<(&str, TensorValue)> =
         feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     for _ in 0..args.warmup {
@@ -139,11 +138,11 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
 /// Token ids drawn from the model's vocabulary (found from the embedding table that `input_ids`
 /// indexes), a full mask, and token type 0.
 fn random_feeds(
-    model: &Model,
+    session: &Session,
     batch: usize,
     seq: usize,
 ) -> Result<Vec<(String, TensorValue)>, CliError> {
-    let vocab = vocab_size(model).unwrap_or(1000);
+    let vocab = session.lookup_rows("input_ids").unwrap_or(1000);
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = || {
         state ^= state << 13;
@@ -152,7 +151,7 @@ fn random_feeds(
         state
     };
     let mut feeds = Vec::new();
-    for input in model.inputs() {
+    for input in session.inputs() {
         let n = batch * seq;
         let values: Vec<i64> = match input.name.as_str() {
             "input_ids" => (0..n)
@@ -170,33 +169,4 @@ fn random_feeds(
         feeds.push((input.name, TensorValue::from_i64(vec![batch, seq], values)?));
     }
     Ok(feeds)
-}
-
-/// Rows of the constant table that a Gather indexes with `input_ids`.
-pub fn vocab_size(model: &Model) -> Option<usize> {
-    let g = model.graph();
-    let ids = g
-        .inputs()
-        .iter()
-        .copied()
-        .find(|&n| matches!(&g.node(n).op, Op::Input { name } if name == "input_ids"))?;
-    let mut frontier = vec![ir::Outlet::from(ids)];
-    // Follow casts and reshapes, which exports put between the input and the lookup.
-    while let Some(o) = frontier.pop() {
-        for (consumer, slot) in g.consumers(o) {
-            match &g.node(consumer).op {
-                Op::Gather { .. } if slot == 1 => {
-                    let table = g.node_inputs(consumer)[0];
-                    if let Some(t) = g.const_value(table) {
-                        return t.shape().first().copied();
-                    }
-                }
-                Op::Cast { .. } | Op::Reshape { .. } | Op::Unsqueeze { .. } => {
-                    frontier.push(consumer.into())
-                }
-                _ => {}
-            }
-        }
-    }
-    None
 }

@@ -424,6 +424,38 @@ impl Session {
         self.inputs.iter().map(|i| i.spec.clone()).collect()
     }
 
+    /// Rows of the constant table that graph input `input` is looked up in, found the way
+    /// input validation finds token lookups: the vocabulary size for `input_ids`. `None` when the
+    /// input feeds no such lookup.
+    ///
+    /// ```
+    /// use runtime::{CompileOptions, Model, Session};
+    /// let g = ir::text::parse(
+    ///     "%0 = input[name=\"input_ids\"] : i64[B,S]\n\
+    ///      %1 = const[value=f32[3,2]{1.0, 2.0, 3.0, 4.0, 5.0, 6.0}] : f32[3,2]\n\
+    ///      %2 = gather[axis=0](%1, %0) : f32[B,S,2]\n\
+    ///      output \"y\" = %2\n",
+    ///     None,
+    /// ).unwrap();
+    /// let s = Session::new(&Model::from_graph(g).unwrap(), CompileOptions::default()).unwrap();
+    /// assert_eq!(s.lookup_rows("input_ids"), Some(3));
+    /// assert_eq!(s.lookup_rows("attention_mask"), None);
+    /// ```
+    pub fn lookup_rows(&self, input: &str) -> Option<usize> {
+        let g = &self.graph;
+        g.node_ids().find_map(|id| {
+            let Op::Gather { axis: 0 | -2 } = g.node(id).op else {
+                return None;
+            };
+            let ins = g.node_inputs(id);
+            if trace_to_input(g, ins[1]).as_deref() != Some(input) {
+                return None;
+            }
+            g.const_value(ins[0])
+                .and_then(|t| t.shape().first().copied())
+        })
+    }
+
     /// The names of the outputs [`Session::run`] returns, in order.
     pub fn output_names(&self) -> Vec<String> {
         self.outputs.iter().map(|(n, _)| n.clone()).collect()
