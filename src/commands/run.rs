@@ -182,16 +182,20 @@ fn sanitize_file_name(name: &str) -> String {
 
 fn print_tensor(name: &str, t: &TensorValue, full: bool) {
     println!("{name}: {}{:?}", t.dtype(), t.shape());
-    let values = t.to_f32_vec();
+    // Integer and bool outputs print exactly; going through f32 would round ids above 2^24.
+    let values: Vec<String> = match t.to_i64_vec() {
+        Ok(ints) if !t.dtype().is_float() => ints.iter().map(|v| v.to_string()).collect(),
+        _ => t.to_f32_vec().iter().map(|v| format!("{v:.6}")).collect(),
+    };
     let row = t.shape().last().copied().unwrap_or(1).max(1);
     let shown = if full { row } else { row.min(8) };
     for (i, chunk) in values.chunks(row).enumerate() {
-        let mut line: Vec<String> = chunk[..shown.min(chunk.len())]
+        let mut line: Vec<&str> = chunk[..shown.min(chunk.len())]
             .iter()
-            .map(|v| format!("{v:.6}"))
+            .map(String::as_str)
             .collect();
         if shown < chunk.len() {
-            line.push("…".to_string());
+            line.push("…");
         }
         println!("  [{i}] {}", line.join(" "));
     }
