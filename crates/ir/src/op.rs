@@ -87,6 +87,115 @@ name_table!(ReduceOp { Mean => "reduce_mean", Sum => "reduce_sum", Max => "reduc
     Min => "reduce_min" });
 name_table!(GeluApprox { Erf => "erf", Tanh => "tanh" });
 
+/// One step of a fused linear's epilogue. The steps run in order on each output element (a whole
+/// row for `LayerNorm`) while the GEMM's output tile is still in registers or cache. A step with
+/// operands takes the next inputs of its node, in order.
+///
+/// Text form: `bias`, `mul_col`, `gelu_erf`, `gelu_tanh`, `residual`, `layer_norm 1e-12`.
+///
+/// ```
+/// use ir::EpilogueStep;
+/// let s: EpilogueStep = "layer_norm 1e-12".parse().unwrap();
+/// assert_eq!(s, EpilogueStep::LayerNorm { epsilon: 1e-12 });
+/// assert_eq!(s.to_string(), "layer_norm 1e-12");
+/// assert_eq!(s.operands(), 2);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum EpilogueStep {
+    /// `y += bias[n]` (operand: f32 `[n]`).
+    Bias,
+    /// `y *= s[n]` (operand: f32 `[n]`): a SmoothQuant factor of the next linear, folded here.
+    MulCol,
+    /// `y = gelu(y)`.
+    Gelu(GeluApprox),
+    /// `y += r` (operand: f32 of the output's shape).
+    Residual,
+    /// LayerNorm of each row over the last axis (operands: gamma `[n]`, beta `[n]`).
+    LayerNorm { epsilon: f32 },
+}
+
+impl EpilogueStep {
+    /// How many node inputs the step reads.
+    pub fn operands(&self) -> usize {
+        match self {
+            EpilogueStep::Bias | EpilogueStep::MulCol | EpilogueStep::Residual => 1,
+            EpilogueStep::Gelu(_) => 0,
+            EpilogueStep::LayerNorm { .. } => 2,
+        }
+    }
+
+    /// Total operands of a step list.
+    pub fn count_operands(steps: &[EpilogueStep]) -> usize {
+        steps.iter().map(|s| s.operands()).sum()
+    }
+}
+
+impl fmt::Display for EpilogueStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EpilogueStep::Bias => f.write_str("bias"),
+            EpilogueStep::MulCol => f.write_str("mul_col"),
+            EpilogueStep::Gelu(a) => write!(f, "gelu_{}", a.name()),
+            EpilogueStep::Residual => f.write_str("residual"),
+            EpilogueStep::LayerNorm { epsilon } => write!(f, "layer_norm {epsilon:e}"),
+        }
+    }
+}
+
+impl std::str::FromStr for EpilogueStep {
+    type Err = IrError;
+    fn from_str(s: &str) -> Result<Self, IrError> {
+        let bad = || IrError::BadAttr {
+            op: "epilogue".into(),
+            attr: "epilogue".into(),
+            message: format!("unknown epilogue step `{s}`"),
+        };
+        let mut words = s.split_whitespace();
+        let head = words.next().ok_or_else(bad)?;
+        let step = match head {
+            "bias" => EpilogueStep::Bias,
+            "mul_col" => EpilogueStep::MulCol,
+            "residual" => EpilogueStep::Residual,
+            "gelu_erf" => EpilogueStep::Gelu(GeluApprox::Erf),
+            "gelu_tanh" => EpilogueStep::Gelu(GeluApprox::Tanh),
+            "layer_norm" => EpilogueStep::LayerNorm {
+                epsilon: words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?,
+            },
+            _ => return Err(bad()),
+        };
+        if words.next().is_some() {
+            return Err(bad());
+        }
+        Ok(step)
+    }
+}
+
+/// How a quantized linear turns its f32 input into u8 for the integer GEMM (always asymmetric
+/// u8: `q = clamp(round_half_even(x / scale) + zero_point, 0, 255)`; s8 data with zero point `z`
+/// is the same grid as u8 with `z + 128`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ActQuant {
+    /// Scale and zero point from each row's own range (per token): a row's result never depends
+    /// on the other rows of the batch.
+    DynamicToken,
+    /// Scale and zero point from the whole input's range, with onnxruntime's
+    /// `DynamicQuantizeLinear` formula.
+    DynamicTensor,
+    /// Fixed scale and zero point, from calibration or from a QDQ model.
+    Static { scale: f32, zero_point: i32 },
+}
+
+impl ActQuant {
+    /// The name in the `act` attribute.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ActQuant::DynamicToken => "token",
+            ActQuant::DynamicTensor => "tensor",
+            ActQuant::Static { .. } => "static",
+        }
+    }
+}
+
 /// An attribute value in the text form.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Attr {
@@ -97,6 +206,12 @@ pub enum Attr {
     DType(DType),
     Str(String),
     Tensor(Tensor),
+    /// A parenthesised list of words, e.g. an epilogue `(bias, gelu_erf, layer_norm 1e-12)`.
+    List(Vec<String>),
+}
+
+fn epilogue_attr(steps: &[EpilogueStep]) -> Attr {
+    Attr::List(steps.iter().map(|s| s.to_string()).collect())
 }
 
 impl fmt::Display for Attr {
@@ -112,6 +227,7 @@ impl fmt::Display for Attr {
             Attr::DType(d) => write!(f, "{d}"),
             Attr::Str(s) => write!(f, "{}", crate::text::quote(s)),
             Attr::Tensor(t) => f.write_str(&t.to_text(INLINE_LIMIT)),
+            Attr::List(v) => write!(f, "({})", v.join(", ")),
         }
     }
 }
@@ -223,6 +339,32 @@ pub enum Op {
     /// into `num_heads` heads; `softmax(q·kᵀ·scale + mask_bias)·v`, heads merged back to `[B, S, H]`.
     /// `mask_bias` is an additive f32 bias broadcastable to `[B, heads, S, S]`.
     Attention { num_heads: usize, scale: f32 },
+    /// `(x, w[k, n], operands…)`: an f32 `x·w` followed by the `epilogue` steps, one GEMM with the
+    /// epilogue applied to each output tile (made by the `fuse` pipeline from `Linear` and the
+    /// ops after it).
+    ///
+    /// ```text
+    /// %5 = fused_linear[epilogue=(bias, gelu_erf)](%0, %1, %2) : f32[B,S,1536]
+    /// ```
+    FusedLinear { epilogue: Vec<EpilogueStep> },
+    /// `(x: f32, w: i8[k, n], w_scale: f32[n] or [1], inv_smooth: f32[k] when smooth, operands…)`:
+    /// `x` (times `inv_smooth`, the SmoothQuant factor) quantized to u8 as `act` says, an exact
+    /// u8×s8→i32 GEMM, dequantized (`acc · a_scale · w_scale[n]`, zero point compensated), then
+    /// the `epilogue` steps; f32 out.
+    ///
+    /// ```text
+    /// %7 = qlinear[act="token", smooth=true, epilogue=(bias, gelu_erf)](%0, %1, %2, %3, %4) : f32[B,S,1536]
+    /// ```
+    QLinear {
+        act: ActQuant,
+        smooth: bool,
+        epilogue: Vec<EpilogueStep>,
+    },
+    /// `(qa, a_scale, a_zero, qb, b_scale, b_zero)` → f32: the numpy matmul of two quantized
+    /// tensors (u8 or i8), `Σ (qa − a_zero)(qb − b_zero) · a_scale · b_scale`, summed exactly in
+    /// i32. `a`'s scale and zero point are per tensor; `b`'s per tensor or per column (its last
+    /// axis). A `MatMul` of two `DequantizeLinear` outputs, folded.
+    QMatMul,
 }
 
 impl Op {
@@ -264,6 +406,9 @@ impl Op {
             Op::Linear => "linear",
             Op::Gelu { .. } => "gelu",
             Op::Attention { .. } => "attention",
+            Op::FusedLinear { .. } => "fused_linear",
+            Op::QLinear { .. } => "qlinear",
+            Op::QMatMul => "qmatmul",
         }
     }
 
@@ -300,6 +445,17 @@ impl Op {
             Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => (2, 3),
             Op::MatMulInteger => (2, 4),
             Op::Attention { .. } => (3, 4),
+            Op::FusedLinear { epilogue } => {
+                let n = 2 + EpilogueStep::count_operands(epilogue);
+                (n, n)
+            }
+            Op::QLinear {
+                smooth, epilogue, ..
+            } => {
+                let n = 3 + usize::from(*smooth) + EpilogueStep::count_operands(epilogue);
+                (n, n)
+            }
+            Op::QMatMul => (6, 6),
         }
     }
 
@@ -366,6 +522,21 @@ impl Op {
                 ("num_heads", Int(*num_heads as i64)),
                 ("scale", Float(*scale)),
             ],
+            Op::FusedLinear { epilogue } => vec![("epilogue", epilogue_attr(epilogue))],
+            Op::QLinear {
+                act,
+                smooth,
+                epilogue,
+            } => {
+                let mut v = vec![("act", Str(act.name().to_string()))];
+                if let ActQuant::Static { scale, zero_point } = act {
+                    v.push(("a_scale", Float(*scale)));
+                    v.push(("a_zero", Int(i64::from(*zero_point))));
+                }
+                v.push(("smooth", Bool(*smooth)));
+                v.push(("epilogue", epilogue_attr(epilogue)));
+                v
+            }
             Op::Binary(_)
             | Op::Unary(_)
             | Op::Where
@@ -377,7 +548,8 @@ impl Op {
             | Op::MatMul
             | Op::DynamicQuantizeLinear
             | Op::MatMulInteger
-            | Op::Linear => vec![],
+            | Op::Linear
+            | Op::QMatMul => vec![],
         }
     }
 
@@ -471,6 +643,27 @@ impl Op {
                         .ok_or_else(|| a.bad("approx", "erf or tanh"))?,
                 }
             }
+            "fused_linear" => Op::FusedLinear {
+                epilogue: a.epilogue()?,
+            },
+            "qlinear" => {
+                let act = match a.str("act")?.as_str() {
+                    "token" => ActQuant::DynamicToken,
+                    "tensor" => ActQuant::DynamicTensor,
+                    "static" => ActQuant::Static {
+                        scale: a.float("a_scale")?,
+                        zero_point: i32::try_from(a.int("a_zero")?)
+                            .map_err(|_| a.bad("a_zero", "a 32-bit integer"))?,
+                    },
+                    _ => return Err(a.bad("act", "token, tensor or static")),
+                };
+                Op::QLinear {
+                    act,
+                    smooth: a.bool("smooth")?,
+                    epilogue: a.epilogue()?,
+                }
+            }
+            "qmatmul" => Op::QMatMul,
             "attention" => Op::Attention {
                 num_heads: usize::try_from(a.int("num_heads")?)
                     .map_err(|_| a.bad("num_heads", "a non-negative integer"))?,
@@ -570,6 +763,12 @@ impl AttrReader<'_> {
         match self.need(key)? {
             Attr::Tensor(v) => Ok(v),
             _ => Err(self.bad(key, "a tensor literal")),
+        }
+    }
+    fn epilogue(&mut self) -> Result<Vec<EpilogueStep>, IrError> {
+        match self.need("epilogue")? {
+            Attr::List(items) => items.iter().map(|s| s.parse()).collect(),
+            _ => Err(self.bad("epilogue", "a list of steps in parentheses")),
         }
     }
     fn finish(self) -> Result<(), IrError> {

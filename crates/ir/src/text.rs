@@ -357,6 +357,16 @@ impl<'a> Cursor<'a> {
     fn attr(&mut self) -> Result<Attr, IrError> {
         match self.peek() {
             Some('"') => Ok(Attr::Str(self.string()?)),
+            Some('(') => {
+                let body = self.span_until(')')?;
+                let inner = body[1..body.len() - 1].trim();
+                if inner.is_empty() {
+                    return Ok(Attr::List(Vec::new()));
+                }
+                Ok(Attr::List(
+                    inner.split(',').map(|w| w.trim().to_string()).collect(),
+                ))
+            }
             Some('[') => {
                 self.pos += 1;
                 let mut v = Vec::new();

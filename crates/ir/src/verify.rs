@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use crate::{Graph, IrError, Op};
+use crate::{DType, EpilogueStep, Graph, IrError, NodeId, Op};
 
 impl Graph {
     /// Checks that the graph is well formed: acyclic; every node's inputs are contiguous, in
@@ -52,6 +52,9 @@ impl Graph {
             if node.outputs.len() != node.op.num_outputs() {
                 return Err(invalid(&node.name, "wrong number of output types".into()));
             }
+            if let Some(msg) = self.check_fused(id) {
+                return Err(invalid(&node.name, msg));
+            }
             if let Op::Const { value } = &node.op {
                 let ty = &node.outputs[0];
                 let shape_ok = ty.shape.as_ref().is_some_and(|s| {
@@ -92,5 +95,76 @@ impl Graph {
             }
         }
         Ok(())
+    }
+
+    /// The typing rules of the fused ops: what their weights and epilogue operands must be.
+    fn check_fused(&self, id: NodeId) -> Option<String> {
+        let node = self.node(id);
+        let ins = self.node_inputs(id);
+        let ty = |i: usize| self.outlet_type(ins[i]);
+        let fixed = |i: usize| -> Option<Vec<usize>> {
+            ty(i).shape.as_ref()?.iter().map(|d| d.as_fixed()).collect()
+        };
+        let (w_dtype, first_operand, epilogue) = match &node.op {
+            Op::FusedLinear { epilogue } => (DType::F32, 2, epilogue),
+            Op::QLinear {
+                smooth, epilogue, ..
+            } => (DType::I8, 3 + usize::from(*smooth), epilogue),
+            _ => return None,
+        };
+        if ty(0).dtype != DType::F32 {
+            return Some(format!("{}: x must be f32, is {}", node.op.name(), ty(0)));
+        }
+        if ty(1).dtype != w_dtype || ty(1).rank() != Some(2) {
+            return Some(format!(
+                "{}: the weight must be {w_dtype}[k, n], is {}",
+                node.op.name(),
+                ty(1)
+            ));
+        }
+        let n = fixed(1).map(|s| s[1]);
+        let vector_ok = |i: usize, len: Option<usize>| match (fixed(i), len) {
+            (Some(s), Some(l)) => s.len() == 1 && (s[0] == l || s[0] == 1),
+            _ => true,
+        };
+        if let Op::QLinear { smooth, .. } = &node.op {
+            if !vector_ok(2, n) {
+                return Some(format!("qlinear: w_scale {} does not match n", ty(2)));
+            }
+            let k = fixed(1).map(|s| s[0]);
+            if *smooth && !vector_ok(3, k) {
+                return Some(format!("qlinear: inv_smooth {} does not match k", ty(3)));
+            }
+        }
+        let mut at = first_operand;
+        for step in epilogue {
+            match step {
+                EpilogueStep::Bias | EpilogueStep::MulCol => {
+                    if ty(at).dtype != DType::F32 || !vector_ok(at, n) {
+                        return Some(format!(
+                            "epilogue `{step}`: operand {} is not f32[n]",
+                            ty(at)
+                        ));
+                    }
+                }
+                EpilogueStep::LayerNorm { .. } => {
+                    if !vector_ok(at, n) || !vector_ok(at + 1, n) {
+                        return Some(format!("epilogue `{step}`: gamma and beta must be [n]"));
+                    }
+                }
+                EpilogueStep::Residual => {
+                    if ty(at).dtype != DType::F32 || ty(at).shape != node.outputs[0].shape {
+                        return Some(format!(
+                            "epilogue `residual`: operand {} is not the output's type {}",
+                            ty(at),
+                            node.outputs[0]
+                        ));
+                    }
+                }
+                EpilogueStep::Gelu(_) => {}
+            }
+            at += step.operands();
+        }
+        None
     }
 }

@@ -35,8 +35,8 @@ use crate::{eval_node, Pass, PassError};
 ///      output \"y\" = %6\n",
 ///     None,
 /// ).unwrap();
-/// ConstantFolding.run(&mut g).unwrap();
-/// DeadCodeElimination.run(&mut g).unwrap();
+/// ConstantFolding.run(&mut g, &mut passes::PassContext::default()).unwrap();
+/// DeadCodeElimination.run(&mut g, &mut passes::PassContext::default()).unwrap();
 /// let text = ir::text::print(&g).unwrap();
 /// assert!(text.contains("const[value=i64[4]{0, 0, 4, 32}]"), "{text}");
 /// assert!(!text.contains(" = shape["));
@@ -50,7 +50,7 @@ impl Pass for ConstantFolding {
         PASS
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph, _ctx: &mut crate::PassContext<'_>) -> Result<bool, PassError> {
         let analysis = analyse(graph)?;
         let mut changed = analysis.changed;
         let order = graph

@@ -15,7 +15,7 @@ impl Pass for DeadCodeElimination {
         "DeadCodeElimination"
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph, _ctx: &mut crate::PassContext<'_>) -> Result<bool, PassError> {
         Ok(remove_dead(graph) > 0)
     }
 }

@@ -45,18 +45,29 @@
 //! This crate is internal to the workspace; `runtime` is the stable surface.
 
 mod const_fold;
+mod context;
 mod dce;
 mod eval;
+mod fuse;
 mod pipeline;
+mod quantize;
 mod recognize;
 mod rewrite;
 mod shape_infer;
 mod sym;
 
 pub use const_fold::ConstantFolding;
+pub use context::{
+    ActivationMode, CalibrationStats, ChannelStats, Note, NoteKind, PassContext, QuantizeOptions,
+    Report,
+};
 pub use dce::DeadCodeElimination;
 pub use eval::eval_node;
+pub use fuse::{FoldQdq, FuseEpilogue};
 pub use pipeline::{DumpFn, DumpSpec, PassRun, Pipeline, RunOptions, RunReport};
+pub use quantize::{
+    quantize_weight, smoothing_factors, static_qparams, QuantizeLinears, SmoothQuant,
+};
 pub use recognize::{RecognizeAttention, RecognizeGelu, RecognizeLayerNorm, RecognizeLinear};
 pub use shape_infer::{analyse, Analysis, ShapeInference};
 pub use sym::{SymInt, SymTensor, SMALL};
@@ -70,14 +81,15 @@ pub use sym::{SymInt, SymTensor, SMALL};
 ///     None,
 /// ).unwrap();
 /// assert_eq!(DeadCodeElimination.name(), "DeadCodeElimination");
-/// assert!(DeadCodeElimination.run(&mut g).unwrap());
+/// assert!(DeadCodeElimination.run(&mut g, &mut passes::PassContext::default()).unwrap());
 /// assert_eq!(g.node_count(), 1);
 /// ```
 pub trait Pass {
     /// The type's name: used in dumps, `--after`/`--stop-after` and errors.
     fn name(&self) -> &'static str;
-    /// Rewrites `graph`; returns whether anything changed.
-    fn run(&self, graph: &mut ir::Graph) -> Result<bool, PassError>;
+    /// Rewrites `graph`; returns whether anything changed. `ctx` carries the options, the
+    /// calibration statistics and the report of decisions.
+    fn run(&self, graph: &mut ir::Graph, ctx: &mut PassContext<'_>) -> Result<bool, PassError>;
 }
 
 /// Errors of the passes. Each names the pass, and the node where there is one.

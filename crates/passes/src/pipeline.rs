@@ -3,8 +3,8 @@
 use ir::Graph;
 
 use crate::{
-    ConstantFolding, DeadCodeElimination, Pass, PassError, RecognizeAttention, RecognizeGelu,
-    RecognizeLayerNorm, RecognizeLinear, ShapeInference,
+    ConstantFolding, DeadCodeElimination, Pass, PassContext, PassError, RecognizeAttention,
+    RecognizeGelu, RecognizeLayerNorm, RecognizeLinear, ShapeInference,
 };
 
 /// Which dumps to take: the name `import` stands for the graph before any pass.
@@ -54,6 +54,8 @@ pub struct RunOptions<'a> {
     pub dump_after: DumpSpec,
     /// Receives `(pass name, graph text)` for each dump taken.
     pub dump: Option<DumpFn<'a>>,
+    /// Options, calibration statistics and the report of decisions, shared by the passes.
+    pub context: PassContext<'a>,
 }
 
 /// One run of one pass.
@@ -112,10 +114,39 @@ impl Pipeline {
         )
     }
 
-    /// The pipeline called `name`, if there is one (`declutter`; `quantize` and `fuse` later).
+    /// Turns FP32 linears into integer ones: [`SmoothQuant`](crate::SmoothQuant) with the
+    /// calibration statistics of the context, then [`QuantizeLinears`](crate::QuantizeLinears).
+    /// Runs on a decluttered graph.
+    pub fn quantize() -> Pipeline {
+        Pipeline::new(
+            "quantize",
+            vec![
+                Box::new(crate::SmoothQuant),
+                Box::new(crate::QuantizeLinears),
+                Box::new(DeadCodeElimination),
+            ],
+        )
+    }
+
+    /// Folds the quantized ONNX dialects onto integer GEMMs ([`FoldQdq`](crate::FoldQdq)) and
+    /// grows GEMM epilogues ([`FuseEpilogue`](crate::FuseEpilogue)); what the runtime executes.
+    pub fn fuse() -> Pipeline {
+        Pipeline::new(
+            "fuse",
+            vec![
+                Box::new(crate::FoldQdq),
+                Box::new(crate::FuseEpilogue),
+                Box::new(DeadCodeElimination),
+            ],
+        )
+    }
+
+    /// The pipeline called `name`, if there is one: `declutter`, `quantize`, `fuse`.
     pub fn by_name(name: &str) -> Option<Pipeline> {
         match name {
             "declutter" => Some(Pipeline::declutter()),
+            "quantize" => Some(Pipeline::quantize()),
+            "fuse" => Some(Pipeline::fuse()),
             _ => None,
         }
     }
@@ -160,7 +191,7 @@ impl Pipeline {
             let mut any = false;
             for pass in &self.passes {
                 let name = pass.name();
-                let changed = pass.run(graph)?;
+                let changed = pass.run(graph, &mut opts.context)?;
                 graph
                     .verify()
                     .map_err(|source| PassError::Verify { pass: name, source })?;

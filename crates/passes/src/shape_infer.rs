@@ -34,7 +34,7 @@ use crate::{Pass, PassError};
 ///      output \"y\" = %6\n",
 ///     None,
 /// ).unwrap();
-/// ShapeInference.run(&mut g).unwrap();
+/// ShapeInference.run(&mut g, &mut passes::PassContext::default()).unwrap();
 /// let text = ir::text::print(&g).unwrap();
 /// assert!(text.contains("reshape[allowzero=false](%0, %5) : f32[batch,sequence,4,32]"));
 /// ```
@@ -45,7 +45,7 @@ impl Pass for ShapeInference {
         "ShapeInference"
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph, _ctx: &mut crate::PassContext<'_>) -> Result<bool, PassError> {
         Ok(analyse(graph)?.changed)
     }
 }
@@ -690,6 +690,28 @@ fn infer(
             dtype(0),
             shapes.map(|s| matmul_shape(ctx, s[0], s[1])).transpose()?,
         ),
+        Op::QMatMul => one(
+            DType::F32,
+            shapes.map(|s| matmul_shape(ctx, s[0], s[3])).transpose()?,
+        ),
+        Op::FusedLinear { .. } | Op::QLinear { .. } => {
+            let s = match shapes {
+                None => None,
+                Some(ss) => {
+                    if ss[1].len() != 2 || ss[0].is_empty() {
+                        return Err(format!(
+                            "{}: weight must be 2-D and x at least 1-D",
+                            op.name()
+                        ));
+                    }
+                    check_inner(&ss[0][ss[0].len() - 1], &ss[1][0], op.name())?;
+                    let mut out = ss[0].clone();
+                    *out.last_mut().expect("rank >= 1") = ss[1][1].clone();
+                    Some(out)
+                }
+            };
+            one(DType::F32, s)
+        }
         Op::MatMulInteger => one(
             DType::I32,
             shapes.map(|s| matmul_shape(ctx, s[0], s[1])).transpose()?,

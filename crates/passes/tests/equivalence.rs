@@ -38,7 +38,9 @@ fn check_with(
         return;
     };
     let mut typed = frontend_onnx::import_path(dir.join(rel)).unwrap();
-    ShapeInference.run(&mut typed).unwrap();
+    ShapeInference
+        .run(&mut typed, &mut passes::PassContext::default())
+        .unwrap();
     let mut decluttered = typed.clone();
     Pipeline::declutter()
         .run(&mut decluttered, &mut RunOptions::default())

@@ -241,6 +241,7 @@ fn dumps_and_stop_after() {
         stop_after: Some("ConstantFolding".into()),
         dump_after: DumpSpec::Named(vec!["ConstantFolding".into(), "RecognizeLinear".into()]),
         dump: Some(&mut cb),
+        context: Default::default(),
     };
     let report = Pipeline::declutter().run(&mut g, &mut opts).unwrap();
     assert!(report.stopped);

@@ -24,11 +24,17 @@ fn print(g: &ir::Graph) -> String {
 /// the graph computes the same before and after (see [`same_numbers`]).
 fn before_after(pass: &dyn Pass, text: &str) -> (String, bool, ir::Graph) {
     let mut g = parse(text);
-    ShapeInference.run(&mut g).unwrap();
+    ShapeInference
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap();
     let before = print(&g);
-    let changed = pass.run(&mut g).unwrap_or_else(|e| panic!("{e}"));
+    let changed = pass
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap_or_else(|e| panic!("{e}"));
     g.verify().unwrap();
-    DeadCodeElimination.run(&mut g).unwrap();
+    DeadCodeElimination
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap();
     let after = print(&g);
     if changed {
         same_numbers(pass, text);
@@ -79,9 +85,12 @@ fn same_numbers(pass: &dyn Pass, text: &str) {
             }
         }
     }
-    ShapeInference.run(&mut g).unwrap();
+    ShapeInference
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap();
     let before = g.clone();
-    pass.run(&mut g).unwrap();
+    pass.run(&mut g, &mut passes::PassContext::default())
+        .unwrap();
     let sizes = HashMap::from([("B", 2), ("batch", 2), ("S", 5), ("sequence", 5)]);
     let mut feeds = HashMap::new();
     for &id in before.inputs() {
@@ -233,7 +242,10 @@ fn shape_inference_rejects_inconsistent_matmul() {
          %2 = matmul(%0, %1) : f32[*]  # /layer/MatMul\n\
          output \"y\" = %2\n",
     );
-    let err = ShapeInference.run(&mut g).unwrap_err().to_string();
+    let err = ShapeInference
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap_err()
+        .to_string();
     assert_eq!(
         err,
         "ShapeInference on node /layer/MatMul: matmul: inner dims 128 and 64 differ"
@@ -248,7 +260,10 @@ fn shape_inference_rejects_bad_reshape() {
          %2 = reshape[allowzero=false](%0, %1) : f32[*]  # /x/Reshape\n\
          output \"y\" = %2\n",
     );
-    let err = ShapeInference.run(&mut g).unwrap_err().to_string();
+    let err = ShapeInference
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap_err()
+        .to_string();
     assert_eq!(
         err,
         "ShapeInference on node /x/Reshape: cannot reshape 12 elements into a multiple of 5"
@@ -309,8 +324,12 @@ fn constant_folding_leaves_big_computations() {
          %1 = neg(%0) : f32[*]\n\
          output \"y\" = %1\n",
     );
-    ShapeInference.run(&mut g).unwrap();
-    assert!(!ConstantFolding.run(&mut g).unwrap());
+    ShapeInference
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap();
+    assert!(!ConstantFolding
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap());
     assert_eq!(count(&g, "neg"), 1);
 }
 
@@ -699,8 +718,13 @@ fn constant_folding_error_names_the_node() {
          %2 = gather[axis=0](%0, %1) : f32[*]  # /emb/Gather\n\
          output \"y\" = %2\n",
     );
-    ShapeInference.run(&mut g).unwrap();
-    let err = ConstantFolding.run(&mut g).unwrap_err().to_string();
+    ShapeInference
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap();
+    let err = ConstantFolding
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap_err()
+        .to_string();
     assert_eq!(
         err,
         "ConstantFolding on node /emb/Gather: gather index 5 out of range for axis of size 3"
@@ -773,12 +797,18 @@ fn comparisons_with_equality_infer_and_fold() {
          output \"c\" = %5\n\
          output \"d\" = %8\n",
     );
-    ShapeInference.run(&mut g).unwrap();
+    ShapeInference
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap();
     let t = print(&g);
     assert!(t.contains("less_or_equal(%0, %1) : bool[B,3]"), "{t}");
     assert!(t.contains("greater_or_equal(%1, %3) : bool[3]"), "{t}");
-    assert!(ConstantFolding.run(&mut g).unwrap());
-    DeadCodeElimination.run(&mut g).unwrap();
+    assert!(ConstantFolding
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap());
+    DeadCodeElimination
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap();
     let t = print(&g);
     for want in [
         "bool[3]{false, true, true}",
@@ -809,11 +839,17 @@ fn clip_infers_and_folds() {
          output \"b\" = %5\n\
          output \"c\" = %8\n",
     );
-    ShapeInference.run(&mut g).unwrap();
+    ShapeInference
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap();
     let t = print(&g);
     assert!(t.contains("clip(%0, %1, %2) : f32[B,3]"), "{t}");
-    assert!(ConstantFolding.run(&mut g).unwrap());
-    DeadCodeElimination.run(&mut g).unwrap();
+    assert!(ConstantFolding
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap());
+    DeadCodeElimination
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap();
     let t = print(&g);
     for want in ["f32[4]{-1.0, 0.5, 2.0, NaN}", "i64[3]{0, 1, 9}"] {
         assert!(t.contains(want), "{want} missing in\n{t}");
@@ -826,7 +862,10 @@ fn clip_infers_and_folds() {
          %2 = clip(%0, %1) : f32[*]  # /act/Clip\n\
          output \"y\" = %2\n",
     );
-    let err = ShapeInference.run(&mut g).unwrap_err().to_string();
+    let err = ShapeInference
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("/act/Clip") && err.contains("one element"),
         "{err}"
@@ -848,7 +887,9 @@ fn split_shapes() {
          output \"b\" = %3.2\n\
          output \"c\" = %4\n",
     );
-    ShapeInference.run(&mut g).unwrap();
+    ShapeInference
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap();
     let t = print(&g);
     assert!(t.contains("(%0, %1) : (f32[B,2], f32[B,5])"), "{t}");
     assert!(t.contains("(%0) : (f32[B,3], f32[B,3], f32[B,1])"), "{t}");
@@ -862,7 +903,10 @@ fn split_shapes() {
          %2 = split[axis=1, num_outputs=2](%0, %1) : (f32[*], f32[*])  # /qkv/Split\n\
          output \"a\" = %2.1\n",
     );
-    let err = ShapeInference.run(&mut g).unwrap_err().to_string();
+    let err = ShapeInference
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("/qkv/Split") && err.contains("sum to 6, the axis is 7"),
         "{err}"
@@ -883,11 +927,17 @@ fn tile_infers_and_folds() {
          output \"a\" = %2\n\
          output \"b\" = %5\n",
     );
-    ShapeInference.run(&mut g).unwrap();
+    ShapeInference
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap();
     let t = print(&g);
     assert!(t.contains("tile(%0, %1) : f32[2*B,3]"), "{t}");
-    assert!(ConstantFolding.run(&mut g).unwrap());
-    DeadCodeElimination.run(&mut g).unwrap();
+    assert!(ConstantFolding
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap());
+    DeadCodeElimination
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap();
     let t = print(&g);
     assert!(t.contains("i64[2,4]{1, 2, 1, 2, 3, 4, 3, 4}"), "{t}");
     assert_eq!(count(&g, "tile"), 1, "{t}");
@@ -898,7 +948,10 @@ fn tile_infers_and_folds() {
          %2 = tile(%0, %1) : f32[*]  # /pos/Tile\n\
          output \"y\" = %2\n",
     );
-    let err = ShapeInference.run(&mut g).unwrap_err().to_string();
+    let err = ShapeInference
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("/pos/Tile") && err.contains("repeats"),
         "{err}"

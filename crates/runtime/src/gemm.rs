@@ -83,3 +83,43 @@ pub(crate) fn gemm_unpacked(
     let threads = ctx.gemm_threads(m * n * k);
     gemm_f32_unpacked(m, n, k, a, lda, b, ldb, b_transposed, c, n, alpha, threads);
 }
+
+/// A constant s8 weight `[k, n]` in the layout of the int8 kernel picked for this CPU (with its
+/// column sums, which carry the activation zero-point compensation), made once per session.
+pub(crate) struct PackedWeightI8(codegen::kernels::PackedI8);
+
+impl PackedWeightI8 {
+    pub fn pack(
+        w: &[i8],
+        k: usize,
+        n: usize,
+    ) -> Result<PackedWeightI8, codegen::kernels::KernelError> {
+        codegen::kernels::PackedI8::pack(w, k, n, false).map(PackedWeightI8)
+    }
+
+    pub fn k(&self) -> usize {
+        self.0.k()
+    }
+
+    pub fn n(&self) -> usize {
+        self.0.n()
+    }
+
+    pub fn inner(&self) -> &codegen::kernels::PackedI8 {
+        &self.0
+    }
+}
+
+/// `c[m, n] = epilogue(a[m, k] · w)` in f32 with a prepacked weight and any epilogue program.
+pub(crate) fn gemm_packed_program(
+    ctx: &Ctx<'_>,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    w: &PackedWeight,
+    c: &mut [f32],
+    ep: &EpilogueF32<'_>,
+) {
+    let n = w.n();
+    gemm_f32(m, a, lda, &w.0, c, n, ep, ctx.gemm_threads(m * n * w.k()));
+}

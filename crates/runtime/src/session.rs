@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use ir::{Graph, NodeId, Op, Outlet};
 
 use crate::exec::{self, Arena, Ctx, Input};
-use crate::gemm::PackedWeight;
+use crate::gemm::{PackedWeight, PackedWeightI8};
 use crate::model::{IoSpec, Model};
 use crate::value::TensorValue;
 use crate::Error;
@@ -85,6 +85,8 @@ enum Weight {
     None,
     /// Index into `Session::packed`.
     Packed(usize),
+    /// Index into `Session::packed_i8`.
+    PackedI8(usize),
 }
 
 struct Step {
@@ -96,25 +98,6 @@ struct Step {
     frees: Vec<usize>,
     weight: Weight,
     lookup: Lookup,
-    /// What a packed GEMM applies in its epilogue, taken over from its only reader.
-    fused: Fused,
-    /// The step only forwards input 0 (its work was fused into the producer).
-    alias: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Fused {
-    None,
-    Gelu(ir::GeluApprox),
-    /// Residual add; the residual is this input of the step.
-    Residual(usize),
-    /// A MatMul of two DequantizeLinear outputs, computed from the quantized inputs: exact i32
-    /// accumulation, then one multiply by the scales. Its inputs are `[qa, sa, za?, qb, sb, zb?]`
-    /// (the indices of the zero points, when present, are given).
-    QMatMul {
-        za: Option<usize>,
-        zb: Option<usize>,
-    },
 }
 
 struct InputSlot {
@@ -148,6 +131,7 @@ pub struct Session {
     /// Constant values by slot (None for constants only used as packed weights).
     consts: Vec<(usize, TensorValue)>,
     packed: Vec<PackedWeight>,
+    packed_i8: Vec<PackedWeightI8>,
     outputs: Vec<(String, usize)>,
     /// Position-lookup limits checked before running: (node, limit).
     position_limits: Vec<(String, usize)>,
@@ -223,7 +207,7 @@ impl Session {
             let n = graph.node(id);
             let ins = graph.node_inputs(id);
             let packable = match &n.op {
-                Op::Linear => true,
+                Op::Linear | Op::FusedLinear { .. } | Op::QLinear { .. } => true,
                 Op::MatMul => graph
                     .const_value(ins[1])
                     .is_some_and(|t| t.shape().len() == 2),
@@ -266,6 +250,7 @@ impl Session {
         consts.sort_by_key(|(s, _)| *s);
 
         let mut packed = Vec::new();
+        let mut packed_i8 = Vec::new();
         let mut steps = Vec::new();
         let mut inputs = Vec::new();
         let mut position_limits = Vec::new();
@@ -291,6 +276,25 @@ impl Session {
             }
             let ins = graph.node_inputs(id);
             let weight = match packed_of.get(&id) {
+                Some(&w) if matches!(n.op, Op::QLinear { .. }) => {
+                    let t = graph.const_value(w).expect("packed weight is const");
+                    let sh = t.shape();
+                    let v = t
+                        .to_vec::<i8>()
+                        .ok()
+                        .filter(|_| sh.len() == 2)
+                        .ok_or_else(|| {
+                            Error::op(
+                                &n.name,
+                                n.op.name(),
+                                format!("weight must be i8[k, n], got {}{sh:?}", t.dtype()),
+                            )
+                        })?;
+                    let p = PackedWeightI8::pack(&v, sh[0], sh[1])
+                        .map_err(|e| Error::op(&n.name, n.op.name(), e.to_string()))?;
+                    packed_i8.push(p);
+                    Weight::PackedI8(packed_i8.len() - 1)
+                }
                 Some(&w) => {
                     let t = graph.const_value(w).expect("packed weight is const");
                     let v = t.to_f32_vec().map_err(|_| {
@@ -349,8 +353,6 @@ impl Session {
                 frees: Vec::new(),
                 weight,
                 lookup,
-                fused: Fused::None,
-                alias: false,
             });
         }
         let outputs: Vec<(String, usize)> = graph
@@ -358,8 +360,6 @@ impl Session {
             .iter()
             .map(|(name, o)| (name.clone(), slot_of[o]))
             .collect();
-        fuse_epilogues(&mut steps, n_slots, &outputs);
-        fuse_qdq_matmuls(&graph, &mut steps, &slot_of, &outputs);
 
         // Liveness: the last step reading each slot. Graph outputs live to the end.
         let mut last_use: Vec<Option<usize>> = vec![None; n_slots];
@@ -401,6 +401,7 @@ impl Session {
             inputs,
             consts,
             packed,
+            packed_i8,
             outputs,
             position_limits,
             token_inputs,
@@ -666,7 +667,7 @@ impl Session {
                 });
             }
             let packed_slot = match st.weight {
-                Weight::Packed(_) => Some(1),
+                Weight::Packed(_) | Weight::PackedI8(_) => Some(1),
                 Weight::None => None,
             };
             let mut ins: Vec<Input<'_>> = st
@@ -747,11 +748,11 @@ impl Session {
         ctx: &mut Ctx<'_>,
         given: &[(&str, TensorValue)],
     ) -> Result<Vec<TensorValue>, Error> {
-        use exec::{attention, elementwise as ew, nn, quant, shape_ops as so};
+        use exec::{attention, elementwise as ew, fused, nn, quant, shape_ops as so};
         let node = st.name.as_str();
         let packed = match st.weight {
             Weight::Packed(i) => Some(&self.packed[i]),
-            Weight::None => None,
+            Weight::None | Weight::PackedI8(_) => None,
         };
         let one = |t: TensorValue| Ok(vec![t]);
         // Takes input `i` out of the list (so it can be moved into the kernel).
@@ -759,19 +760,6 @@ impl Session {
             std::mem::replace(&mut ins[i], Input::Own(TensorValue::scalar(0u8)))
         }
         let r = |i: usize| -> &TensorValue { ins[i].get() };
-        fn fused_args<'b>(
-            f: Fused,
-            ins: &'b [Input<'_>],
-        ) -> (Option<ir::GeluApprox>, Option<&'b TensorValue>) {
-            match f {
-                Fused::None | Fused::QMatMul { .. } => (None, None),
-                Fused::Gelu(a) => (Some(a), None),
-                Fused::Residual(i) => (None, Some(ins[i].get())),
-            }
-        }
-        if st.alias {
-            return Ok(vec![take(ins, 0).into_owned()]);
-        }
         match &st.op {
             Op::Input { .. } | Op::Const { .. } => unreachable!("not steps"),
             Op::Binary(b) => {
@@ -826,22 +814,17 @@ impl Session {
                 one(so::cumsum(r(0), r(1), *exclusive, *reverse, node)?)
             }
             Op::Reduce { op, axes, keepdims } => one(so::reduce(r(0), *op, axes, *keepdims, node)?),
-            Op::MatMul if matches!(st.fused, Fused::QMatMul { .. }) => {
-                let Fused::QMatMul { za, zb } = st.fused else {
-                    unreachable!()
-                };
-                let (qb_at, za, zb) = match (za, zb) {
-                    (Some(_), _) => (3, Some(r(2)), zb.map(r)),
-                    (None, _) => (2, None, zb.map(r)),
-                };
-                let (sa, sb) = (r(1), r(qb_at + 1));
-                one(quant::qdq_matmul(r(0), sa, za, r(qb_at), sb, zb, node)?)
-            }
+            Op::QMatMul => one(quant::qdq_matmul(
+                r(0),
+                r(1),
+                Some(r(2)),
+                r(3),
+                r(4),
+                Some(r(5)),
+                node,
+            )?),
             Op::MatMul => match packed {
-                Some(w) => {
-                    let (gelu, res) = fused_args(st.fused, ins);
-                    one(nn::linear(r(0), w, None, gelu, res, ctx, node, "matmul")?)
-                }
+                Some(w) => one(nn::linear(r(0), w, None, None, None, ctx, node, "matmul")?),
                 None => one(nn::matmul(r(0), r(1), ctx, node)?),
             },
             Op::Gemm {
@@ -864,12 +847,40 @@ impl Session {
             }
             Op::Linear => {
                 let w = packed.expect("linear weights are packed at compile time");
-                let bias = match st.fused {
-                    Fused::Residual(2) => None,
-                    _ => ins.get(2).map(|i| i.get()),
+                let bias = ins.get(2).map(|i| i.get());
+                one(nn::linear(r(0), w, bias, None, None, ctx, node, "linear")?)
+            }
+            Op::FusedLinear { epilogue } => {
+                let w = packed.expect("fused linear weights are packed at compile time");
+                one(fused::fused_linear(
+                    r(0),
+                    w,
+                    epilogue,
+                    &ins[2..],
+                    ctx,
+                    node,
+                )?)
+            }
+            Op::QLinear {
+                act,
+                smooth,
+                epilogue,
+            } => {
+                let Weight::PackedI8(wi) = st.weight else {
+                    unreachable!("qlinear weights are packed at compile time")
                 };
-                let (gelu, res) = fused_args(st.fused, ins);
-                one(nn::linear(r(0), w, bias, gelu, res, ctx, node, "linear")?)
+                let first = 3 + usize::from(*smooth);
+                one(fused::qlinear(
+                    r(0),
+                    &self.packed_i8[wi],
+                    r(2),
+                    smooth.then(|| r(3)),
+                    *act,
+                    epilogue,
+                    &ins[first..],
+                    ctx,
+                    node,
+                )?)
             }
             Op::Softmax { axis } => one(nn::softmax(take(ins, 0), *axis, ctx, node)?),
             Op::LayerNorm { axis, epsilon } => {
@@ -959,136 +970,6 @@ impl Session {
     }
 }
 
-/// Epilogue fusion: a Linear (or MatMul with a packed weight) whose only reader is a GELU or an
-/// Add takes that op into its GEMM epilogue, and the reader becomes a pass-through. The
-/// residual of an Add must already exist when the GEMM runs (produced by an earlier step).
-fn fuse_epilogues(steps: &mut [Step], n_slots: usize, outputs: &[(String, usize)]) {
-    let mut readers: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n_slots];
-    let mut producer: Vec<Option<usize>> = vec![None; n_slots];
-    for (i, st) in steps.iter().enumerate() {
-        for (k, &s) in st.inputs.iter().enumerate() {
-            readers[s].push((i, k));
-        }
-        for &s in &st.outputs {
-            producer[s] = Some(i);
-        }
-    }
-    for i in 0..steps.len() {
-        let is_gemm = matches!(steps[i].weight, Weight::Packed(_))
-            && matches!(steps[i].op, Op::Linear | Op::MatMul);
-        if !is_gemm {
-            continue;
-        }
-        let o = steps[i].outputs[0];
-        if outputs.iter().any(|(_, s)| *s == o) || readers[o].len() != 1 {
-            continue;
-        }
-        let (j, k) = readers[o][0];
-        match steps[j].op {
-            Op::Gelu { approx } => {
-                steps[i].fused = Fused::Gelu(approx);
-                steps[j].alias = true;
-            }
-            Op::Binary(ir::BinaryOp::Add) => {
-                let other = steps[j].inputs[1 - k];
-                if other == o || producer[other].is_some_and(|p| p >= i) {
-                    continue;
-                }
-                steps[i].inputs.push(other);
-                steps[i].fused = Fused::Residual(steps[i].inputs.len() - 1);
-                steps[j].inputs = vec![o];
-                steps[j].alias = true;
-            }
-            _ => {}
-        }
-    }
-}
-
-/// Replaces `MatMul(DequantizeLinear(qa), DequantizeLinear(qb))` by a MatMul over the quantized
-/// values (see [`Fused::QMatMul`]) when the scales are constants, `a`'s per tensor and `b`'s per
-/// tensor or per output column. The f32 sum of dequantized products depends on the GEMM's
-/// summation order and on rounding of each product, so requantized values near a rounding tie
-/// would flip with any change of kernel; the exact sum does not. Dequantize steps left without
-/// readers are dropped.
-fn fuse_qdq_matmuls(
-    graph: &Graph,
-    steps: &mut Vec<Step>,
-    slot_of: &HashMap<Outlet, usize>,
-    outputs: &[(String, usize)],
-) {
-    let outlet_of: HashMap<usize, Outlet> = slot_of.iter().map(|(o, s)| (*s, *o)).collect();
-    let mut producer: HashMap<usize, usize> = HashMap::new();
-    for (i, st) in steps.iter().enumerate() {
-        for &s in &st.outputs {
-            producer.insert(s, i);
-        }
-    }
-    let const_len = |slot: usize| graph.const_value(outlet_of[&slot]).map(|t| t.len());
-    let mut changed = false;
-    for i in 0..steps.len() {
-        if !matches!(steps[i].op, Op::MatMul) || !matches!(steps[i].weight, Weight::None) {
-            continue;
-        }
-        let (Some(&pa), Some(&pb)) = (
-            producer.get(&steps[i].inputs[0]),
-            producer.get(&steps[i].inputs[1]),
-        ) else {
-            continue;
-        };
-        let (Op::DequantizeLinear { .. }, Op::DequantizeLinear { axis: b_axis }) =
-            (&steps[pa].op, &steps[pb].op)
-        else {
-            continue;
-        };
-        let (a_in, b_in) = (steps[pa].inputs.clone(), steps[pb].inputs.clone());
-        let b_rank = graph.outlet_type(outlet_of[&b_in[0]]).rank();
-        let n_cols = graph
-            .outlet_type(outlet_of[&steps[i].outputs[0]])
-            .shape
-            .as_ref()
-            .and_then(|s| s.last().and_then(|d| d.as_fixed()));
-        let a_ok =
-            const_len(a_in[1]) == Some(1) && a_in.get(2).is_none_or(|&z| const_len(z) == Some(1));
-        let b_per_col = b_rank == Some(2)
-            && (*b_axis == 1 || *b_axis == -1)
-            && n_cols.is_some()
-            && const_len(b_in[1]) == n_cols;
-        let b_ok = (const_len(b_in[1]) == Some(1) || b_per_col)
-            && b_in
-                .get(2)
-                .is_none_or(|&z| const_len(z) == const_len(b_in[1]));
-        if !(a_ok && b_ok) {
-            continue;
-        }
-        let mut ins = a_in.clone();
-        let za = (a_in.len() > 2).then_some(2);
-        let qb_at = ins.len();
-        ins.extend(&b_in);
-        let zb = (b_in.len() > 2).then_some(qb_at + 2);
-        steps[i].inputs = ins;
-        steps[i].fused = Fused::QMatMul { za, zb };
-        changed = true;
-    }
-    if !changed {
-        return;
-    }
-    // Drop steps whose outputs nobody reads any more (the folded DequantizeLinear ops).
-    loop {
-        let mut read = vec![false; slot_of.len()];
-        for st in steps.iter() {
-            st.inputs.iter().for_each(|&s| read[s] = true);
-        }
-        outputs.iter().for_each(|(_, s)| read[*s] = true);
-        let before = steps.len();
-        steps.retain(|st| {
-            !matches!(st.op, Op::DequantizeLinear { .. }) || st.outputs.iter().any(|&s| read[s])
-        });
-        if steps.len() == before {
-            break;
-        }
-    }
-}
-
 /// A value slot of a run: borrowed (constants, user inputs) or owned (intermediates).
 enum Slot<'a> {
     Empty,
@@ -1106,10 +987,12 @@ impl Slot<'_> {
     }
 }
 
-/// The declutter pipeline of `passes`: shape inference, constant folding, DCE, and recognition
-/// of Linear, LayerNorm, GELU and Attention.
-fn optimize(mut graph: Graph) -> Result<Graph, Error> {
+/// The `declutter` pipeline of `passes` (shape inference, constant folding, DCE, recognition of
+/// Linear, LayerNorm, GELU and Attention), then `fuse` (quantized dialects onto integer GEMMs,
+/// epilogues grown): the session executes what the graph says after these.
+pub(crate) fn optimize(mut graph: Graph) -> Result<Graph, Error> {
     passes::Pipeline::declutter().run(&mut graph, &mut passes::RunOptions::default())?;
+    passes::Pipeline::fuse().run(&mut graph, &mut passes::RunOptions::default())?;
     Ok(graph)
 }
 

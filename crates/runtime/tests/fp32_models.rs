@@ -31,11 +31,18 @@ fn check_model(id: &str, optimize: bool) {
     }
     println!("{id} optimize={optimize}: {hist:?}");
     if optimize {
-        // The recognised ops must be what runs, so their kernels are what this test checks.
-        for op in ["linear", "layer_norm", "gelu", "attention"] {
+        // The recognised and fused ops must be what runs, so their kernels are what this test
+        // checks: every linear is a fused GEMM, and GELU only exists in its epilogue.
+        for op in ["fused_linear", "attention"] {
             assert!(
                 hist.contains_key(op),
-                "{id}: no `{op}` after declutter: {hist:?}"
+                "{id}: no `{op}` after declutter and fuse: {hist:?}"
+            );
+        }
+        for op in ["linear", "gelu"] {
+            assert!(
+                !hist.contains_key(op),
+                "{id}: a standalone `{op}` is left after fuse: {hist:?}"
             );
         }
     }

@@ -49,8 +49,8 @@ use crate::{Pass, PassError};
 ///      output \"y\" = %17\n",
 ///     None,
 /// ).unwrap();
-/// ShapeInference.run(&mut g).unwrap();
-/// assert!(RecognizeAttention.run(&mut g).unwrap());
+/// ShapeInference.run(&mut g, &mut passes::PassContext::default()).unwrap();
+/// assert!(RecognizeAttention.run(&mut g, &mut passes::PassContext::default()).unwrap());
 /// let text = ir::text::print(&g).unwrap();
 /// assert!(text.contains("attention[num_heads=2, scale=0.5](%0, %1, %2) : f32[B,S,8]"), "{text}");
 /// ```
@@ -63,7 +63,7 @@ impl Pass for RecognizeAttention {
         PASS
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph, _ctx: &mut crate::PassContext<'_>) -> Result<bool, PassError> {
         apply_rules(graph, PASS, &[eager_attention])
     }
 }

@@ -28,7 +28,7 @@ use crate::{Pass, PassError};
 ///      output \"y\" = %8\n",
 ///     None,
 /// ).unwrap();
-/// assert!(RecognizeGelu.run(&mut g).unwrap());
+/// assert!(RecognizeGelu.run(&mut g, &mut passes::PassContext::default()).unwrap());
 /// assert!(ir::text::print(&g).unwrap().contains("gelu[approx=\"erf\"](%0) : f32[B,8]"));
 /// ```
 pub struct RecognizeGelu;
@@ -40,7 +40,7 @@ impl Pass for RecognizeGelu {
         PASS
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph, _ctx: &mut crate::PassContext<'_>) -> Result<bool, PassError> {
         apply_rules(graph, PASS, &[erf_gelu, tanh_gelu])
     }
 }

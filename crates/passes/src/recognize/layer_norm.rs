@@ -32,7 +32,7 @@ use crate::{Pass, PassError};
 ///      output \"y\" = %9\n",
 ///     None,
 /// ).unwrap();
-/// assert!(RecognizeLayerNorm.run(&mut g).unwrap());
+/// assert!(RecognizeLayerNorm.run(&mut g, &mut passes::PassContext::default()).unwrap());
 /// let text = ir::text::print(&g).unwrap();
 /// assert!(text.contains("layer_norm[axis=-1, epsilon=1e-5](%0, %1) : f32[B,4]"), "{text}");
 /// ```
@@ -45,7 +45,7 @@ impl Pass for RecognizeLayerNorm {
         PASS
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph, _ctx: &mut crate::PassContext<'_>) -> Result<bool, PassError> {
         apply_rules(graph, PASS, &[decomposed_layer_norm])
     }
 }

@@ -23,7 +23,7 @@ use crate::{eval_node, Pass, PassError};
 ///      output \"y\" = %4\n",
 ///     None,
 /// ).unwrap();
-/// assert!(RecognizeLinear.run(&mut g).unwrap());
+/// assert!(RecognizeLinear.run(&mut g, &mut passes::PassContext::default()).unwrap());
 /// assert!(ir::text::print(&g).unwrap().contains("linear(%0, %1, %2) : f32[B,S,2]"));
 /// ```
 pub struct RecognizeLinear;
@@ -35,7 +35,7 @@ impl Pass for RecognizeLinear {
         PASS
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph, _ctx: &mut crate::PassContext<'_>) -> Result<bool, PassError> {
         apply_rules(
             graph,
             PASS,

@@ -5,6 +5,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod elementwise;
+pub(crate) mod fused;
 pub(crate) mod nn;
 pub(crate) mod quant;
 pub(crate) mod shape_ops;

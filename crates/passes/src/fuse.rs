@@ -1,0 +1,618 @@
+//! The `fuse` pipeline: quantized ONNX dialects folded onto integer GEMMs, and the ops after a
+//! GEMM folded into its epilogue.
+//!
+//! [`FoldQdq`] turns the three quantized dialects onnxruntime writes into [`Op::QLinear`] and
+//! [`Op::QMatMul`]: `MatMul(DequantizeLinear(QuantizeLinear(x)), DequantizeLinear(W))` (QDQ, s8
+//! or u8 activations, per-tensor or per-channel weights), `MatMulInteger` after
+//! `DynamicQuantizeLinear` with its `Cast` and rescaling `Mul`s (dynamic), and `MatMul` of two
+//! `DequantizeLinear` outputs (activation × activation, as in QDQ attention). The
+//! `QuantizeLinear`/`DequantizeLinear` pairs that do not feed a matrix product stay: they round
+//! values, which is part of the model's meaning.
+//!
+//! [`FuseEpilogue`] makes every `Linear` a [`Op::FusedLinear`] and grows the epilogue of fused and
+//! quantized linears with what their only reader does: a constant bias `Add`, `Gelu`, a `Mul`
+//! by a constant per-column vector, a residual `Add`, and a `LayerNorm` over the last axis.
+//! A rule that sees a candidate but cannot take it says why in the report.
+
+use ir::{ActQuant, BinaryOp, DType, EpilogueStep, Graph, NodeId, Op, Outlet, Tensor, TensorType};
+
+use crate::rewrite::sole_consumer;
+use crate::{Pass, PassContext, PassError, Report};
+
+/// Applies `rule` to every node in topological order until it fires nowhere.
+fn apply(
+    graph: &mut Graph,
+    pass: &'static str,
+    report: &mut Report,
+    rule: fn(&mut Graph, NodeId, &mut Report) -> Result<bool, String>,
+) -> Result<bool, PassError> {
+    let mut changed = false;
+    loop {
+        let mut fired = false;
+        let order = graph
+            .topo_order()
+            .map_err(|source| PassError::Graph { pass, source })?;
+        for id in order {
+            if !graph.contains(id) {
+                continue;
+            }
+            let name = graph.node(id).name.clone();
+            if rule(graph, id, report).map_err(|m| PassError::node(pass, &name, m))? {
+                fired = true;
+                crate::dce::remove_dead(graph);
+            }
+        }
+        if !fired {
+            return Ok(changed);
+        }
+        changed = true;
+    }
+}
+
+/// Folds Q/DQ pairs and the dynamic-quantization pattern into integer matrix products.
+///
+/// ```
+/// use passes::{FoldQdq, Pass, PassContext};
+/// let mut g = ir::text::parse(
+///     "%0 = input[name=\"x\"] : f32[B,4]\n\
+///      %1 = const[value=f32[]{0.1}] : f32[]\n\
+///      %2 = const[value=i8[]{3}] : i8[]\n\
+///      %3 = quantize_linear[axis=1, to=i8](%0, %1, %2) : i8[B,4]\n\
+///      %4 = dequantize_linear[axis=1](%3, %1, %2) : f32[B,4]\n\
+///      %5 = const[value=i8[4,2]{1, 2, 3, 4, 5, 6, 7, 8}] : i8[4,2]\n\
+///      %6 = const[value=f32[2]{0.5, 0.25}] : f32[2]\n\
+///      %7 = dequantize_linear[axis=1](%5, %6) : f32[4,2]\n\
+///      %8 = matmul(%4, %7) : f32[B,2]\n\
+///      output \"y\" = %8\n",
+///     None,
+/// ).unwrap();
+/// assert!(FoldQdq.run(&mut g, &mut PassContext::default()).unwrap());
+/// let text = ir::text::print(&g).unwrap();
+/// assert!(text.contains("qlinear[act=\"static\", a_scale=0.1, a_zero=131, smooth=false, epilogue=()](%0, %3, %4) : f32[B,2]"), "{text}");
+/// ```
+pub struct FoldQdq;
+
+const FOLD: &str = "FoldQdq";
+
+impl Pass for FoldQdq {
+    fn name(&self) -> &'static str {
+        FOLD
+    }
+
+    fn run(&self, graph: &mut Graph, ctx: &mut PassContext<'_>) -> Result<bool, PassError> {
+        let a = apply(graph, FOLD, &mut ctx.report, fold_qdq_linear)?;
+        let b = apply(graph, FOLD, &mut ctx.report, fold_dynamic_linear)?;
+        let c = apply(graph, FOLD, &mut ctx.report, fold_qdq_matmul)?;
+        Ok(a || b || c)
+    }
+}
+
+/// A constant's values as f32, when it is a constant with data.
+fn const_f32(g: &Graph, o: Outlet) -> Option<Vec<f32>> {
+    let t = g.const_value(o)?;
+    if !t.has_data() {
+        return None;
+    }
+    t.to_f32_vec().ok()
+}
+
+/// A per-tensor scale and zero point (zero point absent → 0), from constants.
+fn scalar_qparams(g: &Graph, scale: Outlet, zero: Option<Outlet>) -> Option<(f32, i64)> {
+    let s = const_f32(g, scale)?;
+    if s.len() != 1 {
+        return None;
+    }
+    let z = match zero {
+        None => 0,
+        Some(z) => {
+            let t = g.const_value(z)?;
+            let v = t.to_i64_vec().ok()?;
+            if v.len() != 1 {
+                return None;
+            }
+            v[0]
+        }
+    };
+    Some((s[0], z))
+}
+
+/// The u8-grid zero point of a static activation quantization whose data type is `dtype`.
+fn u8_zero(dtype: DType, zero: i64) -> Option<i32> {
+    let z = match dtype {
+        DType::U8 => zero,
+        DType::I8 => zero + 128,
+        _ => return None,
+    };
+    i32::try_from(z).ok().filter(|z| (0..=255).contains(z))
+}
+
+/// A symmetric int8 weight `[k, n]` with its scale (1 or `n` values), from
+/// `DequantizeLinear(W const i8, scale const, zero const 0?)`.
+fn int8_weight(g: &Graph, dq: NodeId) -> Result<(Outlet, Outlet), String> {
+    let Op::DequantizeLinear { axis } = g.node(dq).op else {
+        return Err("the weight is not a DequantizeLinear".into());
+    };
+    let ins = g.node_inputs(dq);
+    let w = g
+        .const_value(ins[0])
+        .ok_or("the quantized weight is not a constant")?;
+    if w.dtype() != DType::I8 || w.shape().len() != 2 {
+        return Err(format!(
+            "the weight is {}{:?}, not i8[k, n]",
+            w.dtype(),
+            w.shape()
+        ));
+    }
+    let n = w.shape()[1];
+    let scale = const_f32(g, ins[1]).ok_or("the weight scale is not a constant")?;
+    let per_column = scale.len() == n && (axis == 1 || axis == -1);
+    if scale.len() != 1 && !per_column {
+        return Err(format!(
+            "weight scale of {} values on axis {axis} is neither per tensor nor per output column",
+            scale.len()
+        ));
+    }
+    if let Some(&z) = ins.get(2) {
+        let zeros = g
+            .const_value(z)
+            .and_then(|t| t.to_i64_vec().ok())
+            .ok_or("the weight zero point is not a constant")?;
+        if zeros.iter().any(|&v| v != 0) {
+            return Err("the weight zero point is not 0 (asymmetric weights)".into());
+        }
+    }
+    Ok((ins[0], ins[1]))
+}
+
+/// `MatMul(DequantizeLinear(QuantizeLinear(x, s, z)), DequantizeLinear(W, ws))` →
+/// `QLinear[act=static](x, W, ws)`.
+fn fold_qdq_linear(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, String> {
+    if g.node(id).op != Op::MatMul {
+        return Ok(false);
+    }
+    let ins = g.node_inputs(id);
+    let (a, b) = (ins[0], ins[1]);
+    let (Op::DequantizeLinear { .. }, Op::DequantizeLinear { .. }) =
+        (&g.node(a.node).op, &g.node(b.node).op)
+    else {
+        return Ok(false);
+    };
+    if g.const_value(g.node_inputs(b.node)[0]).is_none() {
+        return Ok(false); // activation × activation: fold_qdq_matmul's case
+    }
+    let name = g.node(id).name.clone();
+    let (w, w_scale) = match int8_weight(g, b.node) {
+        Ok(v) => v,
+        Err(why) => {
+            report.declined(FOLD, &name, format!("not an integer linear: {why}"));
+            return Ok(false);
+        }
+    };
+    let dq_in = g.node_inputs(a.node);
+    let q = dq_in[0];
+    let Op::QuantizeLinear { .. } = g.node(q.node).op else {
+        report.declined(
+            FOLD,
+            &name,
+            "the activation's DequantizeLinear does not read a QuantizeLinear",
+        );
+        return Ok(false);
+    };
+    let q_in = g.node_inputs(q.node);
+    let x = q_in[0];
+    let dq_params = scalar_qparams(g, dq_in[1], dq_in.get(2).copied());
+    let q_params = scalar_qparams(g, q_in[1], q_in.get(2).copied());
+    let (Some((scale, zero)), true) = (dq_params, dq_params == q_params) else {
+        report.declined(
+            FOLD,
+            &name,
+            "activation scale/zero point not constant per tensor, or Q and DQ disagree",
+        );
+        return Ok(false);
+    };
+    let Some(zero_point) = u8_zero(g.outlet_type(q).dtype, zero) else {
+        report.declined(FOLD, &name, "activation type is not u8/s8");
+        return Ok(false);
+    };
+    if g.outlet_type(x).dtype != DType::F32 || g.outlet_type(x).rank().is_none_or(|r| r < 2) {
+        report.declined(FOLD, &name, "activation is not f32 of rank >= 2");
+        return Ok(false);
+    }
+    let ty = g.node(id).outputs[0].clone();
+    let op = Op::QLinear {
+        act: ActQuant::Static { scale, zero_point },
+        smooth: false,
+        epilogue: vec![],
+    };
+    let new = g
+        .add_node(op, &name, &[x, w, w_scale], vec![ty])
+        .map_err(|e| e.to_string())?;
+    g.replace_uses(id.into(), new.into())
+        .map_err(|e| e.to_string())?;
+    report.fired(FOLD, &name, "QDQ MatMul → qlinear (static)");
+    Ok(true)
+}
+
+/// `Mul(Cast(MatMulInteger(DQL(x).0, W, DQL(x).2, 0)), Mul(DQL(x).1, ws))` →
+/// `QLinear[act=tensor](x, W, ws)`.
+fn fold_dynamic_linear(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, String> {
+    if g.node(id).op != Op::MatMulInteger {
+        return Ok(false);
+    }
+    let name = g.node(id).name.clone();
+    let ins = g.node_inputs(id);
+    let decline = |report: &mut Report, why: &str| {
+        report.declined(
+            FOLD,
+            &name,
+            format!("dynamic MatMulInteger not folded: {why}"),
+        );
+        Ok(false)
+    };
+    let dql = ins[0].node;
+    if g.node(dql).op != Op::DynamicQuantizeLinear || ins[0].slot != 0 {
+        return decline(report, "input A is not a DynamicQuantizeLinear");
+    }
+    if ins.get(2) != Some(&Outlet::new(dql, 2)) {
+        return decline(report, "A's zero point is not the DynamicQuantizeLinear's");
+    }
+    let Some(wt) = g.const_value(ins[1]) else {
+        return decline(report, "B is not a constant");
+    };
+    if wt.dtype() != DType::I8 || wt.shape().len() != 2 {
+        return decline(report, "B is not i8[k, n]");
+    }
+    let n = wt.shape()[1];
+    if let Some(&z) = ins.get(3) {
+        let zero = g.const_value(z).and_then(|t| t.to_i64_vec().ok());
+        if !zero.is_some_and(|v| v.iter().all(|&x| x == 0)) {
+            return decline(report, "B's zero point is not 0");
+        }
+    }
+    let Some(cast) = sole_consumer(g, id.into()) else {
+        return decline(report, "the i32 product has several readers");
+    };
+    if g.node(cast).op != (Op::Cast { to: DType::F32 }) {
+        return decline(report, "the i32 product is not cast to f32");
+    }
+    let Some(mul) = sole_consumer(g, cast.into()) else {
+        return decline(report, "the cast has several readers");
+    };
+    let Some(scale) = crate::rewrite::other_operand(g, mul, BinaryOp::Mul, cast.into()) else {
+        return decline(report, "the cast is not rescaled by a Mul");
+    };
+    // The rescale is `a_scale · w_scale`: a Mul of the DQL's scale and a constant.
+    let Some(w_scale) =
+        crate::rewrite::other_operand(g, scale.node, BinaryOp::Mul, Outlet::new(dql, 1))
+    else {
+        return decline(
+            report,
+            "the rescale is not DynamicQuantizeLinear's scale times a constant",
+        );
+    };
+    match const_f32(g, w_scale) {
+        Some(v) if v.len() == 1 || v.len() == n => {}
+        _ => {
+            return decline(
+                report,
+                "the weight scale is not a constant of 1 or n values",
+            )
+        }
+    }
+    let ws_flat = g.const_value(w_scale).cloned().ok_or("weight scale")?;
+    let w_scale = if ws_flat.shape().len() == 1 {
+        w_scale
+    } else {
+        let len = ws_flat.len();
+        let t = Tensor::from_vec(vec![len], ws_flat.to_f32_vec().map_err(|e| e.to_string())?);
+        g.add_const(&format!("{name}/w_scale"), t)
+    };
+    let x = g.node_inputs(dql)[0];
+    let ty = g.node(mul).outputs[0].clone();
+    if g.outlet_type(x).rank().is_none_or(|r| r < 2) {
+        return decline(report, "the activation has rank < 2");
+    }
+    let op = Op::QLinear {
+        act: ActQuant::DynamicTensor,
+        smooth: false,
+        epilogue: vec![],
+    };
+    let new = g
+        .add_node(op, &name, &[x, ins[1], w_scale], vec![ty])
+        .map_err(|e| e.to_string())?;
+    g.replace_uses(mul.into(), new.into())
+        .map_err(|e| e.to_string())?;
+    report.fired(
+        FOLD,
+        &name,
+        "DynamicQuantizeLinear + MatMulInteger → qlinear (per tensor)",
+    );
+    Ok(true)
+}
+
+/// `MatMul(DequantizeLinear(qa, sa, za), DequantizeLinear(qb, sb, zb))` with constant scales
+/// (`a` per tensor, `b` per tensor or per column) → `QMatMul(qa, sa, za, qb, sb, zb)`.
+fn fold_qdq_matmul(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, String> {
+    if g.node(id).op != Op::MatMul {
+        return Ok(false);
+    }
+    let ins = g.node_inputs(id);
+    let (a, b) = (ins[0], ins[1]);
+    let (Op::DequantizeLinear { .. }, Op::DequantizeLinear { axis: b_axis }) =
+        (&g.node(a.node).op, &g.node(b.node).op)
+    else {
+        return Ok(false);
+    };
+    let b_axis = *b_axis;
+    let name = g.node(id).name.clone();
+    let (a_in, b_in) = (g.node_inputs(a.node), g.node_inputs(b.node));
+    if scalar_qparams(g, a_in[1], a_in.get(2).copied()).is_none() {
+        report.declined(FOLD, &name, "A's scale/zero point is not one constant");
+        return Ok(false);
+    }
+    let b_rank = g.outlet_type(b_in[0]).rank();
+    let n = g
+        .outlet_type(b_in[0])
+        .shape
+        .as_ref()
+        .and_then(|s| s.last()?.as_fixed());
+    let b_scale_len = const_f32(g, b_in[1]).map(|v| v.len());
+    let b_per_col = b_rank.is_some_and(|r| r >= 2)
+        && (b_axis == -1 || Some(b_axis) == b_rank.map(|r| r as i64 - 1))
+        && n.is_some()
+        && b_scale_len == n;
+    if !(b_scale_len == Some(1) || b_per_col) {
+        report.declined(FOLD, &name, "B's scale is not per tensor or per column");
+        return Ok(false);
+    }
+    let int8 = |t: &TensorType| matches!(t.dtype, DType::U8 | DType::I8);
+    if !int8(g.outlet_type(a_in[0])) || !int8(g.outlet_type(b_in[0])) {
+        report.declined(FOLD, &name, "operands are not 8-bit");
+        return Ok(false);
+    }
+    let zb_len = match b_in.get(2) {
+        Some(&z) => g.const_value(z).map(|t| t.len()),
+        None => b_scale_len,
+    };
+    if zb_len != b_scale_len {
+        report.declined(FOLD, &name, "B's zero point and scale differ in length");
+        return Ok(false);
+    }
+    let zero_of = |g: &mut Graph, q: Outlet, zp: Option<&Outlet>, len: usize| -> Outlet {
+        match zp {
+            Some(&z) => z,
+            None => {
+                let dtype = g.outlet_type(q).dtype;
+                let t = if dtype == DType::U8 {
+                    Tensor::from_vec(vec![len], vec![0u8; len])
+                } else {
+                    Tensor::from_vec(vec![len], vec![0i8; len])
+                };
+                g.add_const(&format!("{name}/zero_point"), t)
+            }
+        }
+    };
+    let za = zero_of(g, a_in[0], a_in.get(2), 1);
+    let zb = zero_of(g, b_in[0], b_in.get(2), b_scale_len.unwrap_or(1));
+    let ty = g.node(id).outputs[0].clone();
+    let new = g
+        .add_node(
+            Op::QMatMul,
+            &name,
+            &[a_in[0], a_in[1], za, b_in[0], b_in[1], zb],
+            vec![ty],
+        )
+        .map_err(|e| e.to_string())?;
+    g.replace_uses(id.into(), new.into())
+        .map_err(|e| e.to_string())?;
+    report.fired(FOLD, &name, "MatMul of two DequantizeLinear → qmatmul");
+    Ok(true)
+}
+
+/// Grows GEMM epilogues: see the module documentation.
+///
+/// ```
+/// use passes::{FuseEpilogue, Pass, PassContext};
+/// let mut g = ir::text::parse(
+///     "%0 = input[name=\"x\"] : f32[B,4]\n\
+///      %1 = const[value=f32[4,2]{1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0}] : f32[4,2]\n\
+///      %2 = const[value=f32[2]{0.5, -1.0}] : f32[2]\n\
+///      %3 = linear(%0, %1, %2) : f32[B,2]\n\
+///      %4 = gelu[approx=\"erf\"](%3) : f32[B,2]\n\
+///      output \"y\" = %4\n",
+///     None,
+/// ).unwrap();
+/// assert!(FuseEpilogue.run(&mut g, &mut PassContext::default()).unwrap());
+/// let text = ir::text::print(&g).unwrap();
+/// assert!(text.contains("fused_linear[epilogue=(bias, gelu_erf)](%0, %1, %2) : f32[B,2]"), "{text}");
+/// ```
+pub struct FuseEpilogue;
+
+const FUSE: &str = "FuseEpilogue";
+
+impl Pass for FuseEpilogue {
+    fn name(&self) -> &'static str {
+        FUSE
+    }
+
+    fn run(&self, graph: &mut Graph, ctx: &mut PassContext<'_>) -> Result<bool, PassError> {
+        let a = apply(graph, FUSE, &mut ctx.report, linear_to_fused)?;
+        let b = apply(graph, FUSE, &mut ctx.report, grow_epilogue)?;
+        Ok(a || b)
+    }
+}
+
+/// `Linear(x, W, b?)` → `FusedLinear[epilogue=(bias?)](x, W, b?)`.
+fn linear_to_fused(g: &mut Graph, id: NodeId, _report: &mut Report) -> Result<bool, String> {
+    if g.node(id).op != Op::Linear {
+        return Ok(false);
+    }
+    let ins = g.node_inputs(id);
+    let epilogue = if ins.len() == 3 {
+        vec![EpilogueStep::Bias]
+    } else {
+        vec![]
+    };
+    let node = g.node(id);
+    let (name, ty) = (node.name.clone(), node.outputs[0].clone());
+    let new = g
+        .add_node(Op::FusedLinear { epilogue }, &name, &ins, vec![ty])
+        .map_err(|e| e.to_string())?;
+    g.replace_uses(id.into(), new.into())
+        .map_err(|e| e.to_string())?;
+    Ok(true)
+}
+
+/// Whether `target` is `from` or one of its ancestors.
+fn depends_on(g: &Graph, from: Outlet, target: NodeId) -> bool {
+    let mut stack = vec![from.node];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(n) = stack.pop() {
+        if n == target {
+            return true;
+        }
+        if seen.insert(n) {
+            stack.extend(g.node_inputs(n).iter().map(|o| o.node));
+        }
+    }
+    false
+}
+
+/// The output width `n` of a fused or quantized linear, from its weight.
+fn width(g: &Graph, id: NodeId) -> Option<usize> {
+    let w = g.node_inputs(id)[1];
+    g.outlet_type(w).shape.as_ref()?.get(1)?.as_fixed()
+}
+
+/// Whether `o` is a constant f32 vector of `n` values.
+fn col_vector(g: &Graph, o: Outlet, n: usize) -> bool {
+    g.const_value(o)
+        .is_some_and(|t| t.dtype() == DType::F32 && t.shape() == [n])
+}
+
+/// A `FusedLinear` or `QLinear` takes its only reader into its epilogue.
+fn grow_epilogue(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, String> {
+    let epilogue = match &g.node(id).op {
+        Op::FusedLinear { epilogue } | Op::QLinear { epilogue, .. } => epilogue.clone(),
+        _ => return Ok(false),
+    };
+    let name = g.node(id).name.clone();
+    let out: Outlet = id.into();
+    let Some(n) = width(g, id) else {
+        return Ok(false);
+    };
+    let readers = g.consumers(out);
+    let Some(reader) = sole_consumer(g, out) else {
+        if readers.len() > 1 {
+            let fusible = readers.iter().any(|(r, _)| {
+                matches!(
+                    g.node(*r).op,
+                    Op::Gelu { .. } | Op::LayerNorm { .. } | Op::Binary(BinaryOp::Add)
+                )
+            });
+            if fusible {
+                report.declined(
+                    FUSE,
+                    &name,
+                    format!(
+                        "output has {} readers; an epilogue needs exactly one",
+                        readers.len()
+                    ),
+                );
+            }
+        }
+        return Ok(false);
+    };
+    if epilogue
+        .iter()
+        .any(|s| matches!(s, EpilogueStep::LayerNorm { .. }))
+    {
+        return Ok(false); // nothing is fused after a LayerNorm
+    }
+    let reader_name = g.node(reader).name.clone();
+    let (step, operands): (EpilogueStep, Vec<Outlet>) = match g.node(reader).op.clone() {
+        Op::Gelu { approx } => (EpilogueStep::Gelu(approx), vec![]),
+        Op::Binary(b @ (BinaryOp::Add | BinaryOp::Mul)) => {
+            let Some(other) = crate::rewrite::other_operand(g, reader, b, out) else {
+                return Ok(false); // x + x
+            };
+            if col_vector(g, other, n) {
+                let step = if b == BinaryOp::Add {
+                    EpilogueStep::Bias
+                } else {
+                    EpilogueStep::MulCol
+                };
+                (step, vec![other])
+            } else if b == BinaryOp::Add {
+                if g.outlet_type(other) != &g.node(id).outputs[0]
+                    || g.node(reader).outputs[0] != g.node(id).outputs[0]
+                {
+                    report.declined(
+                        FUSE,
+                        &reader_name,
+                        format!(
+                            "residual add not fused into `{name}`: operand {} does not have the product's type {}",
+                            g.outlet_type(other),
+                            g.node(id).outputs[0]
+                        ),
+                    );
+                    return Ok(false);
+                }
+                if depends_on(g, other, id) {
+                    report.declined(
+                        FUSE,
+                        &reader_name,
+                        format!("residual add not fused into `{name}`: the residual is computed from its output"),
+                    );
+                    return Ok(false);
+                }
+                (EpilogueStep::Residual, vec![other])
+            } else {
+                return Ok(false);
+            }
+        }
+        Op::LayerNorm { axis, epsilon } => {
+            let rank = g.node(id).outputs[0].rank();
+            if !(axis == -1 || rank.is_some_and(|r| axis == r as i64 - 1)) {
+                report.declined(FUSE, &reader_name, "layer norm not over the last axis");
+                return Ok(false);
+            }
+            let ln_ins = g.node_inputs(reader);
+            if !col_vector(g, ln_ins[1], n) || ln_ins.get(2).is_some_and(|&b| !col_vector(g, b, n))
+            {
+                report.declined(
+                    FUSE,
+                    &reader_name,
+                    format!(
+                        "layer norm not fused into `{name}`: gamma/beta are not constant f32[{n}]"
+                    ),
+                );
+                return Ok(false);
+            }
+            let beta = match ln_ins.get(2) {
+                Some(&b) => b,
+                None => g.add_const(
+                    &format!("{reader_name}/beta"),
+                    Tensor::from_vec(vec![n], vec![0f32; n]),
+                ),
+            };
+            (EpilogueStep::LayerNorm { epsilon }, vec![ln_ins[1], beta])
+        }
+        _ => return Ok(false),
+    };
+    let mut new_op = g.node(id).op.clone();
+    match &mut new_op {
+        Op::FusedLinear { epilogue } | Op::QLinear { epilogue, .. } => epilogue.push(step),
+        _ => unreachable!("checked above"),
+    }
+    let mut inputs = g.node_inputs(id);
+    inputs.extend(operands);
+    let ty = g.node(reader).outputs[0].clone();
+    let new = g
+        .add_node(new_op, &name, &inputs, vec![ty])
+        .map_err(|e| e.to_string())?;
+    g.replace_uses(reader.into(), new.into())
+        .map_err(|e| e.to_string())?;
+    report.fired(FUSE, &name, format!("`{reader_name}` → epilogue `{step}`"));
+    Ok(true)
+}
