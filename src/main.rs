@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::commands::{bench, build_model, demo, dump, hwbench, run};
+use crate::commands::{bench, build_model, demo, dump, embed, eval, hwbench, quantize, run};
 
 /// INT8 compiler and runtime for BERT-family encoders on x86 CPUs.
 #[derive(Parser)]
@@ -31,6 +31,12 @@ enum Command {
     Hwbench(hwbench::HwbenchArgs),
     /// The main job on a built-in default: a BERT-base-shaped model, compiled, run, timed.
     Demo(demo::DemoArgs),
+    /// Embed a file of texts (.jsonl or .txt) into an .npy of sentence embeddings, in input order.
+    Embed(embed::EmbedArgs),
+    /// Accuracy table: Lee similarity and sentiment-probe figures, optionally against a baseline.
+    Eval(eval::EvalArgs),
+    /// Calibrate, SmoothQuant and quantize an FP32 model into one compiled INT8 `.encore` file.
+    Quantize(quantize::QuantizeArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +48,9 @@ fn main() -> ExitCode {
         Command::BuildModel(a) => build_model::run(a),
         Command::Hwbench(a) => hwbench::run(a),
         Command::Demo(a) => demo::run(a),
+        Command::Embed(a) => embed::run(a),
+        Command::Eval(a) => eval::run(a),
+        Command::Quantize(a) => quantize::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

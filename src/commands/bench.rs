@@ -59,7 +59,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     if args.json {
         let obj = serde_json::json!({
             "model": args.model.display().to_string(),
-            "precision": "fp32",
+            "precision": if model.is_quantized() { "int8" } else { "fp32" },
             "batch": args.batch,
             "seq": args.seq,
             "threads": args.threads,
@@ -109,6 +109,7 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
             threads: args.threads.max(1),
             max_batch: None,
             optimize: true,
+            ..CompileOptions::default()
         },
     )?;
     let compile_s = t0.elapsed().as_secs_f64();

@@ -76,6 +76,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             threads: args.threads.max(1),
             max_batch: args.max_batch,
             optimize: !args.no_optimize,
+            ..CompileOptions::default()
         },
     )?;
 

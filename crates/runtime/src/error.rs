@@ -90,6 +90,19 @@ pub enum Error {
     Tokenizer(String),
     #[error("empty text: {}", match .index { Some(i) => format!("text {i} is empty"), None => "no texts given".to_string() })]
     EmptyText { index: Option<usize> },
+    /// A malformed line of a data or text file: the file, the 1-based line and what is wrong.
+    #[error("{path}: line {line}: {message}")]
+    DataLine {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    /// A data file unusable as a whole (empty, missing tensors, wrong shapes).
+    #[error("{path}: {message}")]
+    Data { path: PathBuf, message: String },
+    /// A compiled model file (`.encore`) that cannot be read or written.
+    #[error("compiled model {path}: {message}")]
+    Compiled { path: String, message: String },
     #[error("{0}")]
     Invalid(String),
 }

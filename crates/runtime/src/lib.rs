@@ -12,12 +12,15 @@
 //! # Ok::<(), runtime::Error>(())
 //! ```
 
+mod compiled;
 mod error;
+pub mod eval;
 mod exec;
 mod gemm;
 mod model;
 pub mod model_builder;
 mod npy;
+pub mod quantize;
 mod session;
 pub mod text;
 mod value;
@@ -25,5 +28,5 @@ mod value;
 pub use error::Error;
 pub use ir::DType;
 pub use model::{IoSpec, Model};
-pub use session::{CompileOptions, NodeTime, Outputs, Session};
+pub use session::{CompileOptions, LinearObserver, NodeTime, Outputs, Session};
 pub use value::{TensorData, TensorValue, ValueElement};

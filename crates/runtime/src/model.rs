@@ -31,10 +31,46 @@ pub struct Model {
 }
 
 impl Model {
-    /// Imports an ONNX file (weights memory-mapped where the importer can).
+    /// Opens a model: an ONNX file (weights memory-mapped where the importer can), or a compiled
+    /// model file written by [`Model::save`] (`.encore`: quantized and fused, weights
+    /// memory-mapped). The kind is told by the file's content, not its name.
     pub fn load(path: impl AsRef<Path>) -> Result<Model, Error> {
-        let graph = frontend_onnx::import_path(path.as_ref())?;
+        let path = path.as_ref();
+        let graph = if crate::compiled::is_compiled(path) {
+            crate::compiled::load(path)?
+        } else {
+            frontend_onnx::import_path(path)?
+        };
         Model::from_graph(graph)
+    }
+
+    /// Writes the model as one compiled file (safetensors: the constants as tensors, the graph
+    /// in the IR text form in the metadata) that [`Model::load`] opens with no ONNX beside it.
+    ///
+    /// ```
+    /// use runtime::Model;
+    /// let g = ir::text::parse(
+    ///     "%0 = input[name=\"x\"] : f32[B,2]\n%1 = relu(%0) : f32[B,2]\noutput \"y\" = %1\n",
+    ///     None,
+    /// ).unwrap();
+    /// let path = std::env::temp_dir().join(format!("doc-{}.encore", std::process::id()));
+    /// Model::from_graph(g).unwrap().save(&path).unwrap();
+    /// let back = Model::load(&path).unwrap();
+    /// assert_eq!(back.outputs()[0].name, "y");
+    /// # std::fs::remove_file(&path).ok();
+    /// ```
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        crate::compiled::save(&self.graph, path.as_ref())
+    }
+
+    /// Whether the graph holds integer (quantized) products.
+    pub fn is_quantized(&self) -> bool {
+        self.graph.node_ids().any(|id| {
+            matches!(
+                self.graph.node(id).op,
+                Op::QLinear { .. } | Op::QMatMul | Op::MatMulInteger | Op::DequantizeLinear { .. }
+            )
+        })
     }
 
     /// Wraps a graph built in memory (or parsed from the text form); checks it first.

@@ -42,6 +42,9 @@ pub struct CompileOptions {
     /// Run the declutter pipeline (shape folding, recognition of Linear, LayerNorm, GELU and
     /// Attention) before compiling.
     pub optimize: bool,
+    /// After declutter, run the `fuse` pipeline (quantized dialects onto the integer GEMMs,
+    /// epilogue fusion). Off only to observe unfused layers (calibration) or to debug.
+    pub fuse: bool,
 }
 
 impl Default for CompileOptions {
@@ -52,9 +55,13 @@ impl Default for CompileOptions {
                 .unwrap_or(2),
             max_batch: None,
             optimize: true,
+            fuse: true,
         }
     }
 }
+
+/// Sees `(node name, input activation)` of each linear layer during [`Session::run_observed`].
+pub type LinearObserver<'a> = &'a mut dyn FnMut(&str, &TensorValue);
 
 /// The named outputs of a run, in the model's order.
 pub type Outputs = Vec<(String, TensorValue)>;
@@ -183,7 +190,7 @@ impl Session {
     /// Compiles `model`: optional declutter, topological order, weight packing, liveness.
     pub fn new(model: &Model, opts: CompileOptions) -> Result<Session, Error> {
         let graph = if opts.optimize {
-            optimize(model.graph().clone())?
+            optimize(model.graph().clone(), opts.fuse)?
         } else {
             model.graph().clone()
         };
@@ -594,7 +601,18 @@ impl Session {
     /// Runs the model. `inputs` are `(name, tensor)` pairs, one per model input in any order.
     /// Returns the outputs in the model's order.
     pub fn run(&self, inputs: &[(&str, TensorValue)]) -> Result<Vec<(String, TensorValue)>, Error> {
-        self.run_inner(inputs, None)
+        self.run_inner(inputs, None, None)
+    }
+
+    /// [`Session::run`], showing `observe` the input of every linear layer (`Linear`,
+    /// `FusedLinear`, `QLinear`) by node name just before the layer runs: what calibration
+    /// records.
+    pub fn run_observed(
+        &self,
+        inputs: &[(&str, TensorValue)],
+        observe: LinearObserver<'_>,
+    ) -> Result<Outputs, Error> {
+        self.run_inner(inputs, None, Some(observe))
     }
 
     /// [`Session::run`], also returning the time of every executed node, in execution order.
@@ -603,7 +621,7 @@ impl Session {
         inputs: &[(&str, TensorValue)],
     ) -> Result<(Outputs, Vec<NodeTime>), Error> {
         let mut times = Vec::with_capacity(self.steps.len());
-        let out = self.run_inner(inputs, Some(&mut times))?;
+        let out = self.run_inner(inputs, Some(&mut times), None)?;
         Ok((out, times))
     }
 
@@ -611,6 +629,7 @@ impl Session {
         &self,
         inputs: &[(&str, TensorValue)],
         times: Option<&mut Vec<NodeTime>>,
+        observe: Option<LinearObserver<'_>>,
     ) -> Result<Vec<(String, TensorValue)>, Error> {
         self.validate(inputs)?;
         let mut arena = self
@@ -619,7 +638,7 @@ impl Session {
             .map(|mut a| a.pop())
             .unwrap_or(None)
             .unwrap_or_default();
-        let result = self.execute(inputs, &mut arena, times);
+        let result = self.execute(inputs, &mut arena, times, observe);
         if let Ok(mut a) = self.arenas.lock() {
             a.push(arena);
         }
@@ -631,6 +650,7 @@ impl Session {
         inputs: &[(&str, TensorValue)],
         arena: &mut Arena,
         mut times: Option<&mut Vec<NodeTime>>,
+        mut observe: Option<LinearObserver<'_>>,
     ) -> Result<Vec<(String, TensorValue)>, Error> {
         let mut slots: Vec<Slot<'_>> = (0..self.n_slots).map(|_| Slot::Empty).collect();
         for (s, t) in &self.consts {
@@ -690,6 +710,14 @@ impl Session {
                 })
                 .collect::<Result<_, _>>()?;
             let t0 = times.is_some().then(std::time::Instant::now);
+            if let Some(obs) = observe.as_deref_mut() {
+                if matches!(
+                    st.op,
+                    Op::Linear | Op::FusedLinear { .. } | Op::QLinear { .. }
+                ) {
+                    obs(&st.name, ins[0].get());
+                }
+            }
             let outs = self.exec_step(st, &mut ins, &mut ctx, inputs);
             if let (Some(t), Some(t0)) = (times.as_deref_mut(), t0) {
                 t.push(NodeTime {
@@ -990,9 +1018,11 @@ impl Slot<'_> {
 /// The `declutter` pipeline of `passes` (shape inference, constant folding, DCE, recognition of
 /// Linear, LayerNorm, GELU and Attention), then `fuse` (quantized dialects onto integer GEMMs,
 /// epilogues grown): the session executes what the graph says after these.
-pub(crate) fn optimize(mut graph: Graph) -> Result<Graph, Error> {
+pub(crate) fn optimize(mut graph: Graph, fuse: bool) -> Result<Graph, Error> {
     passes::Pipeline::declutter().run(&mut graph, &mut passes::RunOptions::default())?;
-    passes::Pipeline::fuse().run(&mut graph, &mut passes::RunOptions::default())?;
+    if fuse {
+        passes::Pipeline::fuse().run(&mut graph, &mut passes::RunOptions::default())?;
+    }
     Ok(graph)
 }
 

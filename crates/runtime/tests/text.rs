@@ -6,6 +6,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
+use runtime::eval::{self, LeeSet, Probe, SentimentSet};
 use runtime::text::{
     l2_normalize, mean_pool, sentence_embeddings, Padding, SentenceEncoder, Tokenizer,
     TokenizerOptions,
@@ -282,6 +283,8 @@ fn sentiment_head_matches_direct_computation() {
         }
     }
     let ((w, w_is_kn), bias) = (w.expect("weight [2,384]"), bias.expect("bias [2]"));
+    // runtime::eval's probe (from sentiment_head.safetensors) is the same probe.
+    let probe = Probe::load(&dir).unwrap();
     for optimize in [false, true] {
         let session = Session::new(
             &model,
@@ -313,6 +316,11 @@ fn sentiment_head_matches_direct_computation() {
                             })
                             .sum::<f64>();
                     let got = logits[r * 2 + c] as f64;
+                    let lib = probe.logits(row).unwrap()[c];
+                    assert!(
+                        (lib - want).abs() < 1e-5,
+                        "{name} row {r} probe logit {c}: {lib} vs {want}"
+                    );
                     assert!(
                         (got - want).abs() < 1e-5,
                         "{name} row {r} logit {c}: {got} vs {want}"
@@ -337,66 +345,47 @@ fn pooling_helpers() {
     assert!(mean_pool(&h, &TensorValue::from_i64(vec![2], vec![1, 1]).unwrap()).is_err());
 }
 
-fn pearson(x: &[f64], y: &[f64]) -> f64 {
-    let n = x.len() as f64;
-    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
-    let cov: f64 = x.iter().zip(y).map(|(a, b)| (a - mx) * (b - my)).sum();
-    let vx: f64 = x.iter().map(|a| (a - mx).powi(2)).sum();
-    let vy: f64 = y.iter().map(|b| (b - my).powi(2)).sum();
-    cov / (vx * vy).sqrt()
-}
-
-/// The Lee document-similarity metric end to end (tokenizer, FP32 MiniLM, pooling): Pearson r
-/// of embedding cosines against human scores equals the manifest's onnxruntime figure.
+/// The Lee document-similarity metric end to end (tokenizer, FP32 MiniLM, pooling) through
+/// `runtime::eval`: Pearson r of embedding cosines against human scores equals the manifest's
+/// onnxruntime figure.
 #[test]
 fn lee_similarity_matches_manifest() {
     let Some(dir) = models_dir("lee similarity") else {
         return;
     };
     let man = manifest(&dir);
-    let want = man["metrics"]["lee_doc_similarity"]["minilm-l6"]["pearson"]
-        .as_f64()
-        .unwrap();
-    let docs = jsonl(&dir.join("data/lee/documents.jsonl"));
-    let pairs = jsonl(&dir.join("data/lee/pairs.jsonl"));
+    let want = &man["metrics"]["lee_doc_similarity"]["minilm-l6"];
+    let (want, want_rho) = (
+        want["pearson"].as_f64().unwrap(),
+        want["spearman"].as_f64().unwrap(),
+    );
+    let lee = LeeSet::load(&dir).unwrap();
     let model = Model::load(dir.join("minilm-l6/model.onnx")).unwrap();
     let session = Session::new(&model, CompileOptions::default()).unwrap();
     let enc = SentenceEncoder::new(session, tokenizer(&dir, 256));
-    let texts: Vec<&str> = docs.iter().map(|d| d["text"].as_str().unwrap()).collect();
     // Batches of 8 in length order, as the reference script.
-    let mut order: Vec<usize> = (0..texts.len()).collect();
-    order.sort_by_key(|&i| texts[i].len());
-    let mut emb = vec![Vec::new(); texts.len()];
-    for chunk in order.chunks(8) {
-        let batch: Vec<&str> = chunk.iter().map(|&i| texts[i]).collect();
-        let e = enc.embed(&batch).unwrap();
-        for (r, &i) in chunk.iter().enumerate() {
-            emb[i] = e.as_f32().unwrap()[r * 384..(r + 1) * 384].to_vec();
-        }
-    }
-    let id_of = |v: &Value| docs.iter().position(|d| d["id"] == *v).unwrap();
-    let (mut cos, mut human) = (vec![], vec![]);
-    for p in &pairs {
-        let (a, b) = (&emb[id_of(&p["a"])], &emb[id_of(&p["b"])]);
-        cos.push(
-            a.iter()
-                .zip(b)
-                .map(|(x, y)| *x as f64 * *y as f64)
-                .sum::<f64>(),
-        );
-        human.push(p["score"].as_f64().unwrap());
-    }
-    let r = pearson(&cos, &human);
+    let m = lee.evaluate(&eval::encoder_fn(&enc)).unwrap();
     println!(
-        "Lee Pearson r = {r:.6} (onnxruntime: {want:.6}) over {} pairs",
-        cos.len()
+        "Lee Pearson r = {:.6} (onnxruntime: {want:.6}), Spearman rho = {:.6} (onnxruntime: {want_rho:.6}) over {} pairs",
+        m.pearson, m.spearman, m.pairs
     );
-    assert!((r - want).abs() < 1e-4, "Pearson {r} vs {want}");
+    assert_eq!(m.pairs, 1225);
+    assert!(
+        (m.pearson - want).abs() < 1e-4,
+        "Pearson {} vs {want}",
+        m.pearson
+    );
+    // Spearman too: same batches, same ties as scipy.
+    assert!(
+        (m.spearman - want_rho).abs() < 1e-4,
+        "Spearman {} vs {want_rho}",
+        m.spearman
+    );
 }
 
-/// Movie-snippet sentiment end to end: FP32 MiniLM embeddings of the 2,000 test snippets through
-/// the probe `sentiment_head.onnx`; accuracy equals the manifest's onnxruntime figure. About
-/// 60k tokens: run in release builds only.
+/// Movie-snippet sentiment end to end through `runtime::eval`: FP32 MiniLM embeddings of the
+/// 2,000 test snippets through the probe `sentiment_head.safetensors`; accuracy equals the
+/// manifest's onnxruntime figure. About 60k tokens: run in release builds only.
 #[test]
 fn sentiment_accuracy_matches_manifest() {
     if cfg!(debug_assertions) {
@@ -407,42 +396,34 @@ fn sentiment_accuracy_matches_manifest() {
         return;
     };
     let man = manifest(&dir);
-    let want = man["metrics"]["movie_sentiment_probe"]["minilm-l6"]["accuracy"]
-        .as_f64()
-        .unwrap();
-    let rows = jsonl(&dir.join("data/movie_sentiment/test.jsonl"));
+    let want = &man["metrics"]["movie_sentiment_probe"]["minilm-l6"];
+    let (want, want_rho) = (
+        want["accuracy"].as_f64().unwrap(),
+        want["spearman_margin_vs_human_score"].as_f64().unwrap(),
+    );
+    let set = SentimentSet::load(&dir).unwrap();
+    let probe = Probe::load(&dir).unwrap();
     let model = Model::load(dir.join("minilm-l6/model.onnx")).unwrap();
     let enc = SentenceEncoder::new(
         Session::new(&model, CompileOptions::default()).unwrap(),
         tokenizer(&dir, 256),
     );
-    let head = Session::new(
-        &Model::load(dir.join("minilm-l6/sentiment_head.onnx")).unwrap(),
-        CompileOptions::default(),
-    )
-    .unwrap();
-    let texts: Vec<&str> = rows.iter().map(|r| r["text"].as_str().unwrap()).collect();
-    let mut order: Vec<usize> = (0..texts.len()).collect();
-    order.sort_by_key(|&i| texts[i].len());
-    let mut correct = 0;
-    for chunk in order.chunks(32) {
-        let batch: Vec<&str> = chunk.iter().map(|&i| texts[i]).collect();
-        let e = enc.embed(&batch).unwrap();
-        let logits = head.run(&[("sentence_embedding", e)]).unwrap().remove(0).1;
-        for (r, &i) in chunk.iter().enumerate() {
-            let l = &logits.as_f32().unwrap()[r * 2..r * 2 + 2];
-            let pred = i64::from(l[1] > l[0]);
-            correct += usize::from(pred == rows[i]["label"].as_i64().unwrap());
-        }
-    }
-    let acc = correct as f64 / texts.len() as f64;
+    // Batches of 32 in length order, as the reference script.
+    let m = set.evaluate(&probe, &eval::encoder_fn(&enc)).unwrap();
     println!(
-        "sentiment accuracy {acc:.4} (onnxruntime: {want:.4}) over {} snippets",
-        texts.len()
+        "sentiment accuracy {:.4} (onnxruntime: {want:.4}), margin-vs-score Spearman {:.6} (onnxruntime: {want_rho:.6}) over {} snippets",
+        m.accuracy, m.margin_spearman, m.examples
     );
+    assert_eq!(m.examples, 2000);
     // One snippet is 0.0005: allow one flip of a borderline prediction.
     assert!(
-        (acc - want).abs() <= 0.0005 + 1e-9,
-        "accuracy {acc} vs {want}"
+        (m.accuracy - want).abs() <= 0.0005 + 1e-9,
+        "accuracy {} vs {want}",
+        m.accuracy
+    );
+    assert!(
+        (m.margin_spearman - want_rho).abs() < 1e-4,
+        "margin Spearman {} vs {want_rho}",
+        m.margin_spearman
     );
 }

@@ -142,14 +142,14 @@ fn range_qparams(lo: f32, hi: f32) -> (f32, i32) {
 }
 
 /// The activations of a `qlinear`, quantized: u8 data with per-row or per-tensor parameters.
-struct QuantizedRows {
-    data: Vec<u8>,
-    scales: Vec<f32>,
-    zeros: Vec<i32>,
+pub(crate) struct QuantizedRows {
+    pub data: Vec<u8>,
+    pub scales: Vec<f32>,
+    pub zeros: Vec<i32>,
 }
 
 /// Quantizes `x` (`m` rows of `k`, times `inv_smooth[k]` when given) as `act` says.
-fn quantize_rows(
+pub(crate) fn quantize_rows(
     x: &[f32],
     m: usize,
     k: usize,

@@ -1,0 +1,177 @@
+//! The compiled model file (`.encore`): one safetensors file whose tensors are the graph's large
+//! constants (named by their node) and whose metadata holds the graph in the IR text form
+//! (`encore.graph`) and the format version (`encore.format`). It opens with no ONNX beside it, its
+//! weights memory-mapped: a constant is a slice of the mapping.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use bytes::Bytes;
+use ir::{DType, Graph, Op, Tensor};
+use safetensors::{Dtype, SafeTensors};
+
+use crate::Error;
+
+/// The format version written into the metadata.
+pub const FORMAT_VERSION: &str = "1";
+
+fn st_dtype(d: DType) -> Option<Dtype> {
+    Some(match d {
+        DType::F32 => Dtype::F32,
+        DType::BF16 => Dtype::BF16,
+        DType::I8 => Dtype::I8,
+        DType::U8 => Dtype::U8,
+        DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
+        DType::Bool => Dtype::BOOL,
+        #[allow(unreachable_patterns)]
+        _ => return None,
+    })
+}
+
+fn ir_dtype(d: Dtype) -> Option<DType> {
+    Some(match d {
+        Dtype::F32 => DType::F32,
+        Dtype::BF16 => DType::BF16,
+        Dtype::I8 => DType::I8,
+        Dtype::U8 => DType::U8,
+        Dtype::I32 => DType::I32,
+        Dtype::I64 => DType::I64,
+        Dtype::BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// Whether the file at `path` starts like a safetensors file (8-byte little-endian header length
+/// that fits the file, then `{`). ONNX protobufs never do: their first byte is a field tag.
+pub(crate) fn is_compiled(path: &Path) -> bool {
+    use std::io::Read;
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut head = [0u8; 9];
+    if f.read_exact(&mut head).is_err() {
+        return false;
+    }
+    let n = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+    head[8] == b'{' && n.saturating_add(8) <= size
+}
+
+/// Writes `graph` as a compiled model file.
+pub fn save(graph: &Graph, path: &Path) -> Result<(), Error> {
+    let mut g = graph.clone();
+    // Constants printed by reference are looked up by node name: make the names unique.
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    let ids: Vec<_> = g.topo_order()?;
+    for id in ids {
+        let Op::Const { value } = &g.node(id).op else {
+            continue;
+        };
+        if value.len() <= ir::INLINE_LIMIT || !value.has_data() {
+            continue;
+        }
+        let value = value.clone();
+        let base = g
+            .node(id)
+            .name
+            .replace(['\n', '\r'], " ")
+            .trim()
+            .to_string();
+        let base = if base.is_empty() {
+            "const".to_string()
+        } else {
+            base
+        };
+        let count = seen.entry(base.clone()).or_insert(0);
+        *count += 1;
+        let name = if *count == 1 {
+            base
+        } else {
+            format!("{base}#{count}")
+        };
+        g.node_mut(id).name = name.clone();
+        tensors.push((name, value));
+    }
+    let text = ir::text::print(&g)?;
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, t) in &tensors {
+        let dtype = st_dtype(t.dtype()).ok_or_else(|| {
+            Error::Invalid(format!("constant `{name}`: {} cannot be saved", t.dtype()))
+        })?;
+        let data = t.bytes().expect("checked has_data");
+        let view = safetensors::tensor::TensorView::new(dtype, t.shape().to_vec(), data)
+            .map_err(|e| Error::Invalid(format!("constant `{name}`: {e}")))?;
+        views.push((name.clone(), view));
+    }
+    let meta = HashMap::from([
+        ("encore.format".to_string(), FORMAT_VERSION.to_string()),
+        ("encore.graph".to_string(), text),
+    ]);
+    safetensors::tensor::serialize_to_file(views, Some(meta), path).map_err(|e| Error::Compiled {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// Reads a compiled model file: the graph from the metadata, the constants as slices of the
+/// memory-mapped file.
+pub fn load(path: &Path) -> Result<Graph, Error> {
+    let file_err = |message: String| Error::Compiled {
+        path: path.display().to_string(),
+        message,
+    };
+    let file = std::fs::File::open(path).map_err(|e| file_err(e.to_string()))?;
+    // SAFETY: the file is mapped read-only and must not be modified while the model lives, as
+    // for every mmap-based weight loader (and the ONNX importer here).
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| file_err(e.to_string()))?;
+    let bytes = Bytes::from_owner(map);
+    let (header_len, meta) = SafeTensors::read_metadata(&bytes)
+        .map_err(|e| file_err(format!("not a compiled model: {e}")))?;
+    let info = meta.metadata().as_ref();
+    let version = info.and_then(|m| m.get("encore.format"));
+    if version.map(String::as_str) != Some(FORMAT_VERSION) {
+        return Err(file_err(format!(
+            "not an encore compiled model of format {FORMAT_VERSION} (encore.format = {version:?})"
+        )));
+    }
+    let text = info
+        .and_then(|m| m.get("encore.graph"))
+        .ok_or_else(|| file_err("no `encore.graph` in the metadata".into()))?;
+    let data_start = 8 + header_len;
+    let mut consts: HashMap<String, Tensor> = HashMap::new();
+    for (name, ti) in meta.tensors() {
+        let dtype = ir_dtype(ti.dtype).ok_or_else(|| {
+            file_err(format!(
+                "tensor `{name}` has unsupported dtype {:?}",
+                ti.dtype
+            ))
+        })?;
+        let (a, b) = ti.data_offsets;
+        if b < a || data_start + b > bytes.len() {
+            return Err(file_err(format!(
+                "tensor `{name}` lies outside the file (truncated?)"
+            )));
+        }
+        let t = Tensor::from_bytes(
+            dtype,
+            ti.shape.clone(),
+            bytes.slice(data_start + a..data_start + b),
+        )
+        .map_err(|e| file_err(format!("tensor `{name}`: {e}")))?;
+        consts.insert(name, t);
+    }
+    let g = ir::text::parse(text, Some(&consts))?;
+    for id in g.node_ids() {
+        if let Op::Const { value } = &g.node(id).op {
+            if !value.has_data() {
+                return Err(file_err(format!(
+                    "constant `{}` has no data in the file",
+                    g.node(id).name
+                )));
+            }
+        }
+    }
+    Ok(g)
+}

@@ -1,0 +1,514 @@
+//! INT8 from an FP32 model and calibration data: [`calibrate`] records what each linear layer
+//! sees, [`quantize`] runs the `quantize` and `fuse` pipelines with those statistics, and
+//! [`quantize_with_gate`] keeps the layers that hurt most in FP32 until the held-back cosine
+//! reaches a floor.
+//!
+//! ```
+//! use runtime::quantize::{calibrate, quantize, CalibrationBatch, QuantizeOptions};
+//! use runtime::{Model, TensorValue};
+//! let g = ir::text::parse(
+//!     "%0 = input[name=\"x\"] : f32[B,2]\n\
+//!      %1 = const[value=f32[2,2]{1.0, 0.5, -0.25, 2.0}] : f32[2,2]\n\
+//!      %2 = matmul(%0, %1) : f32[B,2]  # fc\n\
+//!      output \"y\" = %2\n",
+//!     None,
+//! ).unwrap();
+//! let model = Model::from_graph(g).unwrap();
+//! let x = TensorValue::from_f32(vec![2, 2], vec![1.0, -2.0, 0.5, 3.0]).unwrap();
+//! let batch = CalibrationBatch { feeds: vec![("x".into(), x)], real_rows: None };
+//! let stats = calibrate(&model, &[batch], 1, &mut |_, _| {}).unwrap();
+//! assert_eq!(stats.layers["fc"].max, vec![1.0, 3.0]);
+//! let (q, report) = quantize(&model, Some(&stats), &QuantizeOptions::default()).unwrap();
+//! assert!(q.is_quantized());
+//! assert_eq!(report.quantized_layers(), vec!["fc".to_string()]);
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use ir::{ActQuant, Graph, Op};
+pub use passes::{ActivationMode, CalibrationStats, ChannelStats, Note, NoteKind, QuantizeOptions};
+
+use crate::exec::fused::quantize_rows;
+use crate::{CompileOptions, Error, Model, Session, TensorValue};
+
+/// One batch of calibration inputs. `real_rows[b·S + s]` says whether token `s` of sequence `b`
+/// is real (mask 1): padding never widens a range. `None`: every row counts.
+#[derive(Clone, Debug)]
+pub struct CalibrationBatch {
+    pub feeds: Vec<(String, TensorValue)>,
+    pub real_rows: Option<Vec<bool>>,
+}
+
+impl CalibrationBatch {
+    /// A batch whose real rows are given by an `attention_mask` feed, when there is one.
+    pub fn from_feeds(feeds: Vec<(String, TensorValue)>) -> CalibrationBatch {
+        let real_rows = feeds
+            .iter()
+            .find(|(n, _)| n == "attention_mask")
+            .and_then(|(_, m)| m.as_i64().map(|v| v.iter().map(|&x| x != 0).collect()));
+        CalibrationBatch { feeds, real_rows }
+    }
+
+    fn feed_refs(&self) -> Vec<(&str, TensorValue)> {
+        self.feeds
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.clone()))
+            .collect()
+    }
+}
+
+/// The rows of `x` (`[..., k]`) that count: all, or those `real` marks when it has one entry per
+/// row.
+fn counted_rows<'a>(
+    x: &'a [f32],
+    k: usize,
+    real: Option<&'a [bool]>,
+) -> impl Iterator<Item = &'a [f32]> + 'a {
+    let rows = if k == 0 { 0 } else { x.len() / k };
+    let mask = real.filter(|m| m.len() == rows);
+    x.chunks_exact(k.max(1))
+        .enumerate()
+        .filter(move |(i, _)| mask.is_none_or(|m| m[*i]))
+        .map(|(_, r)| r)
+}
+
+/// Runs the FP32 model (decluttered, not fused, so every linear layer is visible) on `batches`
+/// and records, for each linear layer's input, the per-channel minimum and maximum over the real
+/// tokens. `progress(done, total)` is called after each batch.
+pub fn calibrate(
+    model: &Model,
+    batches: &[CalibrationBatch],
+    threads: usize,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<CalibrationStats, Error> {
+    let session = Session::new(
+        model,
+        CompileOptions {
+            threads,
+            fuse: false,
+            ..CompileOptions::default()
+        },
+    )?;
+    let mut stats = CalibrationStats::default();
+    let mut bad: Option<Error> = None;
+    for (i, b) in batches.iter().enumerate() {
+        let real = b.real_rows.as_deref();
+        let mut observe = |name: &str, x: &TensorValue| {
+            let Some(xv) = x.as_f32() else {
+                return;
+            };
+            let k = x.shape().last().copied().unwrap_or(0);
+            if k == 0 {
+                return;
+            }
+            let st = stats
+                .layers
+                .entry(name.to_string())
+                .or_insert_with(|| ChannelStats {
+                    min: vec![f32::INFINITY; k],
+                    max: vec![f32::NEG_INFINITY; k],
+                    rows: 0,
+                });
+            if st.min.len() != k {
+                bad.get_or_insert(Error::Invalid(format!(
+                    "calibration: layer `{name}` saw {k} channels, earlier {}",
+                    st.min.len()
+                )));
+                return;
+            }
+            for row in counted_rows(xv, k, real) {
+                for ((lo, hi), &v) in st.min.iter_mut().zip(st.max.iter_mut()).zip(row) {
+                    if v.is_finite() {
+                        *lo = lo.min(v);
+                        *hi = hi.max(v);
+                    }
+                }
+                st.rows += 1;
+            }
+        };
+        session.run_observed(&b.feed_refs(), &mut observe)?;
+        if let Some(e) = bad.take() {
+            return Err(e);
+        }
+        progress(i + 1, batches.len());
+    }
+    // A channel never seen finite (no real rows) has no range: make it 0.
+    for st in stats.layers.values_mut() {
+        for (lo, hi) in st.min.iter_mut().zip(st.max.iter_mut()) {
+            if lo > hi {
+                (*lo, *hi) = (0.0, 0.0);
+            }
+        }
+    }
+    Ok(stats)
+}
+
+/// Writes calibration statistics as safetensors: `<layer>.min` and `<layer>.max` (f32 `[k]`),
+/// and the row counts in the metadata (`rows.<layer>`).
+pub fn save_stats(stats: &CalibrationStats, path: &Path) -> Result<(), Error> {
+    let mut bufs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut meta = HashMap::new();
+    for (name, st) in &stats.layers {
+        for (suffix, v) in [("min", &st.min), ("max", &st.max)] {
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            bufs.push((format!("{name}.{suffix}"), vec![v.len()], bytes));
+        }
+        meta.insert(format!("rows.{name}"), st.rows.to_string());
+    }
+    meta.insert("encore.stats".to_string(), "1".to_string());
+    let views = bufs
+        .iter()
+        .map(|(n, s, b)| {
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
+                .map(|v| (n.clone(), v))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| stats_err(path, e))?;
+    safetensors::tensor::serialize_to_file(views, Some(meta), path).map_err(|e| stats_err(path, e))
+}
+
+fn stats_err(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Compiled {
+        path: path.display().to_string(),
+        message: format!("calibration statistics: {e}"),
+    }
+}
+
+/// Reads statistics written by [`save_stats`].
+pub fn load_stats(path: &Path) -> Result<CalibrationStats, Error> {
+    let bytes = std::fs::read(path).map_err(|e| stats_err(path, e))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| stats_err(path, e))?;
+    let (_, meta) =
+        safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| stats_err(path, e))?;
+    let info = meta.metadata().clone().unwrap_or_default();
+    if info.get("encore.stats").map(String::as_str) != Some("1") {
+        return Err(stats_err(path, "not an encore statistics file"));
+    }
+    let mut stats = CalibrationStats::default();
+    let read = |name: &str| -> Result<Vec<f32>, Error> {
+        let t = st.tensor(name).map_err(|e| stats_err(path, e))?;
+        if t.dtype() != safetensors::Dtype::F32 {
+            return Err(stats_err(path, format!("`{name}` is not f32")));
+        }
+        Ok(t.data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect())
+    };
+    for (key, rows) in &info {
+        let Some(layer) = key.strip_prefix("rows.") else {
+            continue;
+        };
+        let (min, max) = (
+            read(&format!("{layer}.min"))?,
+            read(&format!("{layer}.max"))?,
+        );
+        if min.len() != max.len() {
+            return Err(stats_err(
+                path,
+                format!("`{layer}`: min and max differ in length"),
+            ));
+        }
+        let rows = rows
+            .parse()
+            .map_err(|_| stats_err(path, format!("`{key}` is not a count")))?;
+        stats
+            .layers
+            .insert(layer.to_string(), ChannelStats { min, max, rows });
+    }
+    Ok(stats)
+}
+
+/// What [`quantize`] decided, from the passes' notes.
+#[derive(Clone, Debug, Default)]
+pub struct QuantizeReport {
+    pub notes: Vec<Note>,
+}
+
+impl QuantizeReport {
+    /// The layers made integer, in graph order.
+    pub fn quantized_layers(&self) -> Vec<String> {
+        self.notes
+            .iter()
+            .filter(|n| n.pass == "QuantizeLinears" && n.kind == NoteKind::Fired)
+            .map(|n| n.node.clone())
+            .collect()
+    }
+
+    /// The layers left in FP32, with the reason.
+    pub fn kept_fp32(&self) -> Vec<(String, String)> {
+        self.notes
+            .iter()
+            .filter(|n| n.pass == "QuantizeLinears" && n.kind == NoteKind::Declined)
+            .map(|n| (n.node.clone(), n.message.clone()))
+            .collect()
+    }
+}
+
+fn run_quantize(
+    model: &Model,
+    stats: Option<&CalibrationStats>,
+    opts: &QuantizeOptions,
+    fuse: bool,
+) -> Result<(Graph, QuantizeReport), Error> {
+    let mut g = model.graph().clone();
+    passes::Pipeline::declutter().run(&mut g, &mut passes::RunOptions::default())?;
+    let mut run = passes::RunOptions {
+        context: passes::PassContext {
+            quant: opts.clone(),
+            stats,
+            report: passes::Report::default(),
+        },
+        ..passes::RunOptions::default()
+    };
+    passes::Pipeline::quantize().run(&mut g, &mut run)?;
+    let report = QuantizeReport {
+        notes: run.context.report.notes,
+    };
+    if fuse {
+        passes::Pipeline::fuse().run(&mut g, &mut passes::RunOptions::default())?;
+    }
+    Ok((g, report))
+}
+
+/// The INT8 model: declutter, then the `quantize` pipeline (SmoothQuant and s8 weights with the
+/// statistics, activations as `opts` says), then `fuse`. Static activations need statistics;
+/// dynamic ones quantize every linear layer without them (and skip SmoothQuant).
+pub fn quantize(
+    model: &Model,
+    stats: Option<&CalibrationStats>,
+    opts: &QuantizeOptions,
+) -> Result<(Model, QuantizeReport), Error> {
+    let (g, report) = run_quantize(model, stats, opts, true)?;
+    Ok((Model::from_graph(g)?, report))
+}
+
+/// One vector per sample of the model's first output: the mean over the real tokens when it is
+/// `[batch, seq, hidden]` and the batch has a mask, else its rows.
+fn sample_vectors(out: &TensorValue, real: Option<&[bool]>) -> Vec<Vec<f32>> {
+    let Some(v) = out.as_f32() else {
+        return Vec::new();
+    };
+    let sh = out.shape();
+    match (sh.len(), real) {
+        (3, Some(m)) if m.len() == sh[0] * sh[1] => (0..sh[0])
+            .map(|b| {
+                let mut acc = vec![0f32; sh[2]];
+                let mut n = 0;
+                for s in 0..sh[1] {
+                    if m[b * sh[1] + s] {
+                        let row = &v[(b * sh[1] + s) * sh[2]..][..sh[2]];
+                        acc.iter_mut().zip(row).for_each(|(a, x)| *a += x);
+                        n += 1;
+                    }
+                }
+                acc.iter_mut().for_each(|a| *a /= n.max(1) as f32);
+                acc
+            })
+            .collect(),
+        _ => {
+            let last = sh.last().copied().unwrap_or(1).max(1);
+            v.chunks(last).map(|c| c.to_vec()).collect()
+        }
+    }
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    if na == 0.0 && nb == 0.0 {
+        1.0
+    } else {
+        dot / (na * nb).max(f64::MIN_POSITIVE)
+    }
+}
+
+/// Mean cosine between the two models' per-sample outputs (see [`sample_vectors`]) on `batches`.
+pub fn mean_cosine(
+    reference: &Session,
+    candidate: &Session,
+    batches: &[CalibrationBatch],
+) -> Result<f64, Error> {
+    let (mut sum, mut n) = (0.0, 0usize);
+    for b in batches {
+        let r = reference.run(&b.feed_refs())?;
+        let c = candidate.run(&b.feed_refs())?;
+        let rv = sample_vectors(&r[0].1, b.real_rows.as_deref());
+        let cv = sample_vectors(&c[0].1, b.real_rows.as_deref());
+        for (x, y) in rv.iter().zip(&cv) {
+            sum += cosine(x, y);
+            n += 1;
+        }
+    }
+    Ok(if n == 0 { 1.0 } else { sum / n as f64 })
+}
+
+/// The error each quantized layer makes on its own: for every `QLinear` of `quantized` (not
+/// fused), `‖x·W − dequant(quant(x)·W_q)‖ / ‖x·W‖` on the FP32 inputs `x` the layer sees in the
+/// FP32 model (at most `max_rows` real rows per layer), largest first.
+pub fn layer_errors(
+    fp32: &Model,
+    quantized_unfused: &Graph,
+    batches: &[CalibrationBatch],
+    threads: usize,
+    max_rows: usize,
+) -> Result<Vec<(String, f64)>, Error> {
+    let session = Session::new(
+        fp32,
+        CompileOptions {
+            threads,
+            fuse: false,
+            ..CompileOptions::default()
+        },
+    )?;
+    let g = quantized_unfused;
+    // The quantized layers by name: (act, w_q, w_scale, inv_smooth).
+    #[allow(clippy::type_complexity)]
+    let mut layers: BTreeMap<String, (ActQuant, Vec<i8>, Vec<f32>, Option<Vec<f32>>, usize)> =
+        BTreeMap::new();
+    for id in g.node_ids() {
+        let Op::QLinear { act, smooth, .. } = g.node(id).op else {
+            continue;
+        };
+        let ins = g.node_inputs(id);
+        let (Some(w), Some(ws)) = (g.const_value(ins[1]), g.const_value(ins[2])) else {
+            continue;
+        };
+        let n = w.shape()[1];
+        let inv = if smooth {
+            g.const_value(ins[3]).and_then(|t| t.to_f32_vec().ok())
+        } else {
+            None
+        };
+        layers.insert(
+            g.node(id).name.clone(),
+            (act, w.to_vec::<i8>()?, ws.to_f32_vec()?, inv, n),
+        );
+    }
+    let mut rows: HashMap<String, Vec<f32>> = HashMap::new();
+    let mut k_of: HashMap<String, usize> = HashMap::new();
+    for b in batches {
+        let real = b.real_rows.as_deref();
+        let mut observe = |name: &str, x: &TensorValue| {
+            if !layers.contains_key(name) {
+                return;
+            }
+            let (Some(xv), Some(&k)) = (x.as_f32(), x.shape().last()) else {
+                return;
+            };
+            let buf = rows.entry(name.to_string()).or_default();
+            k_of.insert(name.to_string(), k);
+            for r in counted_rows(xv, k, real) {
+                if buf.len() / k.max(1) < max_rows {
+                    buf.extend_from_slice(r);
+                }
+            }
+        };
+        session.run_observed(&b.feed_refs(), &mut observe)?;
+    }
+    // The FP32 weights, by layer name, from the decluttered FP32 graph.
+    let mut fp = fp32.graph().clone();
+    passes::Pipeline::declutter().run(&mut fp, &mut passes::RunOptions::default())?;
+    let mut out = Vec::new();
+    for id in fp.node_ids() {
+        if fp.node(id).op != Op::Linear {
+            continue;
+        }
+        let name = &fp.node(id).name;
+        let (Some((act, wq, ws, inv, n)), Some(x), Some(&k)) =
+            (layers.get(name), rows.get(name), k_of.get(name))
+        else {
+            continue;
+        };
+        let Some(w) = fp
+            .const_value(fp.node_inputs(id)[1])
+            .and_then(|t| t.to_f32_vec().ok())
+        else {
+            continue;
+        };
+        let m = x.len() / k;
+        let q = quantize_rows(x, m, k, inv.as_deref(), *act);
+        let (mut err, mut norm) = (0f64, 0f64);
+        for r in 0..m {
+            let (s, z) = if q.scales.len() == 1 {
+                (q.scales[0], q.zeros[0])
+            } else {
+                (q.scales[r], q.zeros[r])
+            };
+            for c in 0..*n {
+                let (mut exact, mut acc) = (0f64, 0i64);
+                for j in 0..k {
+                    exact += x[r * k + j] as f64 * w[j * n + c] as f64;
+                    acc += (q.data[r * k + j] as i64 - z as i64) * wq[j * n + c] as i64;
+                }
+                let wsc = if ws.len() == 1 { ws[0] } else { ws[c] };
+                let approx = acc as f64 * s as f64 * wsc as f64;
+                err += (approx - exact).powi(2);
+                norm += exact.powi(2);
+            }
+        }
+        out.push((name.clone(), (err / norm.max(f64::MIN_POSITIVE)).sqrt()));
+    }
+    out.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok(out)
+}
+
+/// What [`quantize_with_gate`] did.
+#[derive(Clone, Debug)]
+pub struct GateOutcome {
+    /// Mean held-back cosine of the first INT8 model, before the gate kept anything.
+    pub first_cosine: f64,
+    /// Mean held-back cosine of the returned model.
+    pub cosine: f64,
+    /// Layers the gate kept in FP32, worst first, with their own error.
+    pub kept: Vec<(String, f64)>,
+}
+
+/// [`quantize`], then, while the mean cosine of the INT8 to the FP32 outputs on `held_back` is
+/// below `min_cosine`, keeps in FP32 the quantized layer with the largest own error
+/// ([`layer_errors`]) and quantizes again.
+pub fn quantize_with_gate(
+    model: &Model,
+    stats: Option<&CalibrationStats>,
+    opts: &QuantizeOptions,
+    held_back: &[CalibrationBatch],
+    min_cosine: Option<f64>,
+    threads: usize,
+) -> Result<(Model, QuantizeReport, GateOutcome), Error> {
+    let compile = CompileOptions {
+        threads,
+        ..CompileOptions::default()
+    };
+    let reference = Session::new(model, compile.clone())?;
+    let mut opts = opts.clone();
+    let (mut q, mut report) = quantize(model, stats, &opts)?;
+    let mut cos = mean_cosine(&reference, &Session::new(&q, compile.clone())?, held_back)?;
+    let first_cosine = cos;
+    let mut kept = Vec::new();
+    if let Some(floor) = min_cosine {
+        if cos < floor {
+            let (unfused, _) = run_quantize(model, stats, &opts, false)?;
+            let ranked = layer_errors(model, &unfused, held_back, threads, 256)?;
+            for (layer, err) in ranked {
+                if cos >= floor {
+                    break;
+                }
+                opts.keep_fp32.push(layer.clone());
+                kept.push((layer, err));
+                (q, report) = quantize(model, stats, &opts)?;
+                cos = mean_cosine(&reference, &Session::new(&q, compile.clone())?, held_back)?;
+            }
+        }
+    }
+    Ok((
+        q,
+        report,
+        GateOutcome {
+            first_cosine,
+            cosine: cos,
+            kept,
+        },
+    ))
+}

@@ -1,0 +1,434 @@
+//! `encore embed`: a file of texts in, an `.npy` of sentence embeddings out, in input order.
+//!
+//! The file is read twice and never held whole: a first pass checks every line and counts the
+//! texts (so a bad line fails before any compute, and the progress bar knows its length), the
+//! second embeds windows of [`WINDOW_BATCHES`] batches, each sorted by length so that a batch
+//! pads little, and appends the rows of each window in input order.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use runtime::text::{Padding, Tokenizer, TokenizerOptions};
+use runtime::{CompileOptions, Model, Session, TensorValue};
+
+use crate::error::CliError;
+
+/// Batches per sorting window: texts are sorted by length within `WINDOW_BATCHES * batch_size`
+/// consecutive texts.
+pub const WINDOW_BATCHES: usize = 16;
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Pooling {
+    /// The mean of `last_hidden_state` over the real tokens (sentence-transformers pooling).
+    Mean,
+    /// The first token's (`[CLS]`) vector.
+    Cls,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// From the file name: `.jsonl` / `.ndjson` are JSONL, `.txt` one text per line.
+    Auto,
+    /// One JSON object per line with the text in `--text-field`.
+    Jsonl,
+    /// One text per line.
+    Txt,
+}
+
+#[derive(Args)]
+pub struct EmbedArgs {
+    /// The model (ONNX, or anything `Model::load` opens).
+    #[arg(long)]
+    model: PathBuf,
+    /// A `tokenizer.json` (Hugging Face tokenizers format).
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// The texts: `.jsonl` (one object per line, text in --text-field) or `.txt` (one per line).
+    #[arg(long)]
+    input: PathBuf,
+    /// The `.npy` to write: f32 [texts, hidden], rows in input order.
+    #[arg(long)]
+    output: PathBuf,
+    /// How token vectors become one vector per text.
+    #[arg(long, value_enum, default_value = "mean")]
+    pooling: Pooling,
+    /// L2-normalise each embedding.
+    #[arg(long)]
+    normalize: bool,
+    /// Texts per run.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Truncate texts to this many tokens, special tokens included.
+    #[arg(long, default_value_t = 256)]
+    max_length: usize,
+    /// Worker threads (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// The JSONL field holding the text.
+    #[arg(long, default_value = "text")]
+    text_field: String,
+    /// The input format.
+    #[arg(long, value_enum, default_value = "auto")]
+    format: Format,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CliError + '_ {
+    move |source| CliError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn line_err(path: &Path, line: usize, message: impl Into<String>) -> CliError {
+    CliError::Runtime(runtime::Error::DataLine {
+        path: path.to_path_buf(),
+        line,
+        message: message.into(),
+    })
+}
+
+/// The lines of a text file, read one at a time.
+struct Texts {
+    path: PathBuf,
+    jsonl: bool,
+    field: String,
+    lines: std::io::Lines<BufReader<File>>,
+    line: usize,
+}
+
+impl Texts {
+    fn open(path: &Path, jsonl: bool, field: &str) -> Result<Texts, CliError> {
+        let file = File::open(path).map_err(io_err(path))?;
+        Ok(Texts {
+            path: path.to_path_buf(),
+            jsonl,
+            field: field.to_string(),
+            lines: BufReader::new(file).lines(),
+            line: 0,
+        })
+    }
+
+    /// The text of one line (1-based `line`): checked, never empty.
+    fn parse(&self, raw: &str) -> Result<String, CliError> {
+        let line = self.line;
+        let text = if self.jsonl {
+            let v: serde_json::Value = if raw.trim().is_empty() {
+                return Err(line_err(&self.path, line, "empty line"));
+            } else {
+                serde_json::from_str(raw)
+                    .map_err(|e| line_err(&self.path, line, format!("not valid JSON: {e}")))?
+            };
+            let obj = v
+                .as_object()
+                .ok_or_else(|| line_err(&self.path, line, "not a JSON object"))?;
+            match obj.get(&self.field) {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(_) => {
+                    return Err(line_err(
+                        &self.path,
+                        line,
+                        format!("field `{}` is not a string", self.field),
+                    ))
+                }
+                None => {
+                    return Err(line_err(
+                        &self.path,
+                        line,
+                        format!("no field `{}`", self.field),
+                    ))
+                }
+            }
+        } else {
+            raw.strip_suffix('\r').unwrap_or(raw).to_string()
+        };
+        if text.trim().is_empty() {
+            return Err(line_err(
+                &self.path,
+                line,
+                if self.jsonl {
+                    format!("field `{}` is empty", self.field)
+                } else {
+                    "empty line".to_string()
+                },
+            ));
+        }
+        Ok(text)
+    }
+}
+
+impl Iterator for Texts {
+    type Item = Result<String, CliError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let raw = self.lines.next()?;
+        self.line += 1;
+        Some(match raw {
+            Ok(r) => self.parse(&r),
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                Err(line_err(&self.path, self.line, "not valid UTF-8"))
+            }
+            Err(e) => Err(io_err(&self.path)(e)),
+        })
+    }
+}
+
+fn is_jsonl(args: &EmbedArgs) -> Result<bool, CliError> {
+    match args.format {
+        Format::Jsonl => Ok(true),
+        Format::Txt => Ok(false),
+        Format::Auto => {
+            let ext = args
+                .input
+                .extension()
+                .and_then(|e| e.to_str())
+                .map(str::to_ascii_lowercase);
+            match ext.as_deref() {
+                Some("jsonl" | "ndjson") => Ok(true),
+                Some("txt") => Ok(false),
+                _ => Err(CliError::usage(
+                    "--input",
+                    format!(
+                        "{}: cannot tell the format from the name; use .jsonl or .txt, or pass --format",
+                        args.input.display()
+                    ),
+                )),
+            }
+        }
+    }
+}
+
+/// Pools `hidden` `[B, S, H]` into `[B, H]`.
+fn pool(
+    hidden: &TensorValue,
+    mask: &TensorValue,
+    pooling: Pooling,
+) -> Result<TensorValue, CliError> {
+    if hidden.rank() != 3 {
+        return Err(CliError::usage(
+            "--pooling",
+            format!(
+                "pooling needs a [batch, sequence, hidden] output, got {:?}",
+                hidden.shape()
+            ),
+        ));
+    }
+    Ok(match pooling {
+        Pooling::Mean => runtime::text::mean_pool(hidden, mask)?,
+        Pooling::Cls => {
+            let (b, s, h) = (hidden.shape()[0], hidden.shape()[1], hidden.shape()[2]);
+            let v = hidden.typed::<f32>()?;
+            let rows = (0..b)
+                .flat_map(|i| v[i * s * h..i * s * h + h].iter().copied())
+                .collect();
+            TensorValue::from_f32(vec![b, h], rows)?
+        }
+    })
+}
+
+/// The `.npy` 1.0 header of a C-order little-endian f32 array `[rows, cols]`.
+fn npy_header(rows: usize, cols: usize) -> Vec<u8> {
+    let mut dict =
+        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
+    // Magic (6) + version (2) + length (2) + dict + '\n' is padded to a multiple of 64.
+    let total = 10 + dict.len() + 1;
+    dict.push_str(&" ".repeat((64 - total % 64) % 64));
+    dict.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    out.extend_from_slice(dict.as_bytes());
+    out
+}
+
+/// Embeds texts one batch at a time: tokenizer, session, pooling.
+struct Embedder {
+    session: Session,
+    tokenizer: Tokenizer,
+    output: String,
+    pooling: Pooling,
+    normalize: bool,
+}
+
+impl Embedder {
+    fn embed(&self, texts: &[&str]) -> Result<TensorValue, CliError> {
+        let enc = self.tokenizer.encode(texts)?;
+        let out = self.session.run(&enc.feeds(&self.session))?;
+        let hidden = out
+            .into_iter()
+            .find(|(n, _)| *n == self.output)
+            .map(|(_, t)| t)
+            .ok_or_else(|| CliError::usage("--model", "the model has no outputs"))?;
+        let mut pooled = pool(&hidden, &enc.attention_mask, self.pooling)?;
+        if self.normalize {
+            pooled = runtime::text::l2_normalize(&pooled)?;
+        }
+        Ok(pooled)
+    }
+
+    /// The embeddings of `texts` (sorted by length into batches), rows in `texts` order.
+    fn embed_window(
+        &self,
+        texts: &[String],
+        batch_size: usize,
+        bar: &ProgressBar,
+    ) -> Result<(usize, Vec<f32>), CliError> {
+        let mut order: Vec<usize> = (0..texts.len()).collect();
+        order.sort_by_key(|&i| texts[i].len());
+        let mut hidden = 0;
+        let mut out = Vec::new();
+        for chunk in order.chunks(batch_size) {
+            let batch: Vec<&str> = chunk.iter().map(|&i| texts[i].as_str()).collect();
+            let e = self.embed(&batch)?;
+            let h = e.shape()[1];
+            if out.is_empty() {
+                hidden = h;
+                out = vec![0.0f32; texts.len() * h];
+            }
+            let v = e.typed::<f32>()?;
+            for (r, &i) in chunk.iter().enumerate() {
+                out[i * h..(i + 1) * h].copy_from_slice(&v[r * h..(r + 1) * h]);
+            }
+            bar.inc(chunk.len() as u64);
+        }
+        Ok((hidden, out))
+    }
+}
+
+pub fn run(args: EmbedArgs) -> Result<(), CliError> {
+    if args.batch_size == 0 {
+        return Err(CliError::usage("--batch-size", "must be at least 1"));
+    }
+    let jsonl = is_jsonl(&args)?;
+    // First pass: every line checked, texts counted.
+    let mut count = 0usize;
+    for t in Texts::open(&args.input, jsonl, &args.text_field)? {
+        t?;
+        count += 1;
+    }
+    if count == 0 {
+        return Err(CliError::Runtime(runtime::Error::Data {
+            path: args.input.clone(),
+            message: "no texts (the file is empty)".into(),
+        }));
+    }
+
+    let tokenizer = Tokenizer::from_file(
+        &args.tokenizer,
+        TokenizerOptions {
+            max_length: Some(args.max_length),
+            padding: Padding::Longest,
+        },
+    )?;
+    let model = Model::load(&args.model)?;
+    let session = Session::new(
+        &model,
+        CompileOptions {
+            threads: args
+                .threads
+                .unwrap_or_else(|| CompileOptions::default().threads)
+                .max(1),
+            ..Default::default()
+        },
+    )?;
+    let names = session.output_names();
+    let output = names
+        .iter()
+        .find(|n| *n == "last_hidden_state")
+        .or(names.first())
+        .cloned()
+        .unwrap_or_default();
+    let embedder = Embedder {
+        session,
+        tokenizer,
+        output,
+        pooling: args.pooling,
+        normalize: args.normalize,
+    };
+
+    let bar = if args.quiet || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        let b = ProgressBar::new(count as u64);
+        b.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} texts  {per_sec}  eta {eta}")
+                .expect("a valid progress template"),
+        );
+        b
+    };
+
+    // Written beside the target and renamed at the end: a failure leaves no truncated .npy.
+    let partial = {
+        let mut name = args.output.file_name().unwrap_or_default().to_os_string();
+        name.push(".partial");
+        args.output.with_file_name(name)
+    };
+    let result = write_embeddings(&args, jsonl, count, &embedder, &bar, &partial);
+    bar.finish_and_clear();
+    match result {
+        Ok(hidden) => {
+            std::fs::rename(&partial, &args.output).map_err(io_err(&args.output))?;
+            eprintln!("wrote f32 [{count}, {hidden}] {}", args.output.display());
+            Ok(())
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            Err(e)
+        }
+    }
+}
+
+/// Second pass: embeds window by window and writes the `.npy`; returns the hidden size.
+fn write_embeddings(
+    args: &EmbedArgs,
+    jsonl: bool,
+    count: usize,
+    embedder: &Embedder,
+    bar: &ProgressBar,
+    path: &Path,
+) -> Result<usize, CliError> {
+    let mut file = BufWriter::new(File::create(path).map_err(io_err(path))?);
+    let window = args.batch_size.saturating_mul(WINDOW_BATCHES);
+    let mut texts = Texts::open(&args.input, jsonl, &args.text_field)?;
+    let mut hidden = None;
+    let mut written = 0;
+    loop {
+        let chunk: Vec<String> = texts.by_ref().take(window).collect::<Result<_, _>>()?;
+        if chunk.is_empty() {
+            break;
+        }
+        let (h, rows) = embedder.embed_window(&chunk, args.batch_size, bar)?;
+        match hidden {
+            None => {
+                file.write_all(&npy_header(count, h))
+                    .map_err(io_err(path))?;
+                hidden = Some(h);
+            }
+            Some(prev) if prev != h => {
+                return Err(CliError::usage(
+                    "--model",
+                    format!("embeddings of {prev} and then {h} values"),
+                ))
+            }
+            Some(_) => {}
+        }
+        let bytes: Vec<u8> = rows.iter().flat_map(|x| x.to_le_bytes()).collect();
+        file.write_all(&bytes).map_err(io_err(path))?;
+        written += chunk.len();
+    }
+    if written != count {
+        return Err(CliError::usage(
+            "--input",
+            format!(
+                "{} changed while being read: {count} texts, then {written}",
+                args.input.display()
+            ),
+        ));
+    }
+    file.flush().map_err(io_err(path))?;
+    Ok(hidden.unwrap_or(0))
+}

@@ -1,0 +1,316 @@
+//! `encore quantize`: calibrate on text (or random ids), SmoothQuant, quantize, fuse, and write one
+//! compiled `.encore` file; with an accuracy gate on held-back calibration text.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use runtime::quantize::{
+    calibrate, load_stats, quantize_with_gate, save_stats, ActivationMode, CalibrationBatch,
+    QuantizeOptions,
+};
+use runtime::text::{Padding, Tokenizer, TokenizerOptions};
+use runtime::{CompileOptions, Model, Session, TensorValue};
+
+use crate::error::CliError;
+
+#[derive(Args)]
+pub struct QuantizeArgs {
+    /// The FP32 ONNX model.
+    #[arg(long)]
+    model: PathBuf,
+    /// Where to write the compiled INT8 model (one file; `Model::load` opens it).
+    #[arg(long)]
+    out: PathBuf,
+    /// The tokenizer (tokenizer.json) for --calibration text.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Calibration text: JSONL with a `text` field, or one text per line.
+    #[arg(long)]
+    calibration: Option<PathBuf>,
+    /// Calibrate on this many random-id sequences instead of text (models without a tokenizer).
+    #[arg(long)]
+    random_calibration: Option<usize>,
+    /// Sequence length of random calibration.
+    #[arg(long, default_value_t = 128)]
+    seq: usize,
+    /// Calibration texts to use (the first N of the file).
+    #[arg(long, default_value_t = 512)]
+    samples: usize,
+    /// Of those, held back for the accuracy report and gate (not used for calibration).
+    #[arg(long, default_value_t = 64)]
+    held_back: usize,
+    /// Sequences per calibration batch.
+    #[arg(long, default_value_t = 16)]
+    batch_size: usize,
+    /// Longest calibration sequence in tokens.
+    #[arg(long, default_value_t = 256)]
+    max_length: usize,
+    /// SmoothQuant strength in [0, 1]; 0 turns SmoothQuant off.
+    #[arg(long, default_value_t = 0.5)]
+    alpha: f32,
+    /// Activation quantization: `dynamic` (per token, batch-invariant) or `static` (per tensor).
+    #[arg(long, default_value = "dynamic")]
+    activations: String,
+    /// Layers kept in FP32: comma-separated substrings of their node names.
+    #[arg(long, value_delimiter = ',')]
+    keep_fp32: Vec<String>,
+    /// Accuracy gate: keep the worst layers in FP32 until the held-back mean cosine of INT8 to
+    /// FP32 outputs reaches this.
+    #[arg(long)]
+    min_cosine: Option<f64>,
+    /// Write the calibration statistics here (safetensors).
+    #[arg(long)]
+    stats_out: Option<PathBuf>,
+    /// Use these statistics instead of calibrating.
+    #[arg(long)]
+    stats_in: Option<PathBuf>,
+    /// Worker threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// The texts of a JSONL (`text` field) or plain text file, in order.
+fn read_texts(path: &PathBuf) -> Result<Vec<String>, CliError> {
+    let body = std::fs::read_to_string(path)
+        .map_err(|e| CliError::usage("--calibration", format!("{}: {e}", path.display())))?;
+    let jsonl = path
+        .extension()
+        .is_some_and(|e| e == "jsonl" || e == "ndjson");
+    let mut texts = Vec::new();
+    for (i, line) in body.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let text = if jsonl {
+            let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+                CliError::usage(
+                    "--calibration",
+                    format!("{}:{}: {e}", path.display(), i + 1),
+                )
+            })?;
+            v["text"]
+                .as_str()
+                .ok_or_else(|| {
+                    CliError::usage(
+                        "--calibration",
+                        format!("{}:{}: no string field `text`", path.display(), i + 1),
+                    )
+                })?
+                .to_string()
+        } else {
+            line.to_string()
+        };
+        texts.push(text);
+    }
+    if texts.is_empty() {
+        return Err(CliError::usage(
+            "--calibration",
+            format!("{}: no texts", path.display()),
+        ));
+    }
+    Ok(texts)
+}
+
+fn text_batches(
+    tokenizer: &Tokenizer,
+    session: &Session,
+    texts: &[String],
+    batch_size: usize,
+) -> Result<Vec<CalibrationBatch>, CliError> {
+    // Similar lengths together: less padding to compute (padding is never counted).
+    let mut order: Vec<usize> = (0..texts.len()).collect();
+    order.sort_by_key(|&i| texts[i].len());
+    let mut out = Vec::new();
+    for chunk in order.chunks(batch_size.max(1)) {
+        let t: Vec<&str> = chunk.iter().map(|&i| texts[i].as_str()).collect();
+        let enc = tokenizer.encode(&t)?;
+        let feeds = enc
+            .feeds(session)
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        out.push(CalibrationBatch::from_feeds(feeds));
+    }
+    Ok(out)
+}
+
+/// Random ids in [5, vocab) with a full mask, token type 0, as `encore bench` feeds them.
+fn random_batches(
+    session: &Session,
+    samples: usize,
+    seq: usize,
+    batch_size: usize,
+) -> Result<Vec<CalibrationBatch>, CliError> {
+    let vocab = session.lookup_rows("input_ids").unwrap_or(1000).max(6);
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut out = Vec::new();
+    let mut left = samples;
+    while left > 0 {
+        let b = left.min(batch_size.max(1));
+        left -= b;
+        let ids: Vec<i64> = (0..b * seq)
+            .map(|_| 5 + (next() % (vocab as u64 - 5)) as i64)
+            .collect();
+        let mut feeds = Vec::new();
+        for spec in session.inputs() {
+            let v = match spec.name.as_str() {
+                "input_ids" => ids.clone(),
+                "attention_mask" => vec![1; b * seq],
+                _ => vec![0; b * seq],
+            };
+            feeds.push((spec.name.clone(), TensorValue::from_i64(vec![b, seq], v)?));
+        }
+        out.push(CalibrationBatch::from_feeds(feeds));
+    }
+    Ok(out)
+}
+
+pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
+    let activations = match args.activations.as_str() {
+        "dynamic" => ActivationMode::Dynamic,
+        "static" => ActivationMode::Static,
+        other => {
+            return Err(CliError::usage(
+                "--activations",
+                format!("`{other}`: expected static or dynamic"),
+            ))
+        }
+    };
+    if !(0.0..=1.0).contains(&args.alpha) {
+        return Err(CliError::usage("--alpha", "must lie in [0, 1]"));
+    }
+    let model = Model::load(&args.model)?;
+    let probe = Session::new(
+        &model,
+        CompileOptions {
+            threads: args.threads,
+            ..CompileOptions::default()
+        },
+    )?;
+    let (mut batches, held_back) = match (&args.calibration, args.random_calibration) {
+        (Some(path), None) => {
+            let tok_path = args.tokenizer.as_ref().ok_or_else(|| {
+                CliError::usage("--tokenizer", "needed to tokenize --calibration text")
+            })?;
+            let tokenizer = Tokenizer::from_file(
+                tok_path,
+                TokenizerOptions {
+                    max_length: Some(args.max_length),
+                    padding: Padding::Longest,
+                },
+            )?;
+            let mut texts = read_texts(path)?;
+            texts.truncate(args.samples);
+            let hold = args.held_back.min(texts.len() / 2);
+            let held: Vec<String> = texts.split_off(texts.len() - hold);
+            (
+                text_batches(&tokenizer, &probe, &texts, args.batch_size)?,
+                text_batches(&tokenizer, &probe, &held, args.batch_size)?,
+            )
+        }
+        (None, Some(n)) => {
+            let hold = args.held_back.min(n / 2);
+            let mut all = random_batches(&probe, n, args.seq, args.batch_size)?;
+            let held_batches = hold.div_ceil(args.batch_size.max(1)).min(all.len() / 2);
+            let held = all.split_off(all.len() - held_batches);
+            (all, held)
+        }
+        _ => {
+            return Err(CliError::usage(
+                "--calibration",
+                "give either --calibration FILE (with --tokenizer) or --random-calibration N",
+            ))
+        }
+    };
+    drop(probe);
+    let stats = match &args.stats_in {
+        Some(p) => load_stats(p)?,
+        None => {
+            let bar = if args.quiet {
+                ProgressBar::hidden()
+            } else {
+                ProgressBar::new(batches.len() as u64)
+            };
+            bar.set_style(
+                ProgressStyle::with_template("calibrating {bar:40} {pos}/{len} batches {elapsed}")
+                    .expect("valid template"),
+            );
+            let t0 = std::time::Instant::now();
+            let s = calibrate(&model, &batches, args.threads, &mut |done, _| {
+                bar.set_position(done as u64)
+            })?;
+            bar.finish_and_clear();
+            eprintln!(
+                "calibrated {} layers on {} batches in {:.1} s",
+                s.layers.len(),
+                batches.len(),
+                t0.elapsed().as_secs_f64()
+            );
+            s
+        }
+    };
+    batches.clear();
+    if let Some(p) = &args.stats_out {
+        save_stats(&stats, p)?;
+    }
+    let opts = QuantizeOptions {
+        alpha: args.alpha,
+        smooth: args.alpha > 0.0,
+        activations,
+        keep_fp32: args.keep_fp32.clone(),
+        ..QuantizeOptions::default()
+    };
+    let (q, report, gate) = quantize_with_gate(
+        &model,
+        Some(&stats),
+        &opts,
+        &held_back,
+        args.min_cosine,
+        args.threads,
+    )?;
+    q.save(&args.out)?;
+    let quantized = report.quantized_layers();
+    let kept = report.kept_fp32();
+    println!(
+        "quantized {} linear layers (s8 weights per channel, {} activations{})",
+        quantized.len(),
+        args.activations,
+        if opts.smooth {
+            format!(", SmoothQuant alpha {}", args.alpha)
+        } else {
+            String::new()
+        }
+    );
+    for (layer, why) in &kept {
+        println!("kept in FP32: {layer}: {why}");
+    }
+    for (layer, err) in &gate.kept {
+        println!("  (gate) {layer}: own relative error {err:.4}");
+    }
+    println!(
+        "held-back mean cosine INT8 vs FP32: {:.5}{}",
+        gate.cosine,
+        if gate.kept.is_empty() {
+            String::new()
+        } else {
+            format!(" (before the gate: {:.5})", gate.first_cosine)
+        }
+    );
+    if let Some(floor) = args.min_cosine {
+        if gate.cosine < floor {
+            eprintln!("warning: the gate could not reach {floor} even with every layer kept");
+        }
+    }
+    println!("wrote {}", args.out.display());
+    Ok(())
+}
