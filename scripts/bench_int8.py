@@ -1,0 +1,973 @@
+#!/usr/bin/env python3
+"""INT8 throughput of encore beside ONNX Runtime and OpenVINO+NNCF, in one interleaved run.
+
+Usage (from anywhere; paths are relative to the repository root):
+
+    python3 scripts/bench_int8.py                              # bert-base, batch 1/8/32, seq 128, 2 threads
+    python3 scripts/bench_int8.py --batches 1,8 --rounds 1 --seconds 3 --out int8.json
+    python3 scripts/bench_int8.py --model m.onnx               # an existing model, no build-model
+    python3 scripts/bench_int8.py --skip openvino-fp32,ort-fp32
+
+What it does:
+
+1. Creates a virtualenv (default .venv-int8-bench in the repository root, `python3 -m venv`),
+   installs scripts/requirements-int8-bench.txt (pinned onnxruntime, onnx, sympy, numpy, openvino, nncf)
+   and re-runs itself inside it. `--no-venv` uses the running Python as it is.
+2. Builds the encore CLI (`cargo build --release --bin encore`) once and copies the executable
+   into the work folder, so that a rebuild by someone else during the run cannot swap it; then
+   writes the model with `encore build-model --preset bert-base --out <dir>/bert-base.onnx`.
+3. Prepares each engine (a failure here marks that engine failed, shows why, and the others go on):
+   - encore-fp32:        nothing;
+   - encore-int8:        `encore quantize --model M --random-calibration 64 --seq S --out <dir>/<name>.int8.encore`;
+   - ort-fp32:           onnxruntime session, intra_op_num_threads=T, inter_op_num_threads=1,
+                         ORT_ENABLE_ALL, sequential execution;
+   - ort-int8-dynamic:   `quant_pre_process` (again with skip_symbolic_shape=True when symbolic shape
+                         inference gives up, as it does on build-model's BERT; skipped with a note
+                         when that fails too), `quantize_dynamic(weight_type=QInt8)`, then a
+                         session as for ort-fp32;
+   - openvino-fp32:      `core.read_model(M)`, reshaped to each (batch, seq) and compiled for CPU with
+                         INFERENCE_NUM_THREADS=T, PERFORMANCE_HINT=LATENCY, NUM_STREAMS=1 and
+                         INFERENCE_PRECISION_HINT=f32 (OpenVINO's default on bf16/AMX CPUs is bf16;
+                         `--ov-precision default` keeps the default);
+   - openvino-int8-nncf: `nncf.quantize(model, nncf.Dataset(...), model_type=TRANSFORMER,
+                         target_device=CPU, subset_size=N)` (SmoothQuant on, as NNCF does for
+                         transformers) on `--calibration` random samples at the benchmark's sequence
+                         length, then compiled as openvino-fp32.
+   Also runs `encore hwbench --json --threads T` once for the measured int8 (vpdpbusd) peak of T
+   threads (gops / fraction_of_peak of its int8 rows; the best int8 kernel's GOPS when that is
+   higher, i.e. the short peak loop was slowed; the 1-thread peak times T if T gives none).
+4. For each round, for each batch size, each engine in turn (interleaved): warm-up runs, then
+   timed runs for at least `--seconds` and `--min-runs`, the protocol of `encore bench`. The
+   encore engines are `encore bench --model ... --json`; the others run in this process on random
+   ids in [5, vocab) (vocab from the model's word-embedding table), a full attention mask and
+   token type 0, the same arrays for every engine (encore bench draws its own ids in the same
+   range; with a full mask the values do not change the work done).
+5. Prints the CPU model and its avx512_vnni / avx_vnni / amx flags, then per batch size a table
+   (engine, median seq/s over the rounds, p50 latency, ratio to encore-int8 and to encore-fp32)
+   and a roofline line: GEMM MACs of one BERT-base forward, 12 x (4*768*768 + 2*768*3072 +
+   2*seq*768) per token, and the fraction of the measured int8 peak encore-int8 reached. With
+   `--out FILE`, writes every measurement as JSON.
+
+Exit status: 0 when every engine that was not skipped ran every measurement; 1 when any engine,
+the hwbench peak, or a step before the measurements failed (the message says which, with the end
+of the failing command's output; the other engines are still measured and reported); 2 on bad
+arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+REQUIREMENTS = REPO / "scripts" / "requirements-int8-bench.txt"
+IN_VENV_MARKER = "ENCORE_INT8_BENCH_IN_VENV"
+PROG = "bench_int8"
+
+ENGINES = (
+    "encore-fp32",
+    "encore-int8",
+    "ort-fp32",
+    "ort-int8-dynamic",
+    "openvino-fp32",
+    "openvino-int8-nncf",
+)
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+
+# BERT-base GEMM shapes for the roofline line.
+BERT_LAYERS, BERT_HIDDEN, BERT_FFN = 12, 768, 3072
+
+
+class BenchError(Exception):
+    """A step failed; the message says which and why."""
+
+
+def log(msg: str) -> None:
+    print(f"[{PROG} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def tail(text: str | bytes | None, lines: int = 30) -> str:
+    if text is None:
+        return ""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def run_cmd(cmd: list[str], what: str, timeout: float, cwd: Path = REPO, show_stdout: bool = True) -> str:
+    """Runs `cmd`; raises BenchError naming `what` on a missing program, timeout or failure.
+
+    The error shows the end of stderr, and of stdout unless `show_stdout` is false."""
+    log(f"{what}: {' '.join(cmd)}")
+    try:
+        p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, check=False)
+    except FileNotFoundError as e:
+        raise BenchError(f"{what}: cannot run {cmd[0]!r}: {e}") from e
+    except subprocess.TimeoutExpired as e:
+        raise BenchError(
+            f"{what}: timed out after {timeout:.0f} s (raise --timeout)\n{tail(e.stdout)}\n{tail(e.stderr)}"
+        ) from e
+    if p.returncode != 0:
+        out = f"\n--- stdout ---\n{tail(p.stdout)}" if show_stdout else ""
+        raise BenchError(f"{what}: exit status {p.returncode}{out}\n--- stderr ---\n{tail(p.stderr)}")
+    return p.stdout.decode("utf-8", "replace")
+
+
+def last_json_line(out: str, what: str):
+    """The last line of `out` that parses as JSON (an object or an array)."""
+    for line in reversed(out.strip().splitlines()):
+        line = line.strip()
+        if line.startswith(("{", "[")):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BenchError(f"{what} printed invalid JSON: {e}\n{tail(out)}") from e
+    raise BenchError(f"{what} printed no JSON:\n{tail(out)}")
+
+
+def load_1m() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 1: the virtualenv
+
+
+def ensure_venv(args: argparse.Namespace) -> None:
+    """Re-executes this script inside the bench venv, creating and filling it first if needed."""
+    if args.no_venv or os.environ.get(IN_VENV_MARKER) == "1":
+        return
+    venv = Path(args.venv).resolve()
+    py = venv / "bin" / "python"
+    stamp = venv / ".requirements-installed"
+    wanted = REQUIREMENTS.read_text()
+    if not py.exists():
+        log(f"creating virtualenv {venv}")
+        run_cmd([sys.executable, "-m", "venv", str(venv)], "python3 -m venv", timeout=300)
+    if not stamp.exists() or stamp.read_text() != wanted:
+        run_cmd(
+            [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", str(REQUIREMENTS)],
+            "pip install -r scripts/requirements-int8-bench.txt",
+            timeout=args.timeout,
+        )
+        stamp.write_text(wanted)
+    env = dict(os.environ, **{IN_VENV_MARKER: "1"})
+    log(f"re-running inside {venv}")
+    os.execve(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]], env)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 2: the CLI and the model
+
+
+def build_encore(args: argparse.Namespace, workdir: Path) -> Path:
+    if args.encore_bin:
+        exe = Path(args.encore_bin).resolve()
+        if not exe.exists():
+            raise BenchError(f"--encore-bin {exe} does not exist")
+    else:
+        if shutil.which("cargo") is None:
+            raise BenchError("cargo is not on PATH (or pass --encore-bin)")
+        out = run_cmd(
+            ["cargo", "build", "--release", "--bin", "encore", "--message-format=json-render-diagnostics"],
+            "cargo build --release --bin encore",
+            timeout=args.timeout,
+            show_stdout=False,  # cargo's JSON messages; the diagnostics are on stderr
+        )
+        exe = None
+        for line in out.splitlines():
+            try:
+                msg = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if msg.get("reason") == "compiler-artifact" and msg.get("executable") and msg["target"]["name"] == "encore":
+                exe = Path(msg["executable"])
+        if exe is None or not exe.exists():
+            raise BenchError("cargo build finished but reported no `encore` executable")
+    # A private copy: others may rebuild target/release/encore while the rounds run.
+    copy = workdir / "encore"
+    shutil.copy2(exe, copy)
+    log(f"using {exe} (copied to {copy})")
+    return copy
+
+
+def build_model(args: argparse.Namespace, encore: Path, workdir: Path) -> Path:
+    if args.model:
+        model = Path(args.model).resolve()
+        if not model.exists():
+            raise BenchError(f"--model {model} does not exist")
+        return model
+    model = workdir / f"{args.preset}.onnx"
+    t0 = time.perf_counter()
+    run_cmd([str(encore), "build-model", "--preset", args.preset, "--out", str(model)], "encore build-model",
+            timeout=args.timeout)
+    log(f"wrote {model} ({model.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s")
+    return model
+
+
+def model_facts(model: Path) -> dict:
+    """Vocabulary (rows of the table that `input_ids` indexes), hidden size and graph inputs."""
+    import onnx
+
+    m = onnx.load(str(model), load_external_data=False)
+    inits = {t.name: list(t.dims) for t in m.graph.initializer}
+    # Names that carry input_ids (through Cast/Identity/Reshape-like one-input ops).
+    carriers = {"input_ids"}
+    changed = True
+    while changed:
+        changed = False
+        for n in m.graph.node:
+            if n.op_type in ("Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten") and n.input \
+                    and n.input[0] in carriers:
+                for o in n.output:
+                    if o not in carriers:
+                        carriers.add(o)
+                        changed = True
+    vocab = hidden = None
+    for n in m.graph.node:
+        if n.op_type == "Gather" and len(n.input) >= 2 and n.input[1] in carriers and n.input[0] in inits:
+            dims = inits[n.input[0]]
+            if len(dims) == 2:
+                vocab, hidden = dims
+                break
+    if vocab is None:
+        for name, dims in inits.items():
+            if "word_embeddings" in name and len(dims) == 2:
+                vocab, hidden = dims
+                break
+    init_names = set(inits)
+    inputs = [i.name for i in m.graph.input if i.name not in init_names]
+    return {"vocab": vocab, "hidden": hidden, "inputs": inputs}
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 3: engines
+
+
+def timed_loop(args: argparse.Namespace, batch: int, run_once, what: str) -> dict:
+    """`encore bench`'s protocol: warm-up runs, then timed runs for >= --seconds and --min-runs."""
+    for _ in range(args.warmup):
+        run_once()
+    lat = []
+    start = time.perf_counter()
+    while len(lat) < max(args.min_runs, 1) or time.perf_counter() - start < args.seconds:
+        t = time.perf_counter()
+        run_once()
+        lat.append((time.perf_counter() - t) * 1e3)
+        if time.perf_counter() - start > args.timeout:
+            raise BenchError(f"{what} batch {batch}: over --timeout {args.timeout} s")
+    s = sorted(lat)
+
+    def pct(p: float) -> float:
+        return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
+
+    return {
+        "runs": len(lat),
+        "throughput_seq_per_s": len(lat) * batch / (sum(lat) / 1e3),
+        "latency_ms_mean": sum(lat) / len(lat),
+        "latency_ms_p50": pct(50),
+        "latency_ms_p90": pct(90),
+        "latency_ms_p99": pct(99),
+    }
+
+
+class Inputs:
+    """The same random arrays for every in-process engine, one set per batch size."""
+
+    def __init__(self, args: argparse.Namespace, vocab: int, names: list[str]):
+        import numpy as np
+
+        self.np, self.args, self.vocab, self.names = np, args, vocab, names
+        self.cache: dict[int, dict] = {}
+
+    def feeds(self, batch: int) -> dict:
+        if batch not in self.cache:
+            self.cache[batch] = self.make(batch, seed=batch)
+        return self.cache[batch]
+
+    def make(self, batch: int, seed: int) -> dict:
+        np = self.np
+        rng = np.random.default_rng(seed)
+        ids = rng.integers(5, max(self.vocab, 6), size=(batch, self.args.seq), dtype=np.int64)
+        feeds = {
+            "input_ids": ids,
+            "attention_mask": np.ones_like(ids),
+            "token_type_ids": np.zeros_like(ids),
+        }
+        return {k: v for k, v in feeds.items() if k in self.names}
+
+    def calibration(self, n: int) -> list[dict]:
+        return [self.make(1, seed=10_000 + i) for i in range(n)]
+
+
+class Engine:
+    name = ""
+
+    def __init__(self, args: argparse.Namespace, ctx: dict):
+        self.args, self.ctx = args, ctx
+        self.info: dict = {}
+        self.error: str | None = None
+
+    def prepare(self) -> None:
+        pass
+
+    def bench(self, batch: int) -> dict:
+        raise NotImplementedError
+
+
+class EncoreEngine(Engine):
+    precision = "fp32"
+
+    def model_path(self) -> Path:
+        return self.ctx["model"]
+
+    def bench(self, batch: int) -> dict:
+        a = self.args
+        cmd = [
+            str(self.ctx["encore"]), "bench", "--model", str(self.model_path()), "--batch", str(batch),
+            "--seq", str(a.seq), "--threads", str(a.threads), "--seconds", str(a.seconds),
+            "--min-runs", str(a.min_runs), "--warmup", str(a.warmup), "--json",
+        ]
+        out = run_cmd(cmd, f"{self.name} bench batch {batch}", timeout=a.timeout)
+        r = last_json_line(out, f"{self.name}: encore bench")
+        if not isinstance(r, dict):
+            raise BenchError(f"{self.name}: encore bench printed {type(r).__name__}, not an object:\n{tail(out)}")
+        missing = [k for k in ("throughput_seq_per_s", "latency_ms_p50") if k not in r]
+        if missing:
+            raise BenchError(f"{self.name}: encore bench JSON lacks {missing}: {json.dumps(r)}")
+        got = r.get("precision")
+        if got is not None and got != self.precision:
+            raise BenchError(
+                f"{self.name}: encore bench reports \"precision\": {got!r}, expected {self.precision!r}; "
+                f"the measurement would be mislabelled: {json.dumps(r)}"
+            )
+        return r
+
+
+class EncoreFp32(EncoreEngine):
+    name = "encore-fp32"
+
+
+class EncoreInt8(EncoreEngine):
+    name = "encore-int8"
+    precision = "int8"
+
+    def model_path(self) -> Path:
+        return self.quantized
+
+    def prepare(self) -> None:
+        a, model = self.args, self.ctx["model"]
+        self.quantized = self.ctx["workdir"] / f"{model.stem}.int8.encore"
+        cmd = [
+            str(self.ctx["encore"]), "quantize", "--model", str(model),
+            "--random-calibration", str(a.calibration), "--seq", str(a.seq), "--out", str(self.quantized),
+        ]
+        t0 = time.perf_counter()
+        run_cmd(cmd, "encore quantize", timeout=a.timeout)
+        if not self.quantized.exists():
+            raise BenchError(f"encore quantize exited 0 but wrote no {self.quantized}")
+        self.info.update(quantize_s=time.perf_counter() - t0, quantized_bytes=self.quantized.stat().st_size,
+                         quantize_command=" ".join(cmd))
+        log(f"{self.name}: {self.quantized} ({self.quantized.stat().st_size / 1e6:.1f} MB) "
+            f"in {self.info['quantize_s']:.1f} s")
+
+
+class OrtEngine(Engine):
+    name = "ort-fp32"
+
+    def session_model(self) -> Path:
+        return self.ctx["model"]
+
+    def prepare(self) -> None:
+        import onnxruntime as ort
+
+        a = self.args
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = a.threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        path = self.session_model()
+        t0 = time.perf_counter()
+        try:
+            self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        except Exception as e:  # ORT raises its own exception types
+            raise BenchError(f"{self.name}: onnxruntime could not load {path}: {e}") from e
+        self.info["session_load_s"] = time.perf_counter() - t0
+        names = [i.name for i in self.session.get_inputs()]
+        unknown = set(names) - set(INPUT_NAMES)
+        if unknown:
+            raise BenchError(f"{self.name}: the model has inputs the bench cannot fill: {sorted(unknown)}")
+        log(f"{self.name}: session ready in {self.info['session_load_s']:.1f} s")
+
+    def bench(self, batch: int) -> dict:
+        feeds = self.ctx["inputs"].feeds(batch)
+
+        def once():
+            self.session.run(None, feeds)
+
+        try:
+            return timed_loop(self.args, batch, once, self.name)
+        except BenchError:
+            raise
+        except Exception as e:
+            raise BenchError(f"{self.name}: run failed at batch {batch}: {e}") from e
+
+
+class OrtInt8Dynamic(OrtEngine):
+    name = "ort-int8-dynamic"
+
+    def session_model(self) -> Path:
+        return self.quantized
+
+    def prepare(self) -> None:
+        import onnx
+        from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
+
+        model, workdir = self.ctx["model"], self.ctx["workdir"]
+        src = model
+        pre = workdir / f"{model.stem}.ort-preprocessed.onnx"
+        t0 = time.perf_counter()
+        if self.args.ort_preprocess:
+            # The full pre-processing first; symbolic shape inference gives up on some graphs, so
+            # then once more without it; then the original model.
+            notes = []
+            for label, kwargs in (("full", {}), ("skip_symbolic_shape", {"skip_symbolic_shape": True})):
+                try:
+                    quant_pre_process(str(model), str(pre), **kwargs)
+                except Exception as e:
+                    notes.append(f"{label}: {type(e).__name__}: {str(e)[:300]}")
+                    log(f"{self.name}: quant_pre_process failed: {notes[-1]}")
+                    continue
+                src = pre
+                notes.append(f"{label}: ok")
+                log(f"{self.name}: quant_pre_process ({label}) done in {time.perf_counter() - t0:.1f} s")
+                break
+            else:
+                notes.append("quantizing the original model")
+                log(f"{self.name}: quantizing the original model")
+            self.info["pre_process"] = notes
+        else:
+            self.info["pre_process"] = "skipped (--no-ort-preprocess)"
+        self.quantized = workdir / f"{model.stem}.ort-int8-dynamic.onnx"
+        t1 = time.perf_counter()
+        try:
+            quantize_dynamic(str(src), str(self.quantized), weight_type=QuantType.QInt8)
+        except Exception as e:
+            raise BenchError(
+                f"{self.name}: quantize_dynamic failed: {type(e).__name__}: {e}\n{tail(traceback.format_exc(), 12)}"
+            ) from e
+        self.info["quantize_s"] = time.perf_counter() - t1
+        self.info["quantized_bytes"] = self.quantized.stat().st_size
+        ops: dict[str, int] = {}
+        for n in onnx.load(str(self.quantized), load_external_data=False).graph.node:
+            if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear", "QAttention",
+                             "MatMulIntegerToFloat", "DequantizeLinear", "QuantizeLinear"):
+                ops[n.op_type] = ops.get(n.op_type, 0) + 1
+        self.info["quantized_ops"] = ops
+        if not ops:
+            raise BenchError(f"{self.name}: quantize_dynamic left no quantized operators in {self.quantized}")
+        log(f"{self.name}: {self.quantized} ({self.info['quantized_bytes'] / 1e6:.1f} MB, {ops}) "
+            f"in {self.info['quantize_s']:.1f} s")
+        super().prepare()
+
+
+class OpenVinoEngine(Engine):
+    name = "openvino-fp32"
+
+    def ov_model(self, core):
+        return core.read_model(str(self.ctx["model"]))
+
+    def config(self) -> dict:
+        c = {"INFERENCE_NUM_THREADS": self.args.threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+        if self.args.ov_precision != "default":
+            c["INFERENCE_PRECISION_HINT"] = self.args.ov_precision
+        return c
+
+    def prepare(self) -> None:
+        import openvino as ov
+
+        core = ov.Core()
+        t0 = time.perf_counter()
+        try:
+            model = self.ov_model(core)
+        except BenchError:
+            raise
+        except Exception as e:
+            raise BenchError(f"{self.name}: {type(e).__name__}: {e}\n{tail(traceback.format_exc(), 12)}") from e
+        names = [p.get_any_name() for p in model.inputs]
+        unknown = set(names) - set(INPUT_NAMES)
+        if unknown:
+            raise BenchError(f"{self.name}: the model has inputs the bench cannot fill: {sorted(unknown)}")
+        self.info["fake_quantize_nodes"] = sum(1 for op in model.get_ops() if op.get_type_name() == "FakeQuantize")
+        # One compiled model per batch size, static shapes (OpenVINO's fast path), compiled before
+        # the timed rounds so that compilation is never inside a measurement.
+        self.requests = {}
+        config = self.config()
+        self.info["config"] = {k: str(v) for k, v in config.items()}
+        for b in self.args.batch_list:
+            try:
+                model.reshape({n: [b, self.args.seq] for n in names})
+                compiled = core.compile_model(model, "CPU", config)
+            except Exception as e:
+                raise BenchError(f"{self.name}: compiling for batch {b} failed: {type(e).__name__}: {e}") from e
+            if "compiled_properties" not in self.info:
+                props = {}
+                for key in ("INFERENCE_NUM_THREADS", "PERFORMANCE_HINT", "NUM_STREAMS", "INFERENCE_PRECISION_HINT",
+                            "EXECUTION_MODE_HINT", "ENABLE_CPU_PINNING", "ENABLE_HYPER_THREADING"):
+                    try:
+                        v = compiled.get_property(key)
+                        props[key] = v.to_string() if hasattr(v, "to_string") else str(v)
+                    except Exception:  # not every version knows every key
+                        pass
+                self.info["compiled_properties"] = props
+            self.requests[b] = (compiled, compiled.create_infer_request())
+        self.info["prepare_s"] = time.perf_counter() - t0
+        log(f"{self.name}: ready for batches {self.args.batch_list} in {self.info['prepare_s']:.1f} s "
+            f"({self.info['compiled_properties']})")
+
+    def bench(self, batch: int) -> dict:
+        feeds = self.ctx["inputs"].feeds(batch)
+        _, req = self.requests[batch]
+
+        def once():
+            req.infer(feeds, share_inputs=True)
+
+        try:
+            return timed_loop(self.args, batch, once, self.name)
+        except BenchError:
+            raise
+        except Exception as e:
+            raise BenchError(f"{self.name}: run failed at batch {batch}: {e}") from e
+
+
+class OpenVinoInt8Nncf(OpenVinoEngine):
+    name = "openvino-int8-nncf"
+
+    def ov_model(self, core):
+        import nncf
+
+        model = core.read_model(str(self.ctx["model"]))
+        data = self.ctx["inputs"].calibration(self.args.calibration)
+        t0 = time.perf_counter()
+        log(f"{self.name}: nncf.quantize on {len(data)} random samples of seq {self.args.seq} "
+            "(model_type=TRANSFORMER, target_device=CPU)")
+        try:
+            # NNCF draws its progress bars on stdout; keep stdout for the report.
+            with contextlib.redirect_stdout(sys.stderr):
+                q = nncf.quantize(
+                    model,
+                    nncf.Dataset(data),
+                    model_type=nncf.ModelType.TRANSFORMER,
+                    target_device=nncf.TargetDevice.CPU,
+                    subset_size=len(data),
+                )
+        except Exception as e:
+            raise BenchError(
+                f"{self.name}: nncf.quantize failed: {type(e).__name__}: {e}\n{tail(traceback.format_exc(), 12)}"
+            ) from e
+        self.info["quantize_s"] = time.perf_counter() - t0
+        log(f"{self.name}: quantized in {self.info['quantize_s']:.1f} s")
+        return q
+
+    def prepare(self) -> None:
+        super().prepare()
+        if not self.info.get("fake_quantize_nodes"):
+            raise BenchError(f"{self.name}: nncf.quantize left no FakeQuantize nodes; the model would run in fp32")
+
+
+ENGINE_CLASSES = {c.name: c for c in (EncoreFp32, EncoreInt8, OrtEngine, OrtInt8Dynamic, OpenVinoEngine,
+                                      OpenVinoInt8Nncf)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The int8 peak
+
+
+def int8_peak(args: argparse.Namespace, encore: Path) -> dict:
+    """The measured vpdpbusd peak of --threads threads, from `encore hwbench --json`.
+
+    hwbench prints one row per kernel with `gops` and `fraction_of_peak` (gops over the measured
+    peak of that dtype and thread count), so the peak is gops / fraction_of_peak. An explicit peak
+    field, if a later hwbench prints one, is used as it is. When the T-thread run gives no peak,
+    the 1-thread peak times T is used.
+    """
+
+    def from_output(data, threads: int) -> tuple[float | None, str, dict]:
+        extra: dict = {}
+        if isinstance(data, dict):
+            for key in ("vnni_ops_per_s", "int8_peak_ops_per_s"):
+                if isinstance(data.get(key), (int, float)) and data[key] > 0:
+                    return data[key] / 1e9, f"hwbench {key}", extra
+            peak = data.get("peak")
+            if isinstance(peak, dict):
+                for key, scale in (("vnni_ops_per_s", 1e-9), ("vnni_gops", 1.0), ("int8_gops", 1.0)):
+                    if isinstance(peak.get(key), (int, float)) and peak[key] > 0:
+                        return peak[key] * scale, f"hwbench peak.{key}", extra
+            rows = data.get("rows") or data.get("kernels") or []
+        else:
+            rows = data
+        rows = [r for r in rows if isinstance(r, dict)]
+        int8 = [r for r in rows if r.get("dtype") == "int8" and r.get("fraction_of_peak", 0) > 0 and r.get("gops", 0) > 0
+                and r.get("threads", threads) == threads]
+        f32 = [r for r in rows if r.get("dtype") == "f32" and r.get("fraction_of_peak", 0) > 0 and r.get("gops", 0) > 0]
+        if f32:
+            best = max(f32, key=lambda r: r["fraction_of_peak"])
+            extra["fma_peak_gflops"] = best["gops"] / best["fraction_of_peak"]
+        if int8:
+            best = max(int8, key=lambda r: r["fraction_of_peak"])
+            extra["best_int8_kernel"] = {k: best.get(k) for k in ("kernel", "m", "n", "k", "gops", "fraction_of_peak")}
+            loop = best["gops"] / best["fraction_of_peak"]
+            extra["vpdpbusd_loop_gops"] = loop
+            if best["gops"] > loop:
+                # No kernel outruns the instruction's peak: the short peak loop was slowed (a busy
+                # CPU, a frequency change), so the best kernel is the better lower bound.
+                log(f"note: hwbench's vpdpbusd loop measured {loop:.1f} GOPS, below its {best['kernel']} kernel's "
+                    f"{best['gops']:.1f} GOPS; using the kernel's figure as the peak")
+                return best["gops"], f"hwbench {best['kernel']} kernel GOPS (above the vpdpbusd loop's {loop:.1f})", extra
+            return loop, f"hwbench vpdpbusd loop, from gops/fraction_of_peak of {best['kernel']}", extra
+        return None, "", extra
+
+    base = [str(encore), "hwbench", "--json"]
+    out = run_cmd(base + ["--threads", str(args.threads)], "encore hwbench", timeout=args.timeout)
+    data = last_json_line(out, "encore hwbench")
+    peak, source, extra = from_output(data, args.threads)
+    result = {"threads": args.threads, "hwbench": data, **extra}
+    if peak is None and args.threads > 1:
+        out = run_cmd(base + ["--threads", "1"], "encore hwbench (1 thread)", timeout=args.timeout)
+        data1 = last_json_line(out, "encore hwbench")
+        p1, source, _ = from_output(data1, 1)
+        if p1 is not None:
+            peak, source = p1 * args.threads, f"{source} on 1 thread x {args.threads}"
+            result["hwbench_1_thread"] = data1
+    if peak is None:
+        raise BenchError(f"encore hwbench gave no int8 peak (no VNNI on this CPU?):\n{tail(out)}")
+    result.update(int8_peak_gops=peak, source=source)
+    return result
+
+
+def gemm_macs_per_sequence(seq: int) -> int:
+    per_token_layer = 4 * BERT_HIDDEN * BERT_HIDDEN + 2 * BERT_HIDDEN * BERT_FFN + 2 * seq * BERT_HIDDEN
+    return BERT_LAYERS * seq * per_token_layer
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def cpu_info() -> dict:
+    model, flags = platform.processor(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == platform.processor():
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    wanted = ("avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+    return {"model": model, "flags": {f: f in flags for f in wanted}}
+
+
+def machine_info() -> dict:
+    commit = None
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return {"cpu": cpu_info(), "logical_cpus": os.cpu_count(), "python": platform.python_version(),
+            "git_commit": commit}
+
+
+def package_versions() -> dict:
+    out = {}
+    for mod in ("onnxruntime", "onnx", "numpy", "openvino", "nncf"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception as e:  # a missing package is reported, not fatal here
+            out[mod] = f"unavailable ({type(e).__name__})"
+    return out
+
+
+def summarize(args: argparse.Namespace, rows: dict, peak: dict | None) -> list[dict]:
+    summary = []
+    for b in args.batch_list:
+        med = {}
+        for eng, ms in rows[b].items():
+            if ms:
+                med[eng] = {
+                    "seq_per_s": statistics.median(m["throughput_seq_per_s"] for m in ms),
+                    "p50_ms": statistics.median(m["latency_ms_p50"] for m in ms),
+                    "rounds": len(ms),
+                }
+        i8 = med.get("encore-int8", {}).get("seq_per_s")
+        f32 = med.get("encore-fp32", {}).get("seq_per_s")
+        for v in med.values():
+            v["ratio_to_encore_int8"] = v["seq_per_s"] / i8 if i8 else None
+            v["ratio_to_encore_fp32"] = v["seq_per_s"] / f32 if f32 else None
+        macs = gemm_macs_per_sequence(args.seq) * b
+        roof = {"gemm_macs_per_forward": macs, "gemm_gmacs_per_forward": macs / 1e9}
+        if peak:
+            roof["int8_peak_gops"] = peak["int8_peak_gops"]
+        for eng in ("encore-int8", "encore-fp32"):
+            if eng in med:
+                gops = 2 * macs * med[eng]["seq_per_s"] / b / 1e9
+                roof[f"{eng}_gops"] = gops
+                if eng == "encore-int8" and peak:
+                    roof["encore_int8_fraction_of_int8_peak"] = gops / peak["int8_peak_gops"]
+                if eng == "encore-fp32" and peak and peak.get("fma_peak_gflops"):
+                    roof["encore_fp32_fraction_of_fma_peak"] = gops / peak["fma_peak_gflops"]
+        summary.append({"batch": b, "engines": med, "roofline": roof})
+    return summary
+
+
+def fmt_ratio(x: float | None) -> str:
+    return f"{x:.3f}" if x is not None else "-"
+
+
+def print_report(args: argparse.Namespace, summary: list[dict], engines: list[Engine], peak: dict | None,
+                 peak_error: str | None, versions: dict) -> None:
+    cpu = cpu_info()
+    flags = "  ".join(f"{f} {'yes' if v else 'no'}" for f, v in cpu["flags"].items()
+                      if f in ("avx512_vnni", "avx_vnni", "amx_tile", "amx_int8"))
+    print(f"\nCPU: {cpu['model']} ({os.cpu_count()} logical CPUs)")
+    print(f"     {flags}")
+    print(f"INT8 vs FP32, seq {args.seq}, {args.threads} threads, median of {args.rounds} interleaved round(s), "
+          f">= {args.seconds:g} s and {args.min_runs} runs each")
+    print("     " + ", ".join(f"{k} {v.split('-')[0]}" for k, v in versions.items() if k != "numpy")
+          + f"; OpenVINO inference precision: {args.ov_precision}")
+    if peak:
+        print(f"int8 peak: {peak['int8_peak_gops']:.1f} GOPS on {args.threads} threads ({peak['source']})")
+    else:
+        print(f"int8 peak: unknown ({peak_error})")
+    failed = {e.name: e.error for e in engines if e.error}
+    for s in summary:
+        b = s["batch"]
+        print(f"\nbatch {b}")
+        print(f"  {'engine':<20} {'seq/s':>10} {'p50 ms':>10} {'/enc-int8':>10} {'/enc-fp32':>10}")
+        for e in engines:
+            v = s["engines"].get(e.name)
+            if v is None:
+                print(f"  {e.name:<20} {'failed' if e.name in failed else '-':>10}")
+                continue
+            print(f"  {e.name:<20} {v['seq_per_s']:>10.2f} {v['p50_ms']:>10.2f} "
+                  f"{fmt_ratio(v['ratio_to_encore_int8']):>10} {fmt_ratio(v['ratio_to_encore_fp32']):>10}")
+        r = s["roofline"]
+        line = f"  roofline: {r['gemm_gmacs_per_forward']:.2f} GMAC of GEMM per forward (batch {b} x seq {args.seq})"
+        if "encore-int8_gops" in r:
+            line += f"; encore-int8 {r['encore-int8_gops']:.1f} GOPS"
+            if "encore_int8_fraction_of_int8_peak" in r:
+                line += (f" = {100 * r['encore_int8_fraction_of_int8_peak']:.1f}% of the int8 peak "
+                         f"{r['int8_peak_gops']:.1f} GOPS")
+        else:
+            line += "; encore-int8 not measured"
+        if "encore_fp32_fraction_of_fma_peak" in r:
+            line += (f" (encore-fp32 {r['encore-fp32_gops']:.1f} GFLOP/s = "
+                     f"{100 * r['encore_fp32_fraction_of_fma_peak']:.1f}% of the FMA peak)")
+        print(line)
+    if failed:
+        print("\nfailed engines:")
+        for name, err in failed.items():
+            print(f"  {name}: " + err.replace("\n", "\n    "))
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="bert-base", help="encore build-model preset (default bert-base)")
+    p.add_argument("--model", help="use this ONNX file instead of building one")
+    p.add_argument("--vocab", type=int, help="id range of the in-process engines' inputs (default: from the model)")
+    p.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes (default 1,8,32)")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--seconds", type=float, default=5.0, help="minimum timed seconds per measurement")
+    p.add_argument("--min-runs", type=int, default=5, help="minimum timed runs per measurement")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--skip", default="", help=f"comma-separated engines not to run: {', '.join(ENGINES)}")
+    p.add_argument("--calibration", type=int, default=64,
+                   help="random calibration samples for encore quantize and NNCF (default 64)")
+    p.add_argument("--ov-precision", choices=("f32", "bf16", "default"), default="f32",
+                   help="OpenVINO INFERENCE_PRECISION_HINT for the non-int8 parts (default f32; "
+                        "'default' leaves OpenVINO's choice, bf16 on CPUs that have it)")
+    p.add_argument("--no-ort-preprocess", dest="ort_preprocess", action="store_false",
+                   help="quantize_dynamic without quant_pre_process first")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per command or measurement")
+    p.add_argument("--out", help="write all results as JSON here")
+    p.add_argument("--workdir", help="where models and the encore copy go (default: a temporary folder, removed after)")
+    p.add_argument("--encore-bin", help="use this encore executable instead of building one")
+    p.add_argument("--venv", default=str(REPO / ".venv-int8-bench"))
+    p.add_argument("--no-venv", action="store_true", help="use the running Python's packages")
+    args = p.parse_args(argv)
+    try:
+        args.batch_list = [int(b) for b in args.batches.split(",") if b.strip()]
+    except ValueError:
+        p.error(f"--batches {args.batches!r} is not a comma-separated list of integers")
+    if not args.batch_list or min(args.batch_list) < 1:
+        p.error("--batches needs positive integers")
+    if len(set(args.batch_list)) != len(args.batch_list):
+        p.error("--batches lists a batch size twice")
+    for name in ("seq", "threads", "rounds", "calibration"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1")
+    if args.seconds < 0 or args.warmup < 0 or args.min_runs < 1:
+        p.error("--seconds and --warmup must be >= 0, --min-runs >= 1")
+    args.skip_list = [s.strip() for s in args.skip.split(",") if s.strip()]
+    bad = [s for s in args.skip_list if s not in ENGINES]
+    if bad:
+        p.error(f"--skip: unknown engine(s) {bad}; the engines are {', '.join(ENGINES)}")
+    if set(args.skip_list) == set(ENGINES):
+        p.error("--skip leaves no engine to run")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    failures: list[str] = []
+    try:
+        ensure_venv(args)
+        try:
+            import numpy  # noqa: F401
+            import onnx  # noqa: F401
+        except ImportError as e:
+            raise BenchError(f"{e}; run without --no-venv, or pip install -r {REQUIREMENTS}") from e
+        versions = package_versions()
+        log("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+        if args.threads > (os.cpu_count() or 1):
+            log(f"warning: --threads {args.threads} is more than the {os.cpu_count()} logical CPUs")
+        load0 = load_1m()
+        if load0 is not None and load0 > 0.5 * (os.cpu_count() or 1):
+            log(f"warning: 1-minute load average is {load0:.1f} on {os.cpu_count()} CPUs before starting")
+        tmp = None
+        if args.workdir:
+            workdir = Path(args.workdir).resolve()
+            workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            tmp = tempfile.TemporaryDirectory(prefix="encore-int8-bench-")
+            workdir = Path(tmp.name)
+        try:
+            encore = build_encore(args, workdir)
+            model = build_model(args, encore, workdir)
+            facts = model_facts(model)
+            vocab = args.vocab or facts["vocab"]
+            if not vocab:
+                vocab = 1000
+                log("warning: found no word-embedding table for input_ids; ids drawn from [5, 1000)")
+            if facts["hidden"] not in (None, BERT_HIDDEN):
+                log(f"warning: the model's hidden size is {facts['hidden']}; the roofline line assumes BERT-base")
+            log(f"model inputs {facts['inputs']}, vocab {vocab}, hidden {facts['hidden']}")
+            ctx = {"encore": encore, "model": model, "workdir": workdir,
+                   "inputs": Inputs(args, vocab, facts["inputs"])}
+
+            engines = [ENGINE_CLASSES[n](args, ctx) for n in ENGINES if n not in args.skip_list]
+            for e in engines:
+                log(f"preparing {e.name}")
+                try:
+                    e.prepare()
+                except BenchError as err:
+                    e.error = f"preparation failed: {err}"
+                except Exception as err:  # a peer library's own failure must not stop the others
+                    e.error = f"preparation failed: {type(err).__name__}: {err}\n{tail(traceback.format_exc(), 12)}"
+                if e.error:
+                    log(f"{e.name} FAILED: {tail(e.error, 12)}")
+
+            peak, peak_error = None, None
+            try:
+                peak = int8_peak(args, encore)
+                log(f"int8 peak {peak['int8_peak_gops']:.1f} GOPS on {args.threads} threads ({peak['source']})")
+            except BenchError as err:
+                peak_error = str(err)
+                failures.append(f"int8 peak: {err}")
+                log(f"int8 peak FAILED: {tail(peak_error, 12)}")
+
+            rows: dict[int, dict[str, list[dict]]] = {b: {e.name: [] for e in engines} for b in args.batch_list}
+            for r in range(args.rounds):
+                for b in args.batch_list:
+                    for e in engines:
+                        if e.error:
+                            continue
+                        try:
+                            m = e.bench(b)
+                        except BenchError as err:
+                            e.error = f"round {r + 1} batch {b}: {err}"
+                        except Exception as err:
+                            e.error = f"round {r + 1} batch {b}: {type(err).__name__}: {err}"
+                        if e.error:
+                            log(f"{e.name} FAILED: {tail(e.error, 12)}")
+                            continue
+                        m["loadavg_1m_after"] = load_1m()
+                        m["round"] = r + 1
+                        rows[b][e.name].append(m)
+                        log(f"round {r + 1}/{args.rounds} batch {b}: {e.name:<20} "
+                            f"{m['throughput_seq_per_s']:10.2f} seq/s")
+
+            summary = summarize(args, rows, peak)
+            print_report(args, summary, engines, peak, peak_error, versions)
+            failures += [f"{e.name}: {e.error}" for e in engines if e.error]
+            loads = [m["loadavg_1m_after"] for v in rows.values() for ms in v.values() for m in ms]
+            loads = [x for x in loads if x is not None]
+            if loads and max(loads) > (os.cpu_count() or 1):
+                print(
+                    f"warning: 1-minute load average reached {max(loads):.1f} on {os.cpu_count()} CPUs "
+                    "during the run; other processes competed for the cores, so the figures are noisy"
+                )
+            if args.out:
+                result = {
+                    "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                    "machine": machine_info(),
+                    "versions": versions,
+                    "settings": {
+                        "model": str(model), "preset": None if args.model else args.preset,
+                        "model_bytes": model.stat().st_size, "vocab": vocab, "seq": args.seq,
+                        "threads": args.threads, "batches": args.batch_list, "rounds": args.rounds,
+                        "seconds": args.seconds, "min_runs": args.min_runs, "warmup": args.warmup,
+                        "calibration_samples": args.calibration, "ov_precision": args.ov_precision,
+                        "skipped": args.skip_list,
+                        "ort_session": {"intra_op_num_threads": args.threads, "inter_op_num_threads": 1,
+                                        "graph_optimization_level": "ORT_ENABLE_ALL",
+                                        "execution_mode": "ORT_SEQUENTIAL"},
+                        "roofline_macs_per_token": (
+                            f"{BERT_LAYERS} x (4*{BERT_HIDDEN}*{BERT_HIDDEN} + 2*{BERT_HIDDEN}*{BERT_FFN} "
+                            f"+ 2*seq*{BERT_HIDDEN})"),
+                    },
+                    "engines": {e.name: {"info": e.info, "error": e.error} for e in engines},
+                    "int8_peak": peak,
+                    "int8_peak_error": peak_error,
+                    "summary": summary,
+                    "measurements": {str(b): v for b, v in rows.items()},
+                }
+                Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+                log(f"wrote {args.out}")
+        finally:
+            if tmp is not None:
+                tmp.cleanup()
+    except BenchError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 1
+    if failures:
+        print(f"{PROG}: {len(failures)} failure(s): " + "; ".join(f.splitlines()[0] for f in failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
