@@ -93,8 +93,11 @@ fn line_err(path: &Path, line: usize, message: impl Into<String>) -> Error {
     }
 }
 
+/// A JSONL record: its 1-based line number and its object.
+type JsonRow = (usize, serde_json::Map<String, Value>);
+
 /// The JSON objects of a JSONL file with their 1-based line numbers; blank lines are skipped.
-fn read_jsonl(path: &Path) -> Result<Vec<(usize, serde_json::Map<String, Value>)>, Error> {
+fn read_jsonl(path: &Path) -> Result<Vec<JsonRow>, Error> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
@@ -501,7 +504,7 @@ impl Probe {
     /// assert!(runtime::eval::Probe::new(vec![1.0; 5], vec![0.0, 0.0]).is_err());
     /// ```
     pub fn new(weight: Vec<f32>, bias: Vec<f32>) -> Result<Probe, Error> {
-        if weight.is_empty() || weight.len() % 2 != 0 || bias.len() != 2 {
+        if weight.is_empty() || weight.len() & 1 != 0 || bias.len() != 2 {
             return Err(Error::Invalid(format!(
                 "probe: weight of {} values and bias of {} do not make a [2, hidden] and [2] pair",
                 weight.len(),
