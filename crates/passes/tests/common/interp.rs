@@ -5,7 +5,10 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use ir::{DType, Dim, GeluApprox, Graph, Op, Outlet, ReduceOp, Tensor, TensorType, UnaryOp};
+use ir::{
+    ActQuant, DType, Dim, EpilogueStep, GeluApprox, Graph, Op, Outlet, ReduceOp, Tensor,
+    TensorType, UnaryOp,
+};
 
 /// Runs `g` (every output typed, e.g. after `ShapeInference`) on `inputs` by name.
 pub fn run(g: &Graph, inputs: &HashMap<String, Tensor>) -> Result<HashMap<String, Tensor>, String> {
@@ -475,11 +478,157 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
             }
             Ok(vec![Tensor::from_vec(out.clone(), y)])
         }
+        Op::FusedLinear { epilogue } => {
+            let w = ins[1].shape();
+            let (k, n) = (w[0], w[1]);
+            let x = f32s(ins[0]);
+            let m = x.len() / k;
+            let mut y = vec![0.0; m * n];
+            mm(&x, &f32s(ins[1]), m, k, n, &mut y);
+            apply_epilogue(&mut y, n, epilogue, &ins[2..])?;
+            f(y)
+        }
+        Op::QLinear {
+            act,
+            smooth,
+            epilogue,
+        } => {
+            let w = ins[1].shape();
+            let (k, n) = (w[0], w[1]);
+            let wq = ins[1].to_i64_vec().map_err(|e| e.to_string())?;
+            let ws = f32s(ins[2]);
+            let mut x = f32s(ins[0]);
+            if *smooth {
+                let inv = f32s(ins[3]);
+                x.iter_mut().enumerate().for_each(|(i, v)| *v *= inv[i % k]);
+            }
+            let m = x.len() / k;
+            // One (scale, zero point) per row.
+            let params: Vec<(f32, i64)> = match act {
+                ActQuant::Static { scale, zero_point } => {
+                    vec![(*scale, i64::from(*zero_point)); m]
+                }
+                ActQuant::DynamicTensor => vec![u8_range_qparams(&x); m],
+                ActQuant::DynamicToken => x.chunks(k).map(u8_range_qparams).collect(),
+            };
+            let mut y = vec![0.0; m * n];
+            for i in 0..m {
+                let (s, z) = params[i];
+                let q: Vec<i64> = x[i * k..(i + 1) * k]
+                    .iter()
+                    .map(|v| ((v / s).round_ties_even() + z as f32).clamp(0.0, 255.0) as i64)
+                    .collect();
+                for c in 0..n {
+                    let acc: i64 = (0..k).map(|p| (q[p] - z) * wq[p * n + c]).sum();
+                    let wsc = ws[if ws.len() == 1 { 0 } else { c }];
+                    y[i * n + c] = acc as f32 * s * wsc;
+                }
+            }
+            let first = 3 + usize::from(*smooth);
+            apply_epilogue(&mut y, n, epilogue, &ins[first..])?;
+            f(y)
+        }
+        Op::QMatMul => {
+            let (a, b) = (ins[0].shape(), ins[3].shape());
+            if a.len() < 2 || b.len() < 2 {
+                return Err("1-D qmatmul".into());
+            }
+            let (m, k, n) = (a[a.len() - 2], a[a.len() - 1], b[b.len() - 1]);
+            let qa = ins[0].to_i64_vec().map_err(|e| e.to_string())?;
+            let qb = ins[3].to_i64_vec().map_err(|e| e.to_string())?;
+            let (sa, za) = (f32s(ins[1])[0], ins[2].to_i64_vec().unwrap()[0]);
+            let (sb, zb) = (f32s(ins[4]), ins[5].to_i64_vec().unwrap());
+            let col = |v: usize, j: usize| if v == 1 { 0 } else { j };
+            let ob = &out[..out.len() - 2];
+            let nb: usize = ob.iter().product();
+            let mut y = vec![0.0; nb * m * n];
+            for bi in 0..nb {
+                let oa = batch_offset(bi, ob, &a[..a.len() - 2], m * k);
+                let ow = batch_offset(bi, ob, &b[..b.len() - 2], k * n);
+                for i in 0..m {
+                    for j in 0..n {
+                        let z = zb[col(zb.len(), j)];
+                        let acc: i64 = (0..k)
+                            .map(|p| (qa[oa + i * k + p] - za) * (qb[ow + p * n + j] - z))
+                            .sum();
+                        y[(bi * m + i) * n + j] = acc as f32 * sa * sb[col(sb.len(), j)];
+                    }
+                }
+            }
+            f(y)
+        }
         _ => match passes::eval_node(op, ins, ty)? {
             Some(t) => Ok(vec![t]),
             None => Err("not supported by the test interpreter".into()),
         },
     }
+}
+
+/// The u8 quantization of a range, widened to hold 0: `scale = (hi − lo)/255`,
+/// `zero = round_half_even(−lo/scale)` (scale 1, zero 0 for an all-zero range). Written out here,
+/// independently of the passes' own helper.
+fn u8_range_qparams(x: &[f32]) -> (f32, i64) {
+    let (lo, hi) = x
+        .iter()
+        .fold((0.0f32, 0.0f32), |(a, b), &v| (a.min(v), b.max(v)));
+    let scale = (hi - lo) / 255.0;
+    if scale == 0.0 || !scale.is_finite() {
+        return (1.0, 0);
+    }
+    (
+        scale,
+        (-lo / scale).round_ties_even().clamp(0.0, 255.0) as i64,
+    )
+}
+
+/// Applies the epilogue `steps` to `y` (rows of `n`), reading each step's operands in order.
+fn apply_epilogue(
+    y: &mut [f32],
+    n: usize,
+    steps: &[EpilogueStep],
+    operands: &[&Tensor],
+) -> Result<(), String> {
+    let mut next = operands.iter();
+    let mut take = || {
+        next.next()
+            .map(|t| f32s(t))
+            .ok_or("missing epilogue operand")
+    };
+    for step in steps {
+        match step {
+            EpilogueStep::Bias => {
+                let b = take()?;
+                y.iter_mut().enumerate().for_each(|(i, v)| *v += b[i % n]);
+            }
+            EpilogueStep::MulCol => {
+                let s = take()?;
+                y.iter_mut().enumerate().for_each(|(i, v)| *v *= s[i % n]);
+            }
+            EpilogueStep::Gelu(a) => y.iter_mut().for_each(|v| *v = gelu(*v, *a)),
+            EpilogueStep::Residual => {
+                let r = take()?;
+                if r.len() != y.len() {
+                    return Err("residual of another size".into());
+                }
+                y.iter_mut().zip(&r).for_each(|(v, r)| *v += r);
+            }
+            EpilogueStep::LayerNorm { epsilon } => {
+                let (g, b) = (take()?, take()?);
+                for row in y.chunks_mut(n) {
+                    let mean = row.iter().sum::<f32>() / n as f32;
+                    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
+                    let inv = 1.0 / (var + epsilon).sqrt();
+                    for (i, v) in row.iter_mut().enumerate() {
+                        *v = (*v - mean) * inv * g[i] + b[i];
+                    }
+                }
+            }
+        }
+    }
+    if next.next().is_some() {
+        return Err("epilogue operands left over".into());
+    }
+    Ok(())
 }
 
 /// For a per-axis (or per-tensor, `len == 1`) parameter: the parameter index of flat element `i`.
