@@ -105,6 +105,8 @@ fn dump_prints_the_graph_after_each_pass() {
         "ShapeInference",
         "ConstantFolding",
         "RecognizeAttention",
+        "FoldQdq",
+        "FuseEpilogue",
     ] {
         assert!(
             text.contains(&format!("// after {pass}")),
@@ -118,7 +120,13 @@ fn dump_prints_the_graph_after_each_pass() {
         2,
         "{final_text}"
     );
-    assert_eq!(final_text.matches(" = gelu[").count(), 2);
+    // After `fuse`, GELU lives in the FFN1 epilogue of each layer, not as its own op.
+    assert_eq!(final_text.matches(" = gelu[").count(), 0, "{final_text}");
+    assert_eq!(
+        final_text.matches("epilogue=(bias, gelu_erf)").count(),
+        2,
+        "{final_text}"
+    );
 
     let o = encore(&[
         "dump",

@@ -46,9 +46,11 @@ pub struct QuantizeArgs {
     /// Longest calibration sequence in tokens.
     #[arg(long, default_value_t = 256)]
     max_length: usize,
-    /// SmoothQuant strength in [0, 1]; 0 turns SmoothQuant off.
-    #[arg(long, default_value_t = 0.5)]
-    alpha: f32,
+    /// SmoothQuant strength in [0, 1] (0 turns SmoothQuant off), or `auto`: per layer, the one
+    /// of 0, 0.25, 0.5, 0.75, 0.85 with the smallest own output error on held-back calibration
+    /// text.
+    #[arg(long, default_value = "0.5")]
+    alpha: String,
     /// Activation quantization: `dynamic` (per token, batch-invariant) or `static` (per tensor).
     #[arg(long, default_value = "dynamic")]
     activations: String,
@@ -186,9 +188,13 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
             ))
         }
     };
-    if !(0.0..=1.0).contains(&args.alpha) {
-        return Err(CliError::usage("--alpha", "must lie in [0, 1]"));
-    }
+    let alpha: Option<f32> = match args.alpha.as_str() {
+        "auto" => None,
+        a => match a.parse::<f32>() {
+            Ok(v) if (0.0..=1.0).contains(&v) => Some(v),
+            _ => return Err(CliError::usage("--alpha", "a number in [0, 1], or auto")),
+        },
+    };
     let model = Model::load(&args.model)?;
     let probe = Session::new(
         &model,
@@ -263,13 +269,32 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
     if let Some(p) = &args.stats_out {
         save_stats(&stats, p)?;
     }
-    let opts = QuantizeOptions {
-        alpha: args.alpha,
-        smooth: args.alpha > 0.0,
+    let mut opts = QuantizeOptions {
+        alpha: alpha.unwrap_or(0.5),
+        smooth: alpha.is_none_or(|a| a > 0.0),
         activations,
         keep_fp32: args.keep_fp32.clone(),
         ..QuantizeOptions::default()
     };
+    if alpha.is_none() {
+        let t0 = std::time::Instant::now();
+        opts.alpha_per_layer = runtime::quantize::choose_alpha(
+            &model,
+            &stats,
+            &opts,
+            &held_back,
+            &[0.0, 0.25, 0.5, 0.75, 0.85],
+            args.threads,
+        )?;
+        let mut hist = std::collections::BTreeMap::new();
+        for a in opts.alpha_per_layer.values() {
+            *hist.entry(format!("{a}")).or_insert(0) += 1;
+        }
+        eprintln!(
+            "alpha auto: layers per alpha {hist:?} ({:.1} s)",
+            t0.elapsed().as_secs_f64()
+        );
+    }
     let (q, report, gate) = quantize_with_gate(
         &model,
         Some(&stats),

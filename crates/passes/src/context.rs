@@ -46,7 +46,8 @@ pub enum ActivationMode {
 /// Options of the `quantize` pipeline.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantizeOptions {
-    /// SmoothQuant migration strength (0 = none, 1 = all into the weights).
+    /// SmoothQuant migration strength in (0, 1] (1 = all into the weights); 0 leaves the layer
+    /// unsmoothed.
     pub alpha: f32,
     /// Per-layer alpha overriding `alpha`, by node name.
     pub alpha_per_layer: BTreeMap<String, f32>,

@@ -98,6 +98,9 @@ impl Pass for SmoothQuant {
                 continue;
             };
             let alpha = ctx.quant.alpha_of(&name);
+            if alpha <= 0.0 {
+                continue; // alpha 0: this layer is not smoothed
+            }
             let fired = smooth_one(graph, id, st, alpha, &smooth_name)
                 .map_err(|m| PassError::node(SMOOTH, &name, m))?;
             match fired {
@@ -216,7 +219,7 @@ pub fn quantize_weight(w: &[f32], k: usize, n: usize) -> (Vec<i8>, Vec<f32>) {
 pub fn static_qparams(lo: f32, hi: f32) -> (f32, i32) {
     let (lo, hi) = (lo.min(0.0), hi.max(0.0));
     let scale = (hi - lo) / 255.0;
-    if !(scale > 0.0) || !scale.is_finite() {
+    if scale.is_nan() || scale <= 0.0 || !scale.is_finite() {
         return (1.0, 0);
     }
     let zp = (-lo / scale).round_ties_even().clamp(0.0, 255.0) as i32;

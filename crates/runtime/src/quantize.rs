@@ -65,7 +65,7 @@ fn counted_rows<'a>(
     k: usize,
     real: Option<&'a [bool]>,
 ) -> impl Iterator<Item = &'a [f32]> + 'a {
-    let rows = if k == 0 { 0 } else { x.len() / k };
+    let rows = x.len().checked_div(k).unwrap_or(0);
     let mask = real.filter(|m| m.len() == rows);
     x.chunks_exact(k.max(1))
         .enumerate()
@@ -511,4 +511,34 @@ pub fn quantize_with_gate(
             kept,
         },
     ))
+}
+
+/// SmoothQuant's alpha chosen per layer on calibration data (`--alpha auto`): for each candidate,
+/// the layers are quantized and each one's own output error ([`layer_errors`]) is measured on
+/// `batches`; each layer gets the candidate with the smallest error. Returns the per-layer map.
+pub fn choose_alpha(
+    model: &Model,
+    stats: &CalibrationStats,
+    opts: &QuantizeOptions,
+    batches: &[CalibrationBatch],
+    candidates: &[f32],
+    threads: usize,
+) -> Result<BTreeMap<String, f32>, Error> {
+    let mut best: BTreeMap<String, (f32, f64)> = BTreeMap::new();
+    for &alpha in candidates {
+        let o = QuantizeOptions {
+            alpha,
+            smooth: alpha > 0.0,
+            alpha_per_layer: BTreeMap::new(),
+            ..opts.clone()
+        };
+        let (unfused, _) = run_quantize(model, Some(stats), &o, false)?;
+        for (layer, err) in layer_errors(model, &unfused, batches, threads, 128)? {
+            let e = best.entry(layer).or_insert((alpha, err));
+            if err < e.1 {
+                *e = (alpha, err);
+            }
+        }
+    }
+    Ok(best.into_iter().map(|(k, (a, _))| (k, a)).collect())
 }

@@ -117,14 +117,11 @@ pub(crate) fn fused_linear(
     Ok(TensorValue::raw(shape, out))
 }
 
-/// `round_half_even(x / scale) + zero_point`, saturated to u8 (NaN → zero point).
+/// `round_half_even(x / scale) + zero_point`, saturated to u8 (NaN counts as 0: → zero point).
 #[inline]
 fn quantize_u8(x: f32, scale: f32, zp: f32) -> u8 {
-    let q = (x / scale).round_ties_even() + zp;
-    if q.is_nan() {
-        return zp as u8;
-    }
-    q.clamp(0.0, 255.0) as u8
+    let x = if x.is_nan() { 0.0 } else { x };
+    ((x / scale).round_ties_even() + zp).clamp(0.0, 255.0) as u8
 }
 
 /// The u8 scale and zero point of a range widened to include 0 (onnxruntime's
@@ -148,6 +145,129 @@ pub(crate) struct QuantizedRows {
     pub zeros: Vec<i32>,
 }
 
+/// Row quantizers: the range of a row (times the smoothing factors) and its quantization. The
+/// AVX-512 versions compute exactly what the scalar ones do (IEEE division, round half to even,
+/// NaN as 0), so results never depend on the CPU.
+mod row {
+    /// `(min(0, min x·s), max(0, max x·s))`, NaN ignored.
+    pub fn range(x: &[f32], inv: Option<&[f32]>) -> (f32, f32) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F; the function reads only within the slices.
+            return unsafe { avx512::range(x, inv) };
+        }
+        let mut lo = 0f32;
+        let mut hi = 0f32;
+        match inv {
+            Some(s) => x.iter().zip(s).for_each(|(v, s)| {
+                lo = lo.min(v * s);
+                hi = hi.max(v * s);
+            }),
+            None => x.iter().for_each(|&v| {
+                lo = lo.min(v);
+                hi = hi.max(v);
+            }),
+        }
+        (lo, hi)
+    }
+
+    /// `out[i] = quantize_u8(x[i]·s[i], scale, zp)`.
+    pub fn quantize(x: &[f32], inv: Option<&[f32]>, scale: f32, zp: f32, out: &mut [u8]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F; reads and writes stay within the slices.
+            return unsafe { avx512::quantize(x, inv, scale, zp, out) };
+        }
+        match inv {
+            Some(s) => x
+                .iter()
+                .zip(s)
+                .zip(out.iter_mut())
+                .for_each(|((v, s), o)| *o = super::quantize_u8(v * s, scale, zp)),
+            None => x
+                .iter()
+                .zip(out.iter_mut())
+                .for_each(|(v, o)| *o = super::quantize_u8(*v, scale, zp)),
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod avx512 {
+        use std::arch::x86_64::*;
+
+        /// Lanes `i..i+16` of `x` (times `inv`), masked to the slice; masked-off lanes are 0.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn load(x: &[f32], inv: Option<&[f32]>, i: usize, m: __mmask16) -> __m512 {
+            // SAFETY: `m` enables only lanes below `x.len() - i` (and `inv` is as long as `x`).
+            unsafe {
+                let v = _mm512_maskz_loadu_ps(m, x.as_ptr().add(i));
+                match inv {
+                    Some(s) => _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, s.as_ptr().add(i))),
+                    None => v,
+                }
+            }
+        }
+
+        fn mask(len: usize, i: usize) -> __mmask16 {
+            let left = len - i;
+            if left >= 16 {
+                0xFFFF
+            } else {
+                ((1u32 << left) - 1) as __mmask16
+            }
+        }
+
+        #[target_feature(enable = "avx512f")]
+        pub unsafe fn range(x: &[f32], inv: Option<&[f32]>) -> (f32, f32) {
+            let mut lo = _mm512_setzero_ps();
+            let mut hi = _mm512_setzero_ps();
+            let mut i = 0;
+            while i < x.len() {
+                // SAFETY: masked to the slice.
+                let v = unsafe { load(x, inv, i, mask(x.len(), i)) };
+                // min/max return the second operand when one is NaN: NaN lanes keep the bound.
+                lo = _mm512_min_ps(v, lo);
+                hi = _mm512_max_ps(v, hi);
+                i += 16;
+            }
+            (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi))
+        }
+
+        #[target_feature(enable = "avx512f")]
+        pub unsafe fn quantize(
+            x: &[f32],
+            inv: Option<&[f32]>,
+            scale: f32,
+            zp: f32,
+            out: &mut [u8],
+        ) {
+            let (vs, vz) = (_mm512_set1_ps(scale), _mm512_set1_ps(zp));
+            let (v0, v255) = (_mm512_setzero_ps(), _mm512_set1_ps(255.0));
+            let mut i = 0;
+            while i < x.len() {
+                let m = mask(x.len(), i);
+                // SAFETY: masked to the slice.
+                let v = unsafe { load(x, inv, i, m) };
+                let v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v), v);
+                let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    _mm512_div_ps(v, vs),
+                );
+                let q = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(q, vz), v0), v255);
+                // SAFETY: the store is masked to the lanes that lie within `out`.
+                unsafe {
+                    _mm512_mask_cvtepi32_storeu_epi8(
+                        out.as_mut_ptr().add(i) as *mut i8,
+                        m,
+                        _mm512_cvttps_epi32(q),
+                    )
+                };
+                i += 16;
+            }
+        }
+    }
+}
+
 /// Quantizes `x` (`m` rows of `k`, times `inv_smooth[k]` when given) as `act` says.
 pub(crate) fn quantize_rows(
     x: &[f32],
@@ -156,30 +276,23 @@ pub(crate) fn quantize_rows(
     inv_smooth: Option<&[f32]>,
     act: ActQuant,
 ) -> QuantizedRows {
-    let smoothed: std::borrow::Cow<'_, [f32]> = match inv_smooth {
-        None => std::borrow::Cow::Borrowed(x),
-        Some(s) => std::borrow::Cow::Owned(
-            x.chunks_exact(k)
-                .flat_map(|row| row.iter().zip(s).map(|(v, s)| v * s))
-                .collect(),
-        ),
-    };
-    let x = &smoothed[..m * k];
+    let x = &x[..m * k];
     let mut data = vec![0u8; m * k];
-    let range = |v: &[f32]| {
-        v.iter()
-            .fold((0f32, 0f32), |(lo, hi), &x| (lo.min(x), hi.max(x)))
-    };
+    if k == 0 {
+        return QuantizedRows {
+            data,
+            scales: vec![1.0; m.max(1)],
+            zeros: vec![0; m.max(1)],
+        };
+    }
     match act {
         ActQuant::DynamicToken => {
             let mut scales = Vec::with_capacity(m);
             let mut zeros = Vec::with_capacity(m);
-            for (row, q) in x.chunks_exact(k).zip(data.chunks_exact_mut(k)) {
-                let (lo, hi) = range(row);
+            for (r, q) in x.chunks_exact(k).zip(data.chunks_exact_mut(k)) {
+                let (lo, hi) = row::range(r, inv_smooth);
                 let (s, z) = range_qparams(lo, hi);
-                for (d, &v) in q.iter_mut().zip(row) {
-                    *d = quantize_u8(v, s, z as f32);
-                }
+                row::quantize(r, inv_smooth, s, z as f32, q);
                 scales.push(s);
                 zeros.push(z);
             }
@@ -193,12 +306,15 @@ pub(crate) fn quantize_rows(
             let (s, z) = match act {
                 ActQuant::Static { scale, zero_point } => (scale, zero_point),
                 _ => {
-                    let (lo, hi) = range(x);
+                    let (lo, hi) = x
+                        .chunks_exact(k)
+                        .map(|r| row::range(r, inv_smooth))
+                        .fold((0f32, 0f32), |(a, b), (c, d)| (a.min(c), b.max(d)));
                     range_qparams(lo, hi)
                 }
             };
-            for (d, &v) in data.iter_mut().zip(x) {
-                *d = quantize_u8(v, s, z as f32);
+            for (r, q) in x.chunks_exact(k).zip(data.chunks_exact_mut(k)) {
+                row::quantize(r, inv_smooth, s, z as f32, q);
             }
             QuantizedRows {
                 data,
@@ -321,5 +437,39 @@ mod tests {
             },
         );
         assert_eq!(q.data, vec![10, 12, 12, 255, 0, 10]);
+    }
+
+    /// The vector row quantizer against the scalar formula, on awkward lengths, with and
+    /// without smoothing, including NaN, infinities and exact .5 ties.
+    #[test]
+    fn vector_rows_equal_the_scalar_formula() {
+        let mut state = 12345u32;
+        let mut rnd = || {
+            state = state.wrapping_mul(1664525).wrapping_add(1013904223);
+            (state >> 8) as f32 / (1u32 << 24) as f32 * 8.0 - 4.0
+        };
+        for len in [0usize, 1, 15, 16, 17, 33, 100] {
+            let mut x: Vec<f32> = (0..len).map(|_| rnd()).collect();
+            if len > 3 {
+                x[0] = f32::NAN;
+                x[1] = 0.5;
+                x[2] = 2.5;
+            }
+            let inv: Vec<f32> = (0..len).map(|i| 0.5 + (i % 3) as f32 * 0.25).collect();
+            for s in [None, Some(&inv[..])] {
+                let (lo, hi) = row::range(&x, s);
+                let xs: Vec<f32> = match s {
+                    Some(s) => x.iter().zip(s).map(|(a, b)| a * b).collect(),
+                    None => x.clone(),
+                };
+                let lo_ref = xs.iter().fold(0f32, |a, &b| a.min(b));
+                let hi_ref = xs.iter().fold(0f32, |a, &b| a.max(b));
+                assert_eq!((lo, hi), (lo_ref, hi_ref), "len {len}");
+                let mut out = vec![0u8; len];
+                row::quantize(&x, s, 1.0, 7.0, &mut out);
+                let want: Vec<u8> = xs.iter().map(|&v| quantize_u8(v, 1.0, 7.0)).collect();
+                assert_eq!(out, want, "len {len}");
+            }
+        }
     }
 }
