@@ -68,7 +68,7 @@ fn apply(
 /// ).unwrap();
 /// assert!(FoldQdq.run(&mut g, &mut PassContext::default()).unwrap());
 /// let text = ir::text::print(&g).unwrap();
-/// assert!(text.contains("qlinear[act=\"static\", a_scale=0.1, a_zero=131, smooth=false, epilogue=()](%0, %3, %4) : f32[B,2]"), "{text}");
+/// assert!(text.contains("qlinear[act=\"static\", a_scale=0.1, a_zero=131, smooth=false, epilogue=()](%0, %1, %2) : f32[B,2]"), "{text}");
 /// ```
 pub struct FoldQdq;
 

@@ -17,10 +17,11 @@
 //! let x = TensorValue::from_f32(vec![2, 2], vec![1.0, -2.0, 0.5, 3.0]).unwrap();
 //! let batch = CalibrationBatch { feeds: vec![("x".into(), x)], real_rows: None };
 //! let stats = calibrate(&model, &[batch], 1, &mut |_, _| {}).unwrap();
-//! assert_eq!(stats.layers["fc"].max, vec![1.0, 3.0]);
+//! let (layer, st) = stats.layers.iter().next().unwrap(); // the Linear recognised from `fc`
+//! assert_eq!(st.max, vec![1.0, 3.0]);
 //! let (q, report) = quantize(&model, Some(&stats), &QuantizeOptions::default()).unwrap();
 //! assert!(q.is_quantized());
-//! assert_eq!(report.quantized_layers(), vec!["fc".to_string()]);
+//! assert_eq!(report.quantized_layers(), vec![layer.clone()]);
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
