@@ -136,6 +136,24 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
     })
 }
 
+/// A xorshift stream of token ids: the same inputs on every machine and every run.
+pub(crate) struct RandomIds(u64);
+
+impl RandomIds {
+    pub(crate) fn new() -> RandomIds {
+        RandomIds(0x9E37_79B9_7F4A_7C15)
+    }
+
+    /// An id in `[5, vocab)` (ids below 5 are the special tokens of the usual vocabularies).
+    fn next_id(&mut self, vocab: usize) -> i64 {
+        let s = &mut self.0;
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        5 + (*s % (vocab.saturating_sub(5).max(1) as u64)) as i64
+    }
+}
+
 /// Token ids drawn from the model's vocabulary (found from the embedding table that `input_ids`
 /// indexes), a full mask, and token type 0.
 fn random_feeds(
@@ -143,27 +161,28 @@ fn random_feeds(
     batch: usize,
     seq: usize,
 ) -> Result<Vec<(String, TensorValue)>, CliError> {
+    random_feeds_from(session, batch, seq, &mut RandomIds::new())
+}
+
+/// [`random_feeds`] continuing the stream `ids` (for several batches of different ids).
+pub(crate) fn random_feeds_from(
+    session: &Session,
+    batch: usize,
+    seq: usize,
+    ids: &mut RandomIds,
+) -> Result<Vec<(String, TensorValue)>, CliError> {
     let vocab = session.lookup_rows("input_ids").unwrap_or(1000);
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
     let mut feeds = Vec::new();
     for input in session.inputs() {
         let n = batch * seq;
         let values: Vec<i64> = match input.name.as_str() {
-            "input_ids" => (0..n)
-                .map(|_| 5 + (next() % (vocab.saturating_sub(5).max(1) as u64)) as i64)
-                .collect(),
+            "input_ids" => (0..n).map(|_| ids.next_id(vocab)).collect(),
             "attention_mask" => vec![1; n],
             "token_type_ids" | "position_ids" => vec![0; n],
             other => {
                 return Err(CliError::usage(
                     "--model",
-                    format!("bench knows how to fill input_ids, attention_mask and token_type_ids, not `{other}`"),
+                    format!("random inputs fill input_ids, attention_mask and token_type_ids, not `{other}`"),
                 ))
             }
         };

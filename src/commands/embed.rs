@@ -335,13 +335,7 @@ pub fn run(args: EmbedArgs) -> Result<(), CliError> {
             ..Default::default()
         },
     )?;
-    let names = session.output_names();
-    let output = names
-        .iter()
-        .find(|n| *n == "last_hidden_state")
-        .or(names.first())
-        .cloned()
-        .unwrap_or_default();
+    let output = runtime::text::hidden_state_output(&session);
     let embedder = Embedder {
         session,
         tokenizer,

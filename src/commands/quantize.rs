@@ -10,8 +10,9 @@ use runtime::quantize::{
     QuantizeOptions,
 };
 use runtime::text::{Padding, Tokenizer, TokenizerOptions};
-use runtime::{CompileOptions, Model, Session, TensorValue};
+use runtime::{CompileOptions, Model, Session};
 
+use crate::commands::bench::{random_feeds_from, RandomIds};
 use crate::error::CliError;
 
 #[derive(Args)]
@@ -140,39 +141,23 @@ fn text_batches(
     Ok(out)
 }
 
-/// Random ids in [5, vocab) with a full mask, token type 0, as `encore bench` feeds them.
+/// Random ids in [5, vocab) with a full mask, token type 0, as `encore bench` feeds them (one
+/// stream of ids across the batches).
 fn random_batches(
     session: &Session,
     samples: usize,
     seq: usize,
     batch_size: usize,
 ) -> Result<Vec<CalibrationBatch>, CliError> {
-    let vocab = session.lookup_rows("input_ids").unwrap_or(1000).max(6);
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut ids = RandomIds::new();
     let mut out = Vec::new();
     let mut left = samples;
     while left > 0 {
         let b = left.min(batch_size.max(1));
         left -= b;
-        let ids: Vec<i64> = (0..b * seq)
-            .map(|_| 5 + (next() % (vocab as u64 - 5)) as i64)
-            .collect();
-        let mut feeds = Vec::new();
-        for spec in session.inputs() {
-            let v = match spec.name.as_str() {
-                "input_ids" => ids.clone(),
-                "attention_mask" => vec![1; b * seq],
-                _ => vec![0; b * seq],
-            };
-            feeds.push((spec.name.clone(), TensorValue::from_i64(vec![b, seq], v)?));
-        }
-        out.push(CalibrationBatch::from_feeds(feeds));
+        out.push(CalibrationBatch::from_feeds(random_feeds_from(
+            session, b, seq, &mut ids,
+        )?));
     }
     Ok(out)
 }
@@ -196,7 +181,7 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
         },
     };
     let model = Model::load(&args.model)?;
-    let probe = Session::new(
+    let fp32_session = Session::new(
         &model,
         CompileOptions {
             threads: args.threads,
@@ -220,13 +205,13 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
             let hold = args.held_back.min(texts.len() / 2);
             let held: Vec<String> = texts.split_off(texts.len() - hold);
             (
-                text_batches(&tokenizer, &probe, &texts, args.batch_size)?,
-                text_batches(&tokenizer, &probe, &held, args.batch_size)?,
+                text_batches(&tokenizer, &fp32_session, &texts, args.batch_size)?,
+                text_batches(&tokenizer, &fp32_session, &held, args.batch_size)?,
             )
         }
         (None, Some(n)) => {
             let hold = args.held_back.min(n / 2);
-            let mut all = random_batches(&probe, n, args.seq, args.batch_size)?;
+            let mut all = random_batches(&fp32_session, n, args.seq, args.batch_size)?;
             let held_batches = hold.div_ceil(args.batch_size.max(1)).min(all.len() / 2);
             let held = all.split_off(all.len() - held_batches);
             (all, held)
@@ -238,7 +223,6 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
             ))
         }
     };
-    drop(probe);
     let stats = match &args.stats_in {
         Some(p) => load_stats(p)?,
         None => {
@@ -297,11 +281,11 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
     }
     let (q, report, gate) = quantize_with_gate(
         &model,
+        &fp32_session,
         Some(&stats),
         &opts,
         &held_back,
         args.min_cosine,
-        args.threads,
     )?;
     q.save(&args.out)?;
     let quantized = report.quantized_layers();

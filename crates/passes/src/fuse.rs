@@ -16,37 +16,24 @@
 
 use ir::{ActQuant, BinaryOp, DType, EpilogueStep, Graph, NodeId, Op, Outlet, Tensor, TensorType};
 
-use crate::rewrite::sole_consumer;
+use crate::rewrite::{sole_consumer, visit_to_fixpoint};
 use crate::{Pass, PassContext, PassError, Report};
 
-/// Applies `rule` to every node in topological order until it fires nowhere.
+/// Applies `rule` to every node in topological order until it fires nowhere, removing what a
+/// rewrite left dead.
 fn apply(
     graph: &mut Graph,
     pass: &'static str,
     report: &mut Report,
     rule: fn(&mut Graph, NodeId, &mut Report) -> Result<bool, String>,
 ) -> Result<bool, PassError> {
-    let mut changed = false;
-    loop {
-        let mut fired = false;
-        let order = graph
-            .topo_order()
-            .map_err(|source| PassError::Graph { pass, source })?;
-        for id in order {
-            if !graph.contains(id) {
-                continue;
-            }
-            let name = graph.node(id).name.clone();
-            if rule(graph, id, report).map_err(|m| PassError::node(pass, &name, m))? {
-                fired = true;
-                crate::dce::remove_dead(graph);
-            }
+    visit_to_fixpoint(graph, pass, |g, id| {
+        let fired = rule(g, id, report)?;
+        if fired {
+            crate::dce::remove_dead(g);
         }
-        if !fired {
-            return Ok(changed);
-        }
-        changed = true;
-    }
+        Ok(fired)
+    })
 }
 
 /// Folds Q/DQ pairs and the dynamic-quantization pattern into integer matrix products.

@@ -40,6 +40,29 @@ pub(crate) fn apply_rules(
     pass: &'static str,
     rules: &[Rule],
 ) -> Result<bool, PassError> {
+    visit_to_fixpoint(graph, pass, |g, id| {
+        let mut fired = false;
+        for rule in rules {
+            if !g.contains(id) {
+                break;
+            }
+            if rule(g, id)? {
+                fired = true;
+                crate::dce::remove_dead(g);
+            }
+        }
+        Ok(fired)
+    })
+}
+
+/// Calls `visit` on every live node, in topological order, until it changes nothing in a whole
+/// round. `visit` returns whether it rewrote the graph, and removes what its rewrite left dead.
+/// Errors get the pass and node names.
+pub(crate) fn visit_to_fixpoint(
+    graph: &mut Graph,
+    pass: &'static str,
+    mut visit: impl FnMut(&mut Graph, NodeId) -> Result<bool, String>,
+) -> Result<bool, PassError> {
     let mut changed = false;
     loop {
         let mut fired = false;
@@ -50,16 +73,8 @@ pub(crate) fn apply_rules(
             if !graph.contains(id) {
                 continue;
             }
-            for rule in rules {
-                if !graph.contains(id) {
-                    break;
-                }
-                let name = graph.node(id).name.clone();
-                if rule(graph, id).map_err(|m| PassError::node(pass, &name, m))? {
-                    fired = true;
-                    crate::dce::remove_dead(graph);
-                }
-            }
+            let name = graph.node(id).name.clone();
+            fired |= visit(graph, id).map_err(|m| PassError::node(pass, &name, m))?;
         }
         if !fired {
             return Ok(changed);

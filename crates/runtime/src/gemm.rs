@@ -1,8 +1,7 @@
 //! FP32 matrix products on the codegen kernels: weights packed once at compile time
 //! ([`PackedWeight`]), activations × activations packed per call.
 
-use codegen::kernels::{gemm_f32, gemm_f32_unpacked, EpilogueF32, EpilogueOp, PackedF32};
-use ir::GeluApprox;
+use codegen::kernels::{gemm_f32, gemm_f32_unpacked, EpilogueF32, PackedF32};
 
 use crate::exec::Ctx;
 
@@ -24,16 +23,7 @@ impl PackedWeight {
     }
 }
 
-/// What the GEMM applies to each output element, in this order, while it is in registers.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct Epi<'a> {
-    pub bias: Option<&'a [f32]>,
-    pub gelu: Option<GeluApprox>,
-    /// Added after bias (and GELU): a contiguous `[m, n]` tensor.
-    pub residual: Option<&'a [f32]>,
-}
-
-/// `c[m, n] = epilogue(a[m, k] · w)`; `a` rows are `lda` apart, `c` is contiguous.
+/// `c[m, n] = a[m, k] · w (+ bias[n])`; `a` rows are `lda` apart, `c` is contiguous.
 pub(crate) fn gemm_packed(
     ctx: &Ctx<'_>,
     m: usize,
@@ -41,23 +31,13 @@ pub(crate) fn gemm_packed(
     lda: usize,
     w: &PackedWeight,
     c: &mut [f32],
-    epi: Epi<'_>,
+    bias: Option<&[f32]>,
 ) {
-    let n = w.n();
-    let mut ops = Vec::with_capacity(3);
-    if let Some(b) = epi.bias {
-        ops.push(EpilogueOp::Bias(b));
-    }
-    match epi.gelu {
-        Some(GeluApprox::Erf) => ops.push(EpilogueOp::GeluErf),
-        Some(GeluApprox::Tanh) => ops.push(EpilogueOp::GeluTanh),
-        None => {}
-    }
-    if let Some(r) = epi.residual {
-        ops.push(EpilogueOp::AddResidual { data: r, ld: n });
-    }
-    let ep = EpilogueF32::new(ops);
-    gemm_f32(m, a, lda, &w.0, c, n, &ep, ctx.gemm_threads(m * n * w.k()));
+    let ep = match bias {
+        Some(b) => EpilogueF32::bias(b),
+        None => EpilogueF32::none(),
+    };
+    gemm_packed_program(ctx, m, a, lda, w, c, &ep);
 }
 
 /// `c[m, n] = alpha · a[m, k] · op(b)` with `op(b) = b` (`[k, n]`, rows `ldb` apart) or `bᵀ`

@@ -44,11 +44,21 @@ pub struct CalibrationBatch {
 impl CalibrationBatch {
     /// A batch whose real rows are given by an `attention_mask` feed, when there is one.
     pub fn from_feeds(feeds: Vec<(String, TensorValue)>) -> CalibrationBatch {
-        let real_rows = feeds
+        let mut b = CalibrationBatch {
+            feeds,
+            real_rows: None,
+        };
+        b.real_rows = b
+            .attention_mask()
+            .and_then(|m| m.as_i64().map(|v| v.iter().map(|&x| x != 0).collect()));
+        b
+    }
+
+    fn attention_mask(&self) -> Option<&TensorValue> {
+        self.feeds
             .iter()
             .find(|(n, _)| n == "attention_mask")
-            .and_then(|(_, m)| m.as_i64().map(|v| v.iter().map(|&x| x != 0).collect()));
-        CalibrationBatch { feeds, real_rows }
+            .map(|(_, t)| t)
     }
 
     fn feed_refs(&self) -> Vec<(&str, TensorValue)> {
@@ -74,6 +84,19 @@ fn counted_rows<'a>(
         .map(|(_, r)| r)
 }
 
+/// The model decluttered but not fused, so that every linear layer runs as itself and
+/// [`Session::run_observed`] sees its input.
+fn unfused_session(model: &Model, threads: usize) -> Result<Session, Error> {
+    Session::new(
+        model,
+        CompileOptions {
+            threads,
+            fuse: false,
+            ..CompileOptions::default()
+        },
+    )
+}
+
 /// Runs the FP32 model (decluttered, not fused, so every linear layer is visible) on `batches`
 /// and records, for each linear layer's input, the per-channel minimum and maximum over the real
 /// tokens. `progress(done, total)` is called after each batch.
@@ -83,14 +106,7 @@ pub fn calibrate(
     threads: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<CalibrationStats, Error> {
-    let session = Session::new(
-        model,
-        CompileOptions {
-            threads,
-            fuse: false,
-            ..CompileOptions::default()
-        },
-    )?;
+    let session = unfused_session(model, threads)?;
     let mut stats = CalibrationStats::default();
     let mut bad: Option<Error> = None;
     for (i, b) in batches.iter().enumerate() {
@@ -285,32 +301,26 @@ pub fn quantize(
     Ok((Model::from_graph(g)?, report))
 }
 
-/// One vector per sample of the model's first output: the mean over the real tokens when it is
-/// `[batch, seq, hidden]` and the batch has a mask, else its rows.
-fn sample_vectors(out: &TensorValue, real: Option<&[bool]>) -> Vec<Vec<f32>> {
-    let Some(v) = out.as_f32() else {
-        return Vec::new();
-    };
+/// One vector per sample of the model's first output: its mean over the real tokens
+/// ([`crate::text::mean_pool`]) when it is `[batch, seq, hidden]` and the batch has an
+/// `attention_mask` of `[batch, seq]`, else its rows.
+fn sample_vectors(out: &TensorValue, mask: Option<&TensorValue>) -> Result<Vec<Vec<f32>>, Error> {
+    if out.as_f32().is_none() {
+        return Ok(Vec::new());
+    }
     let sh = out.shape();
-    match (sh.len(), real) {
-        (3, Some(m)) if m.len() == sh[0] * sh[1] => (0..sh[0])
-            .map(|b| {
-                let mut acc = vec![0f32; sh[2]];
-                let mut n = 0;
-                for s in 0..sh[1] {
-                    if m[b * sh[1] + s] {
-                        let row = &v[(b * sh[1] + s) * sh[2]..][..sh[2]];
-                        acc.iter_mut().zip(row).for_each(|(a, x)| *a += x);
-                        n += 1;
-                    }
-                }
-                acc.iter_mut().for_each(|a| *a /= n.max(1) as f32);
-                acc
-            })
-            .collect(),
+    match mask {
+        Some(m) if sh.len() == 3 && m.shape() == &sh[..2] => {
+            crate::eval::rows(&crate::text::mean_pool(out, m)?)
+        }
         _ => {
             let last = sh.last().copied().unwrap_or(1).max(1);
-            v.chunks(last).map(|c| c.to_vec()).collect()
+            Ok(out
+                .as_f32()
+                .unwrap_or(&[])
+                .chunks(last)
+                .map(|c| c.to_vec())
+                .collect())
         }
     }
 }
@@ -336,8 +346,8 @@ pub fn mean_cosine(
     for b in batches {
         let r = reference.run(&b.feed_refs())?;
         let c = candidate.run(&b.feed_refs())?;
-        let rv = sample_vectors(&r[0].1, b.real_rows.as_deref());
-        let cv = sample_vectors(&c[0].1, b.real_rows.as_deref());
+        let rv = sample_vectors(&r[0].1, b.attention_mask())?;
+        let cv = sample_vectors(&c[0].1, b.attention_mask())?;
         for (x, y) in rv.iter().zip(&cv) {
             sum += cosine(x, y);
             n += 1;
@@ -356,14 +366,7 @@ pub fn layer_errors(
     threads: usize,
     max_rows: usize,
 ) -> Result<Vec<(String, f64)>, Error> {
-    let session = Session::new(
-        fp32,
-        CompileOptions {
-            threads,
-            fuse: false,
-            ..CompileOptions::default()
-        },
-    )?;
+    let session = unfused_session(fp32, threads)?;
     let g = quantized_unfused;
     // The quantized layers by name: (act, w_q, w_scale, inv_smooth).
     #[allow(clippy::type_complexity)]
@@ -409,9 +412,8 @@ pub fn layer_errors(
         };
         session.run_observed(&b.feed_refs(), &mut observe)?;
     }
-    // The FP32 weights, by layer name, from the decluttered FP32 graph.
-    let mut fp = fp32.graph().clone();
-    passes::Pipeline::declutter().run(&mut fp, &mut passes::RunOptions::default())?;
+    // The FP32 weights, by layer name, from the decluttered graph the session ran.
+    let fp = session.graph();
     let mut out = Vec::new();
     for id in fp.node_ids() {
         if fp.node(id).op != Op::Linear {
@@ -469,23 +471,21 @@ pub struct GateOutcome {
 
 /// [`quantize`], then, while the mean cosine of the INT8 to the FP32 outputs on `held_back` is
 /// below `min_cosine`, keeps in FP32 the quantized layer with the largest own error
-/// ([`layer_errors`]) and quantizes again.
+/// ([`layer_errors`]) and quantizes again. `reference` is `model` compiled (the FP32 side of the
+/// comparison); the INT8 sessions get its options.
 pub fn quantize_with_gate(
     model: &Model,
+    reference: &Session,
     stats: Option<&CalibrationStats>,
     opts: &QuantizeOptions,
     held_back: &[CalibrationBatch],
     min_cosine: Option<f64>,
-    threads: usize,
 ) -> Result<(Model, QuantizeReport, GateOutcome), Error> {
-    let compile = CompileOptions {
-        threads,
-        ..CompileOptions::default()
-    };
-    let reference = Session::new(model, compile.clone())?;
+    let compile = reference.options().clone();
+    let threads = compile.threads;
     let mut opts = opts.clone();
     let (mut q, mut report) = quantize(model, stats, &opts)?;
-    let mut cos = mean_cosine(&reference, &Session::new(&q, compile.clone())?, held_back)?;
+    let mut cos = mean_cosine(reference, &Session::new(&q, compile.clone())?, held_back)?;
     let first_cosine = cos;
     let mut kept = Vec::new();
     if let Some(floor) = min_cosine {
@@ -499,7 +499,7 @@ pub fn quantize_with_gate(
                 opts.keep_fp32.push(layer.clone());
                 kept.push((layer, err));
                 (q, report) = quantize(model, stats, &opts)?;
-                cos = mean_cosine(&reference, &Session::new(&q, compile.clone())?, held_back)?;
+                cos = mean_cosine(reference, &Session::new(&q, compile.clone())?, held_back)?;
             }
         }
     }

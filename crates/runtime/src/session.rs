@@ -852,7 +852,7 @@ impl Session {
                 node,
             )?),
             Op::MatMul => match packed {
-                Some(w) => one(nn::linear(r(0), w, None, None, None, ctx, node, "matmul")?),
+                Some(w) => one(nn::linear(r(0), w, None, ctx, node, "matmul")?),
                 None => one(nn::matmul(r(0), r(1), ctx, node)?),
             },
             Op::Gemm {
@@ -876,7 +876,7 @@ impl Session {
             Op::Linear => {
                 let w = packed.expect("linear weights are packed at compile time");
                 let bias = ins.get(2).map(|i| i.get());
-                one(nn::linear(r(0), w, bias, None, None, ctx, node, "linear")?)
+                one(nn::linear(r(0), w, bias, ctx, node, "linear")?)
             }
             Op::FusedLinear { epilogue } => {
                 let w = packed.expect("fused linear weights are packed at compile time");

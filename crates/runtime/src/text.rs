@@ -293,6 +293,27 @@ pub fn sentence_embeddings(hidden: &TensorValue, mask: &TensorValue) -> Result<T
     l2_normalize(&mean_pool(hidden, mask)?)
 }
 
+/// The output that holds the token states to pool: `last_hidden_state`, else the first output.
+///
+/// ```
+/// use runtime::{CompileOptions, Model, Session};
+/// let g = ir::text::parse(
+///     "%0 = input[name=\"x\"] : f32[B,S,2]\n%1 = relu(%0) : f32[B,S,2]\noutput \"h\" = %1\n",
+///     None,
+/// ).unwrap();
+/// let s = Session::new(&Model::from_graph(g).unwrap(), CompileOptions::default()).unwrap();
+/// assert_eq!(runtime::text::hidden_state_output(&s), "h");
+/// ```
+pub fn hidden_state_output(session: &Session) -> String {
+    let names = session.output_names();
+    names
+        .iter()
+        .find(|n| *n == "last_hidden_state")
+        .or(names.first())
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// Tokenizer + encoder session + pooling: texts in, normalised sentence embeddings out.
 pub struct SentenceEncoder {
     session: Session,
@@ -301,15 +322,9 @@ pub struct SentenceEncoder {
 }
 
 impl SentenceEncoder {
-    /// Pools the session's `last_hidden_state` output (else its first output).
+    /// Pools the session's [`hidden_state_output`].
     pub fn new(session: Session, tokenizer: Tokenizer) -> SentenceEncoder {
-        let names = session.output_names();
-        let output = names
-            .iter()
-            .find(|n| *n == "last_hidden_state")
-            .or(names.first())
-            .cloned()
-            .unwrap_or_default();
+        let output = hidden_state_output(&session);
         SentenceEncoder {
             session,
             tokenizer,

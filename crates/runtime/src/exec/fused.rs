@@ -4,43 +4,11 @@
 use codegen::kernels::{Activations, Epilogue, EpilogueOp, Output, RowParam};
 use ir::{ActQuant, EpilogueStep, GeluApprox};
 
+use super::nn::{f32_of, linear_rows};
 use super::{Ctx, Input};
 use crate::gemm::{gemm_packed_program, PackedWeight, PackedWeightI8};
 use crate::value::TensorValue;
 use crate::Error;
-
-fn f32_of<'a>(t: &'a TensorValue, node: &str, op: &'static str) -> Result<&'a [f32], Error> {
-    t.as_f32()
-        .ok_or_else(|| Error::op(node, op, format!("expects f32, got {}", t.dtype())))
-}
-
-/// Checks `x` against the weight's `k` and returns `(m, output shape)`.
-fn rows_of(
-    x: &TensorValue,
-    k: usize,
-    n: usize,
-    node: &str,
-    op: &'static str,
-) -> Result<(usize, Vec<usize>), Error> {
-    let kx = *x
-        .shape()
-        .last()
-        .ok_or_else(|| Error::op(node, op, "input is a scalar"))?;
-    if kx != k {
-        return Err(Error::op(
-            node,
-            op,
-            format!(
-                "input {:?} has {kx} features, the weight expects {k}",
-                x.shape()
-            ),
-        ));
-    }
-    let m = x.shape()[..x.rank() - 1].iter().product();
-    let mut shape = x.shape().to_vec();
-    *shape.last_mut().expect("rank >= 1") = n;
-    Ok((m, shape))
-}
 
 /// The kernel epilogue program of `steps`, reading their operands from `operands` in order.
 fn program<'a>(
@@ -109,7 +77,7 @@ pub(crate) fn fused_linear(
 ) -> Result<TensorValue, Error> {
     let op = "fused_linear";
     let xv = f32_of(x, node, op)?;
-    let (m, shape) = rows_of(x, w.k(), w.n(), node, op)?;
+    let (m, shape) = linear_rows(x, w.k(), w.n(), node, op)?;
     let mut ops = Vec::with_capacity(steps.len());
     program(steps, operands, w.n(), &shape, node, op, &mut ops)?;
     let mut out = ctx.arena.f32_zeroed(m * w.n());
@@ -342,7 +310,7 @@ pub(crate) fn qlinear(
     let op = "qlinear";
     let xv = f32_of(x, node, op)?;
     let (k, n) = (w.k(), w.n());
-    let (m, shape) = rows_of(x, k, n, node, op)?;
+    let (m, shape) = linear_rows(x, k, n, node, op)?;
     let ws = f32_of(w_scale, node, op)?;
     if ws.len() != n && ws.len() != 1 {
         return Err(Error::op(

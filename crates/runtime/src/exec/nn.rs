@@ -2,7 +2,7 @@
 
 use super::simd::{layer_norm_rows, softmax_row_exact};
 use super::{broadcast_shape, broadcast_strides, norm_axis, strides_of, Ctx, Input};
-use crate::gemm::{gemm_packed, gemm_unpacked, Epi, PackedWeight};
+use crate::gemm::{gemm_packed, gemm_unpacked, PackedWeight};
 use crate::value::TensorValue;
 use crate::Error;
 
@@ -82,40 +82,56 @@ pub(crate) fn plan_matmul(
     })
 }
 
-fn f32_of<'a>(t: &'a TensorValue, node: &str, op: &'static str) -> Result<&'a [f32], Error> {
+pub(crate) fn f32_of<'a>(
+    t: &'a TensorValue,
+    node: &str,
+    op: &'static str,
+) -> Result<&'a [f32], Error> {
     t.as_f32()
         .ok_or_else(|| Error::op(node, op, format!("expects f32, got {}", t.dtype())))
 }
 
-/// `x[..., k] · w[k, n] (+ bias)` with a prepacked weight: Linear, and MatMul/Gemm whose right
-/// operand is a constant.
-#[allow(clippy::too_many_arguments)]
+/// Checks `x` (`[..., k]`) against a weight of `k` inputs and `n` outputs: returns the rows `m`
+/// and the output shape `[..., n]`.
+pub(crate) fn linear_rows(
+    x: &TensorValue,
+    k: usize,
+    n: usize,
+    node: &str,
+    op: &'static str,
+) -> Result<(usize, Vec<usize>), Error> {
+    let kx = *x
+        .shape()
+        .last()
+        .ok_or_else(|| Error::op(node, op, "input is a scalar"))?;
+    if kx != k {
+        return Err(Error::op(
+            node,
+            op,
+            format!(
+                "input {:?} has {kx} features, the weight expects {k}",
+                x.shape()
+            ),
+        ));
+    }
+    let m = x.shape()[..x.rank() - 1].iter().product();
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("rank >= 1") = n;
+    Ok((m, shape))
+}
+
+/// `x[..., k] · w[k, n] (+ bias)` with a prepacked weight: Linear (in unfused graphs, as
+/// calibration runs them), and MatMul/Gemm whose right operand is a constant.
 pub(crate) fn linear(
     x: &TensorValue,
     w: &PackedWeight,
     bias: Option<&TensorValue>,
-    gelu: Option<ir::GeluApprox>,
-    residual: Option<&TensorValue>,
     ctx: &mut Ctx<'_>,
     node: &str,
     op: &'static str,
 ) -> Result<TensorValue, Error> {
     let xv = f32_of(x, node, op)?;
-    let k = *x
-        .shape()
-        .last()
-        .ok_or_else(|| Error::op(node, op, "input is a scalar"))?;
-    if k != w.k() {
-        return Err(Error::op(
-            node,
-            op,
-            format!(
-                "input {:?} has {k} features, the weight expects {}",
-                x.shape(),
-                w.k()
-            ),
-        ));
-    }
+    let (m, shape) = linear_rows(x, w.k(), w.n(), node, op)?;
     let bias = match bias {
         Some(b) => {
             let bv = f32_of(b, node, op)?;
@@ -130,27 +146,9 @@ pub(crate) fn linear(
         }
         None => None,
     };
-    let m: usize = x.shape()[..x.rank() - 1].iter().product();
-    let mut shape = x.shape().to_vec();
-    *shape.last_mut().unwrap() = w.n();
     let mut out = ctx.arena.f32_zeroed(m * w.n());
-    // The residual joins the epilogue when it has the output's shape; a broadcast one is added
-    // afterwards (same operations, same rounding).
-    let fused_res = residual.filter(|r| r.shape() == &shape[..]);
-    let res_v = fused_res.map(|r| f32_of(r, node, op)).transpose()?;
-    let epi = Epi {
-        bias,
-        gelu,
-        residual: res_v,
-    };
-    gemm_packed(ctx, m, xv, k, w, &mut out, epi);
-    let out = TensorValue::raw(shape, out);
-    match residual {
-        Some(r) if fused_res.is_none() => {
-            super::elementwise::binary(ir::BinaryOp::Add, Input::Own(out), Input::Ref(r), node)
-        }
-        _ => Ok(out),
-    }
+    gemm_packed(ctx, m, xv, w.k(), w, &mut out, bias);
+    Ok(TensorValue::raw(shape, out))
 }
 
 /// Numpy matmul of two f32 activations.
@@ -222,7 +220,7 @@ pub(crate) fn gemm(
     let mut out = ctx.arena.f32_zeroed(m * n);
     match packed {
         Some(w) => {
-            gemm_packed(ctx, m, av, k, w, &mut out, Epi::default());
+            gemm_packed(ctx, m, av, k, w, &mut out, None);
             if alpha != 1.0 {
                 out.iter_mut().for_each(|v| *v *= alpha);
             }
