@@ -37,58 +37,17 @@ import datetime as _dt
 import json
 import os
 import platform
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+import benchlib
+from benchlib import REPO, BenchError, load_1m, log, run_cmd, tail
+
 REQUIREMENTS = REPO / "scripts" / "requirements-bench.txt"
 IN_VENV_MARKER = "ENCORE_BENCH_IN_VENV"
-
-
-class BenchError(Exception):
-    """A step failed; the message says which and why."""
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def tail(text: str | bytes | None, lines: int = 30) -> str:
-    if text is None:
-        return ""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def run_cmd(cmd: list[str], what: str, timeout: float, cwd: Path = REPO, capture: bool = True) -> str:
-    """Runs `cmd`; raises BenchError naming `what` on a missing program, timeout or failure."""
-    log(f"{what}: {' '.join(cmd)}")
-    try:
-        p = subprocess.run(
-            cmd,
-            cwd=cwd,
-            stdout=subprocess.PIPE if capture else None,
-            stderr=subprocess.PIPE if capture else None,
-            timeout=timeout,
-            check=False,
-        )
-    except FileNotFoundError as e:
-        raise BenchError(f"{what}: cannot run {cmd[0]!r}: {e}") from e
-    except subprocess.TimeoutExpired as e:
-        raise BenchError(
-            f"{what}: timed out after {timeout:.0f} s (raise --timeout)\n{tail(e.stdout)}\n{tail(e.stderr)}"
-        ) from e
-    if p.returncode != 0:
-        raise BenchError(
-            f"{what}: exit status {p.returncode}\n--- stdout ---\n{tail(p.stdout)}\n--- stderr ---\n{tail(p.stderr)}"
-        )
-    return p.stdout.decode("utf-8", "replace") if capture else ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,73 +56,20 @@ def run_cmd(cmd: list[str], what: str, timeout: float, cwd: Path = REPO, capture
 
 def ensure_venv(args: argparse.Namespace) -> None:
     """Re-executes this script inside the bench venv, creating and filling it first if needed."""
-    if args.no_venv or os.environ.get(IN_VENV_MARKER) == "1":
-        return
-    venv = Path(args.venv).resolve()
-    py = venv / "bin" / "python"
-    stamp = venv / ".requirements-installed"
-    wanted = REQUIREMENTS.read_text()
-    if not py.exists():
-        log(f"creating virtualenv {venv}")
-        run_cmd([sys.executable, "-m", "venv", str(venv)], "python3 -m venv", timeout=300)
-    if not stamp.exists() or stamp.read_text() != wanted:
-        run_cmd(
-            [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", str(REQUIREMENTS)],
-            "pip install -r scripts/requirements-bench.txt",
-            timeout=args.timeout,
-        )
-        stamp.write_text(wanted)
-    env = dict(os.environ, **{IN_VENV_MARKER: "1"})
-    log(f"re-running inside {venv}")
-    os.execve(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]], env)
+    benchlib.ensure_venv(__file__, args, REQUIREMENTS, IN_VENV_MARKER)
 
 
 # ---------------------------------------------------------------------------------------------
 # Step 2: the CLI and the model
 
 
-def build_encore(args: argparse.Namespace) -> Path:
-    if args.encore_bin:
-        exe = Path(args.encore_bin).resolve()
-        if not exe.exists():
-            raise BenchError(f"--encore-bin {exe} does not exist")
-        return exe
-    if shutil.which("cargo") is None:
-        raise BenchError("cargo is not on PATH (or pass --encore-bin)")
-    out = run_cmd(
-        ["cargo", "build", "--release", "--bin", "encore", "--message-format=json-render-diagnostics"],
-        "cargo build --release --bin encore",
-        timeout=args.timeout,
-    )
-    exe = None
-    for line in out.splitlines():
-        try:
-            msg = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if msg.get("reason") == "compiler-artifact" and msg.get("executable") and msg["target"]["name"] == "encore":
-            exe = Path(msg["executable"])
-    if exe is None or not exe.exists():
-        raise BenchError("cargo build finished but reported no `encore` executable")
-    return exe
-
-
 def build_model(args: argparse.Namespace, encore: Path, workdir: Path) -> Path:
-    if args.model:
-        model = Path(args.model).resolve()
-        if not model.exists():
-            raise BenchError(f"--model {model} does not exist")
-        return model
-    model = workdir / f"{args.preset}.onnx"
-    cmd = [str(encore), "build-model", "--preset", args.preset, "--out", str(model)]
+    extra = []
     if args.opset:
-        cmd += ["--opset", str(args.opset)]
+        extra += ["--opset", str(args.opset)]
     if args.vocab:
-        cmd += ["--vocab", str(args.vocab)]
-    t0 = time.perf_counter()
-    run_cmd(cmd, "encore build-model", timeout=args.timeout)
-    log(f"wrote {model} ({model.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s")
-    return model
+        extra += ["--vocab", str(args.vocab)]
+    return benchlib.build_model(args, encore, workdir, extra)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,29 +176,8 @@ class OrtRunner:
 
 
 def machine_info() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    commit = None
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip() or None
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "python": platform.python_version(), "git_commit": commit}
-
-
-def load_1m() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
+    return {"cpu": benchlib.cpu_model(), "logical_cpus": os.cpu_count(), "python": platform.python_version(),
+            "git_commit": benchlib.git_commit()}
 
 
 def summarize(rows: dict[int, dict[str, list[dict]]]) -> list[dict]:
@@ -365,7 +250,7 @@ def main(argv: list[str]) -> int:
             import onnxruntime as ort
         except ImportError as e:
             raise BenchError(f"{e}; run without --no-venv, or pip install -r {REQUIREMENTS}") from e
-        encore = build_encore(args)
+        encore = benchlib.encore_executable(args)
         tmp = None
         if args.workdir:
             workdir = Path(args.workdir).resolve()

@@ -64,17 +64,18 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+import benchlib
+from benchlib import REPO, BenchError, load_1m, log, run_cmd, tail
+
 REQUIREMENTS = REPO / "scripts" / "requirements-int8-bench.txt"
 IN_VENV_MARKER = "ENCORE_INT8_BENCH_IN_VENV"
-PROG = "bench_int8"
+benchlib.PROG = "bench_int8"
 
 ENGINES = (
     "encore-fp32",
@@ -90,41 +91,6 @@ INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 BERT_LAYERS, BERT_HIDDEN, BERT_FFN = 12, 768, 3072
 
 
-class BenchError(Exception):
-    """A step failed; the message says which and why."""
-
-
-def log(msg: str) -> None:
-    print(f"[{PROG} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def tail(text: str | bytes | None, lines: int = 30) -> str:
-    if text is None:
-        return ""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def run_cmd(cmd: list[str], what: str, timeout: float, cwd: Path = REPO, show_stdout: bool = True) -> str:
-    """Runs `cmd`; raises BenchError naming `what` on a missing program, timeout or failure.
-
-    The error shows the end of stderr, and of stdout unless `show_stdout` is false."""
-    log(f"{what}: {' '.join(cmd)}")
-    try:
-        p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, check=False)
-    except FileNotFoundError as e:
-        raise BenchError(f"{what}: cannot run {cmd[0]!r}: {e}") from e
-    except subprocess.TimeoutExpired as e:
-        raise BenchError(
-            f"{what}: timed out after {timeout:.0f} s (raise --timeout)\n{tail(e.stdout)}\n{tail(e.stderr)}"
-        ) from e
-    if p.returncode != 0:
-        out = f"\n--- stdout ---\n{tail(p.stdout)}" if show_stdout else ""
-        raise BenchError(f"{what}: exit status {p.returncode}{out}\n--- stderr ---\n{tail(p.stderr)}")
-    return p.stdout.decode("utf-8", "replace")
-
-
 def last_json_line(out: str, what: str):
     """The last line of `out` that parses as JSON (an object or an array)."""
     for line in reversed(out.strip().splitlines()):
@@ -137,38 +103,13 @@ def last_json_line(out: str, what: str):
     raise BenchError(f"{what} printed no JSON:\n{tail(out)}")
 
 
-def load_1m() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
-
-
 # ---------------------------------------------------------------------------------------------
 # Step 1: the virtualenv
 
 
 def ensure_venv(args: argparse.Namespace) -> None:
     """Re-executes this script inside the bench venv, creating and filling it first if needed."""
-    if args.no_venv or os.environ.get(IN_VENV_MARKER) == "1":
-        return
-    venv = Path(args.venv).resolve()
-    py = venv / "bin" / "python"
-    stamp = venv / ".requirements-installed"
-    wanted = REQUIREMENTS.read_text()
-    if not py.exists():
-        log(f"creating virtualenv {venv}")
-        run_cmd([sys.executable, "-m", "venv", str(venv)], "python3 -m venv", timeout=300)
-    if not stamp.exists() or stamp.read_text() != wanted:
-        run_cmd(
-            [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", str(REQUIREMENTS)],
-            "pip install -r scripts/requirements-int8-bench.txt",
-            timeout=args.timeout,
-        )
-        stamp.write_text(wanted)
-    env = dict(os.environ, **{IN_VENV_MARKER: "1"})
-    log(f"re-running inside {venv}")
-    os.execve(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]], env)
+    benchlib.ensure_venv(__file__, args, REQUIREMENTS, IN_VENV_MARKER)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,29 +117,7 @@ def ensure_venv(args: argparse.Namespace) -> None:
 
 
 def build_encore(args: argparse.Namespace, workdir: Path) -> Path:
-    if args.encore_bin:
-        exe = Path(args.encore_bin).resolve()
-        if not exe.exists():
-            raise BenchError(f"--encore-bin {exe} does not exist")
-    else:
-        if shutil.which("cargo") is None:
-            raise BenchError("cargo is not on PATH (or pass --encore-bin)")
-        out = run_cmd(
-            ["cargo", "build", "--release", "--bin", "encore", "--message-format=json-render-diagnostics"],
-            "cargo build --release --bin encore",
-            timeout=args.timeout,
-            show_stdout=False,  # cargo's JSON messages; the diagnostics are on stderr
-        )
-        exe = None
-        for line in out.splitlines():
-            try:
-                msg = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if msg.get("reason") == "compiler-artifact" and msg.get("executable") and msg["target"]["name"] == "encore":
-                exe = Path(msg["executable"])
-        if exe is None or not exe.exists():
-            raise BenchError("cargo build finished but reported no `encore` executable")
+    exe = benchlib.encore_executable(args)
     # A private copy: others may rebuild target/release/encore while the rounds run.
     copy = workdir / "encore"
     shutil.copy2(exe, copy)
@@ -207,17 +126,7 @@ def build_encore(args: argparse.Namespace, workdir: Path) -> Path:
 
 
 def build_model(args: argparse.Namespace, encore: Path, workdir: Path) -> Path:
-    if args.model:
-        model = Path(args.model).resolve()
-        if not model.exists():
-            raise BenchError(f"--model {model} does not exist")
-        return model
-    model = workdir / f"{args.preset}.onnx"
-    t0 = time.perf_counter()
-    run_cmd([str(encore), "build-model", "--preset", args.preset, "--out", str(model)], "encore build-model",
-            timeout=args.timeout)
-    log(f"wrote {model} ({model.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s")
-    return model
+    return benchlib.build_model(args, encore, workdir)
 
 
 def model_facts(model: Path) -> dict:
@@ -671,29 +580,21 @@ def gemm_macs_per_sequence(seq: int) -> int:
 
 
 def cpu_info() -> dict:
-    model, flags = platform.processor(), set()
+    flags = set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == platform.processor():
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
+            if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
+                break
     except OSError:
         pass
     wanted = ("avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
-    return {"model": model, "flags": {f: f in flags for f in wanted}}
+    return {"model": benchlib.cpu_model(), "flags": {f: f in flags for f in wanted}}
 
 
 def machine_info() -> dict:
-    commit = None
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip() or None
-    except (OSError, subprocess.TimeoutExpired):
-        pass
     return {"cpu": cpu_info(), "logical_cpus": os.cpu_count(), "python": platform.python_version(),
-            "git_commit": commit}
+            "git_commit": benchlib.git_commit()}
 
 
 def package_versions() -> dict:
@@ -958,13 +859,13 @@ def main(argv: list[str]) -> int:
             if tmp is not None:
                 tmp.cleanup()
     except BenchError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{benchlib.PROG}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+        print(f"{benchlib.PROG}: interrupted", file=sys.stderr)
         return 1
     if failures:
-        print(f"{PROG}: {len(failures)} failure(s): " + "; ".join(f.splitlines()[0] for f in failures), file=sys.stderr)
+        print(f"{benchlib.PROG}: {len(failures)} failure(s): " + "; ".join(f.splitlines()[0] for f in failures), file=sys.stderr)
         return 1
     return 0
 
