@@ -345,6 +345,12 @@ class OrtInt8Dynamic(OrtEngine):
         return self.quantized
 
     def prepare(self) -> None:
+        # onnxruntime's quantization tools leave temporary files (sym_shape_infer_temp.onnx,
+        # external-data *.data) in the working directory: keep them in the work folder.
+        with contextlib.chdir(self.ctx["workdir"]):
+            self._prepare()
+
+    def _prepare(self) -> None:
         import onnx
         from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 
