@@ -73,18 +73,19 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         });
         println!("{obj}");
     } else {
-        print_result(&args, &r);
+        print_result(&args, model.is_quantized(), &r);
     }
     Ok(())
 }
 
-pub fn print_result(args: &BenchArgs, r: &BenchResult) {
+pub fn print_result(args: &BenchArgs, quantized: bool, r: &BenchResult) {
     println!(
-        "{}: batch {} × seq {}, {} threads, fp32",
+        "{}: batch {} × seq {}, {} threads, {}",
         args.model.display(),
         args.batch,
         args.seq,
-        args.threads
+        args.threads,
+        if quantized { "int8" } else { "fp32" }
     );
     println!("  compile       {:.2} s", r.compile_s);
     println!("  runs          {}", r.runs);

@@ -50,6 +50,6 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         json: false,
     };
     let result = measure(&model, &bench)?;
-    print_result(&bench, &result);
+    print_result(&bench, model.is_quantized(), &result);
     Ok(())
 }

@@ -30,7 +30,7 @@ use std::path::Path;
 use ir::{ActQuant, Graph, Op};
 pub use passes::{ActivationMode, CalibrationStats, ChannelStats, Note, NoteKind, QuantizeOptions};
 
-use crate::exec::fused::quantize_rows;
+use crate::exec::fused::quantize_rows_here;
 use crate::{CompileOptions, Error, Model, Session, TensorValue};
 
 /// One batch of calibration inputs. `real_rows[b·S + s]` says whether token `s` of sequence `b`
@@ -432,7 +432,7 @@ pub fn layer_errors(
             continue;
         };
         let m = x.len() / k;
-        let q = quantize_rows(x, m, k, inv.as_deref(), *act);
+        let q = quantize_rows_here(x, m, k, inv.as_deref(), *act);
         let (mut err, mut norm) = (0f64, 0f64);
         for r in 0..m {
             let (s, z) = if q.scales.len() == 1 {
