@@ -1,7 +1,6 @@
 //! Multi-head attention (the recognised `attention` op).
 
-use codegen::kernels::gemm_f32_unpacked;
-
+use super::attn_kernels::{attn_scores, attn_values, IB, JB};
 use super::simd::softmax_row;
 use super::{broadcast_strides, Ctx, SyncPtr};
 use crate::value::TensorValue;
@@ -103,35 +102,37 @@ pub(crate) fn attention(
     let optr = SyncPtr(out.as_mut_ptr());
     let tasks = b * num_heads;
     let work = b * num_heads * sq * sk * dh * 2;
+    // Padded sizes of the register-blocked kernels; the padding rows/columns are zeros.
+    let m_pad = sq.div_ceil(IB) * IB;
+    let dh_pad = dh.div_ceil(JB) * JB;
     let run = |range: std::ops::Range<usize>| {
         // Per-worker scratch, reused across its (batch, head) tasks.
-        let mut scores = vec![0.0f32; sq * sk];
-        let mut oh = vec![0.0f32; sq * dh];
-        let (mut kh, mut vh) = (Vec::new(), Vec::new());
+        let mut qh = vec![0.0f32; m_pad * dh];
+        let mut kt = vec![0.0f32; dh * sk.div_ceil(JB) * JB];
+        let mut vh = vec![0.0f32; sk * dh_pad];
+        let mut scores = vec![0.0f32; m_pad * sk.div_ceil(JB) * JB];
+        let mut oh = vec![0.0f32; m_pad * dh_pad];
         for task in range {
             let (bi, hd) = (task / num_heads, task % num_heads);
             let keys = &active[bi];
             let n = keys.len();
-            // The keys to visit are a prefix (padding at the end) or, rarely, scattered: then
-            // their K and V rows are gathered so that both products run on strided heads.
-            let contiguous = keys.last() == Some(&(n - 1));
-            let (kp, vp, ldkv): (&[f32], &[f32], usize) = if contiguous {
-                let at = bi * sk * h + hd * dh;
-                (&kv[at..], &vv[at..], h)
-            } else {
-                kh.clear();
-                vh.clear();
-                for &j in keys {
-                    let at = (bi * sk + j) * h + hd * dh;
-                    kh.extend_from_slice(&kv[at..at + dh]);
-                    vh.extend_from_slice(&vv[at..at + dh]);
+            let n_pad = n.div_ceil(JB) * JB;
+            for i in 0..sq {
+                qh[i * dh..(i + 1) * dh].copy_from_slice(&qv[(bi * sq + i) * h + hd * dh..][..dh]);
+            }
+            let kt = &mut kt[..dh * n_pad];
+            kt.fill(0.0);
+            for (r, &j) in keys.iter().enumerate() {
+                let src = (bi * sk + j) * h + hd * dh;
+                for d in 0..dh {
+                    kt[d * n_pad + r] = kv[src + d];
                 }
-                (&kh[..], &vh[..], dh)
-            };
-            let sc = &mut scores[..sq * n];
-            let qp = &qv[bi * sq * h + hd * dh..];
-            gemm_f32_unpacked(sq, n, dh, qp, h, kp, ldkv, true, sc, n, scale, 1);
-            for (i, row) in sc.chunks_exact_mut(n).enumerate() {
+                vh[r * dh_pad..r * dh_pad + dh].copy_from_slice(&vv[src..src + dh]);
+            }
+            let sc = &mut scores[..m_pad * n_pad];
+            attn_scores(&qh, kt, sc, m_pad, n_pad, dh, scale);
+            for (i, row) in sc.chunks_exact_mut(n_pad).take(sq).enumerate() {
+                let row = &mut row[..n];
                 if has_mask {
                     let mrow = bi * ms[0] + hd * ms[1] + i * ms[2];
                     for (s, &j) in row.iter_mut().zip(keys) {
@@ -140,14 +141,14 @@ pub(crate) fn attention(
                 }
                 softmax_row(row);
             }
-            gemm_f32_unpacked(sq, dh, n, sc, n, vp, ldkv, false, &mut oh, dh, 1.0, 1);
-            for (i, o) in oh.chunks_exact(dh).enumerate() {
+            attn_values(sc, n_pad, &vh, &mut oh, m_pad, n, dh_pad);
+            for i in 0..sq {
                 // SAFETY: task (bi, hd) alone writes columns hd·dh..(hd+1)·dh of rows of batch
-                // bi, so writers never overlap, and `out` outlives the parallel call below.
+                // bi, so writers never overlap, and `out` outlives the scope below.
                 let dst = unsafe {
                     std::slice::from_raw_parts_mut(optr.ptr().add((bi * sq + i) * h + hd * dh), dh)
                 };
-                dst.copy_from_slice(o);
+                dst.copy_from_slice(&oh[i * dh_pad..i * dh_pad + dh]);
             }
         }
     };

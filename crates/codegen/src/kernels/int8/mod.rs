@@ -313,11 +313,13 @@ struct Blocking {
 
 fn blocking(d: &KernelDesc, k_pad: usize) -> Blocking {
     let c = cache_sizes();
-    // The A block (mc × Kp bytes) takes a quarter of L2 and the B block (nc panels of Kp × nr)
-    // half of it; the i32 accumulator holds only one micro-panel row (mr × nc·nr, in L1), whose
+    // The B block (nc panels of Kp × nr) takes half of L2 and is reused by every micro-panel
+    // of A; the i32 accumulator holds only one micro-panel row (mr × nc·nr, in L1), whose
     // epilogue runs as soon as its panels are done, so the accumulator never makes a round trip
-    // through L2.
-    let mc = ((c.l2 / 4) / k_pad).clamp(d.mr, 192) / d.mr * d.mr;
+    // through L2. The A block is used once per unit (each micro-panel against every panel of
+    // the block), so its size only sets the grain of the work units: at most 64 rows keep the
+    // tail of a GEMM short when one thread waits for the other.
+    let mc = ((c.l2 / 4) / k_pad).clamp(d.mr, 64) / d.mr * d.mr;
     let nc_panels = ((c.l2 / 2) / (k_pad * d.nr)).max(1);
     Blocking { mc, nc_panels }
 }
