@@ -367,7 +367,87 @@ pub enum Op {
     QMatMul,
 }
 
+/// What kind of work an op does, for profiles and for counting what fusion left standalone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpKind {
+    /// Graph inputs and constants: no work.
+    Source,
+    /// A matrix product, with whatever epilogue was fused into it.
+    Gemm,
+    /// Multi-head attention as one op.
+    Attention,
+    /// A standalone per-element or per-row computation (arithmetic, activations, casts,
+    /// normalisation, softmax, quantization): what epilogue fusion aims to remove.
+    Elementwise,
+    /// Data movement and shape arithmetic (reshape, gather, slice, concat, …).
+    Data,
+    /// Reductions over axes.
+    Reduce,
+}
+
+impl OpKind {
+    /// The kind's name in profiles.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Source => "source",
+            OpKind::Gemm => "gemm",
+            OpKind::Attention => "attention",
+            OpKind::Elementwise => "elementwise",
+            OpKind::Data => "data",
+            OpKind::Reduce => "reduce",
+        }
+    }
+}
+
 impl Op {
+    /// What kind of work the op does.
+    ///
+    /// ```
+    /// use ir::{Op, OpKind};
+    /// assert_eq!(Op::QMatMul.kind(), OpKind::Gemm);
+    /// assert_eq!(Op::Where.kind(), OpKind::Elementwise);
+    /// ```
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Op::Input { .. } | Op::Const { .. } => OpKind::Source,
+            Op::MatMul
+            | Op::Gemm { .. }
+            | Op::MatMulInteger
+            | Op::Linear
+            | Op::FusedLinear { .. }
+            | Op::QLinear { .. }
+            | Op::QMatMul => OpKind::Gemm,
+            Op::Attention { .. } => OpKind::Attention,
+            Op::Binary(_)
+            | Op::Unary(_)
+            | Op::Where
+            | Op::Cast { .. }
+            | Op::Clip
+            | Op::Softmax { .. }
+            | Op::LayerNorm { .. }
+            | Op::Gelu { .. }
+            | Op::QuantizeLinear { .. }
+            | Op::DequantizeLinear { .. }
+            | Op::DynamicQuantizeLinear => OpKind::Elementwise,
+            Op::Reduce { .. } | Op::CumSum { .. } => OpKind::Reduce,
+            Op::Shape { .. }
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Split { .. }
+            | Op::Gather { .. }
+            | Op::GatherElements { .. }
+            | Op::Slice
+            | Op::Expand
+            | Op::Tile
+            | Op::ConstantOfShape { .. }
+            | Op::Range
+            | Op::Flatten { .. } => OpKind::Data,
+        }
+    }
+
     /// The op's name in the text form.
     pub fn name(&self) -> &'static str {
         match self {
