@@ -118,7 +118,7 @@ fn read_texts(path: &PathBuf) -> Result<Vec<String>, CliError> {
     Ok(texts)
 }
 
-fn text_batches(
+pub(crate) fn text_batches(
     tokenizer: &Tokenizer,
     session: &Session,
     texts: &[String],
