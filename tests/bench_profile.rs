@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{encore, models_dir, scratch, stderr, stdout};
+use common::{encore, models_dir, quantize_random, scratch, stderr, stdout};
 
 fn profile(model: &str, extra: &[&str]) -> serde_json::Value {
     let mut args = vec![
@@ -66,20 +66,7 @@ fn fusion_leaves_no_standalone_elementwise_op_in_a_layer() {
     // The INT8 program is fused the same way.
     let dir = scratch("bench_profile");
     let int8 = dir.join("tiny-bert.int8.encore");
-    let o = encore(&[
-        "quantize",
-        "--model",
-        fp32,
-        "--random-calibration",
-        "16",
-        "--seq",
-        "16",
-        "--held-back",
-        "4",
-        "--out",
-        int8.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    quantize_random(std::path::Path::new(fp32), &int8);
     let q = profile(int8.to_str().unwrap(), &[]);
     assert_eq!(q["elementwise_per_layer"], 0.0, "{q}");
     assert!(

@@ -4,7 +4,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{assert_clean_failure, encore, models_dir, scratch, stderr, stdout};
+use common::{assert_clean_failure, encore, models_dir, quantize_random, scratch, stderr, stdout};
 use runtime::eval::{self, EvalData, TOKENIZER_OPTIONS};
 use runtime::text::{SentenceEncoder, Tokenizer};
 use runtime::{CompileOptions, Model, Session, TensorValue};
@@ -318,20 +318,7 @@ fn eval_baseline_on_a_small_data_folder() {
 
     // --per-layer: every quantized layer of an INT8 MiniLM ranked by its own error.
     let int8 = dir.join("minilm.int8.encore");
-    let o = encore(&[
-        "quantize",
-        "--model",
-        path(&model),
-        "--random-calibration",
-        "16",
-        "--seq",
-        "16",
-        "--held-back",
-        "4",
-        "--out",
-        path(&int8),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    quantize_random(&model, &int8);
     let per_layer = |model: &Path, extra: &[&str]| {
         let mut a = vec![
             "eval",
