@@ -373,3 +373,44 @@ fn eval_baseline_on_a_small_data_folder() {
     ]);
     assert_clean_failure(&o, &["nowhere", "documents.jsonl"]);
 }
+
+/// `quantize --calibration` reads text files as `embed` does: a bad line is named before any
+/// compute, and a good file calibrates.
+#[test]
+fn quantize_reads_calibration_text_like_embed() {
+    let Some(m) = models_dir("quantize_calibration_text") else {
+        return;
+    };
+    let dir = scratch("quantize_calibration");
+    let model = m.join("minilm-l6/model.onnx");
+    let tokenizer = m.join("minilm-l6/tokenizer.json");
+    let quantize = |calibration: &Path| {
+        encore(&[
+            "quantize",
+            "--model",
+            path(&model),
+            "--tokenizer",
+            path(&tokenizer),
+            "--calibration",
+            path(calibration),
+            "--held-back",
+            "2",
+            "--out",
+            path(&dir.join("q.encore")),
+        ])
+    };
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"text\": \"a fine sentence\"}\n{\"label\": 1}\n").unwrap();
+    assert_clean_failure(&quantize(&bad), &["bad.jsonl", "line 2", "no field `text`"]);
+    let empty = dir.join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    assert_clean_failure(&quantize(&empty), &["empty.txt", "no texts"]);
+    let good = dir.join("good.txt");
+    let lines: Vec<String> = (0..8)
+        .map(|i| format!("calibration sentence number {i} about a film"))
+        .collect();
+    std::fs::write(&good, lines.join("\n")).unwrap();
+    let o = quantize(&good);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(dir.join("q.encore").is_file());
+}

@@ -170,6 +170,28 @@ impl std::str::FromStr for EpilogueStep {
     }
 }
 
+/// The u8 scale and zero point of the range `[lo, hi]` widened to hold 0: onnxruntime's
+/// `DynamicQuantizeLinear` arithmetic, used for static (calibrated) and dynamic (run-time)
+/// activation ranges alike. `scale = (hi − lo)/255`, or 1 when the range is empty or not finite;
+/// `zero_point = round_half_even(−lo/scale)` clamped to `[0, 255]`.
+///
+/// ```
+/// assert_eq!(ir::u8_qparams(-1.0, 3.0), (4.0 / 255.0, 64));
+/// assert_eq!(ir::u8_qparams(0.0, 0.0), (1.0, 0));
+/// assert_eq!(ir::u8_qparams(2.0, 5.0), (5.0 / 255.0, 0));
+/// ```
+#[inline]
+pub fn u8_qparams(lo: f32, hi: f32) -> (f32, i32) {
+    let (lo, hi) = (lo.min(0.0), hi.max(0.0));
+    let scale = if hi == lo || !(hi - lo).is_finite() {
+        1.0
+    } else {
+        (hi - lo) / 255.0
+    };
+    let zp = (0.0 - lo / scale).clamp(0.0, 255.0).round_ties_even() as i32;
+    (scale, zp)
+}
+
 /// How a quantized linear turns its f32 input into u8 for the integer GEMM (always asymmetric
 /// u8: `q = clamp(round_half_even(x / scale) + zero_point, 0, 255)`; s8 data with zero point `z`
 /// is the same grid as u8 with `z + 128`).

@@ -325,17 +325,6 @@ fn sample_vectors(out: &TensorValue, mask: Option<&TensorValue>) -> Result<Vec<V
     }
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
-    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-    if na == 0.0 && nb == 0.0 {
-        1.0
-    } else {
-        dot / (na * nb).max(f64::MIN_POSITIVE)
-    }
-}
-
 /// Mean cosine between the two models' per-sample outputs (see [`sample_vectors`]) on `batches`.
 pub fn mean_cosine(
     reference: &Session,
@@ -349,7 +338,7 @@ pub fn mean_cosine(
         let rv = sample_vectors(&r[0].1, b.attention_mask())?;
         let cv = sample_vectors(&c[0].1, b.attention_mask())?;
         for (x, y) in rv.iter().zip(&cv) {
-            sum += cosine(x, y);
+            sum += crate::eval::cosine(x, y)?;
             n += 1;
         }
     }

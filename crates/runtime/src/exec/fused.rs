@@ -92,20 +92,6 @@ fn quantize_u8(x: f32, scale: f32, zp: f32) -> u8 {
     ((x / scale).round_ties_even() + zp).clamp(0.0, 255.0) as u8
 }
 
-/// The u8 scale and zero point of a range widened to include 0 (onnxruntime's
-/// `DynamicQuantizeLinear` arithmetic; an all-zero range gets scale 1).
-#[inline]
-fn range_qparams(lo: f32, hi: f32) -> (f32, i32) {
-    let (lo, hi) = (lo.min(0.0), hi.max(0.0));
-    let scale = if hi == lo || !(hi - lo).is_finite() {
-        1.0
-    } else {
-        (hi - lo) / 255.0
-    };
-    let zp = (0.0 - lo / scale).clamp(0.0, 255.0).round_ties_even() as i32;
-    (scale, zp)
-}
-
 /// The activations of a `qlinear`, quantized: u8 data with per-row or per-tensor parameters.
 pub(crate) struct QuantizedRows {
     pub data: Vec<u8>,
@@ -269,7 +255,7 @@ pub(crate) fn quantize_rows(
                     let r = r0 + i;
                     let row = &x[r * k..(r + 1) * k];
                     let (lo, hi) = row::range(row, inv_smooth);
-                    let (s, z) = range_qparams(lo, hi);
+                    let (s, z) = ir::u8_qparams(lo, hi);
                     row::quantize(row, inv_smooth, s, z as f32, q);
                     // SAFETY: row r belongs to this block only; both vectors have m entries
                     // and outlive the parallel call.
@@ -293,7 +279,7 @@ pub(crate) fn quantize_rows(
                         .chunks_exact(k)
                         .map(|r| row::range(r, inv_smooth))
                         .fold((0f32, 0f32), |(a, b), (c, d)| (a.min(c), b.max(d)));
-                    range_qparams(lo, hi)
+                    ir::u8_qparams(lo, hi)
                 }
             };
             ctx.par_rows_mut_work(&mut data, k, work, |r0, block| {
