@@ -451,14 +451,7 @@ fn check_all(kernel: Option<Int8Kernel>, m: usize, n: usize, k: usize, threads: 
 #[test]
 fn every_epilogue_op_through_every_kernel() {
     codegen::kernels::pool::set_min_parallel_macs(0);
-    for kern in Int8Kernel::ALL {
-        if !kern.is_supported() {
-            eprintln!(
-                "SKIPPING epilogue test on hardware kernel {}: this CPU lacks its instructions",
-                kern.name()
-            );
-            continue;
-        }
+    for kern in common::coverage::int8("every_epilogue_op_through_every_kernel") {
         for &(m, n, k) in &[(7, 45, 33), (40, 300, 128), (3, 1200, 20)] {
             for t in 1..=2 {
                 check_all(Some(kern), m, n, k, t);
@@ -468,9 +461,8 @@ fn every_epilogue_op_through_every_kernel() {
     // The AMX kernel shares the epilogue: exercise it through the tile model too.
     check_all(None, 37, 70, 100, 1);
     // And once more with every part stealing work first (units end up on the other thread).
-    codegen::kernels::pool::set_eager_steal(true);
-    if Int8Kernel::Avx2.is_supported() {
-        check_all(Some(Int8Kernel::Avx2), 1100, 300, 40, 2);
+    let _steal = common::EagerSteal::on();
+    for kern in common::coverage::int8("every_epilogue_op_through_every_kernel (stealing)") {
+        check_all(Some(kern), 1100, 300, 40, 2);
     }
-    codegen::kernels::pool::set_eager_steal(false);
 }
