@@ -73,6 +73,77 @@ fn run_on_text_prints_normalised_sentence_embeddings() {
         let norm: f32 = row.iter().map(|v| v * v).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-5, "norm {norm}");
     }
+    let texts = [
+        "A man is playing a guitar.",
+        "The weather is lovely today, and the children are out in the park.",
+    ];
+    // The library's sentence embedding of the same texts (same tokenizer options as the CLI's
+    // defaults: truncation to 256, padding to the longest).
+    let tokenizer = runtime::text::Tokenizer::from_file(
+        m.join("minilm-l6/tokenizer.json"),
+        runtime::text::TokenizerOptions {
+            max_length: Some(256),
+            padding: runtime::text::Padding::Longest,
+        },
+    )
+    .unwrap();
+    let enc = tokenizer.encode(&texts).unwrap();
+    let model = runtime::Model::load(m.join("minilm-l6/model.onnx")).unwrap();
+    let session = runtime::Session::new(&model, runtime::CompileOptions::default()).unwrap();
+    let lib = runtime::text::SentenceEncoder::new(session, tokenizer)
+        .embed(&texts)
+        .unwrap();
+    let d = max_abs_diff(e.as_f32().unwrap(), lib.as_f32().unwrap());
+    assert!(
+        d <= 1e-5,
+        "CLI vs library sentence embeddings: max abs diff {d}"
+    );
+    // And pooled by hand here from the CLI's own token states (`--pooling none`): the mean over
+    // the tokens the mask keeps, then unit norm. Wrong pooling (CLS, padding counted, another
+    // output) differs by far more than 1e-5.
+    let raw = scratch("run_text_raw");
+    let model_path = m.join("minilm-l6/model.onnx");
+    let tok_path = m.join("minilm-l6/tokenizer.json");
+    let mut args = vec![
+        "run",
+        "--model",
+        model_path.to_str().unwrap(),
+        "--tokenizer",
+        tok_path.to_str().unwrap(),
+        "--output-dir",
+        raw.to_str().unwrap(),
+    ];
+    for t in texts {
+        args.extend(["--text", t]);
+    }
+    let o = encore(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let hidden = TensorValue::read_npy(raw.join("last_hidden_state.npy")).unwrap();
+    let mask = enc.attention_mask.to_i64_vec().unwrap();
+    let (b, s, h) = (hidden.shape()[0], hidden.shape()[1], hidden.shape()[2]);
+    assert_eq!((b, s * b), (2, mask.len()));
+    let hv = hidden.as_f32().unwrap();
+    for i in 0..b {
+        let mut pooled = vec![0f64; h];
+        let mut n = 0.0;
+        for t in 0..s {
+            if mask[i * s + t] != 0 {
+                n += 1.0;
+                for (p, v) in pooled.iter_mut().zip(&hv[(i * s + t) * h..][..h]) {
+                    *p += *v as f64;
+                }
+            }
+        }
+        let norm = pooled.iter().map(|p| (p / n).powi(2)).sum::<f64>().sqrt();
+        for (j, p) in pooled.iter().enumerate() {
+            let want = p / n / norm;
+            let got = e.as_f32().unwrap()[i * h + j] as f64;
+            assert!(
+                (got - want).abs() <= 1e-5,
+                "row {i} [{j}]: CLI {got}, pooled here {want}"
+            );
+        }
+    }
     let printed = encore(&[
         "run",
         "--model",
