@@ -73,6 +73,77 @@ fn run_on_text_prints_normalised_sentence_embeddings() {
         let norm: f32 = row.iter().map(|v| v * v).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-5, "norm {norm}");
     }
+    let texts = [
+        "A man is playing a guitar.",
+        "The weather is lovely today, and the children are out in the park.",
+    ];
+    // The library's sentence embedding of the same texts (same tokenizer options as the CLI's
+    // defaults: truncation to 256, padding to the longest).
+    let tokenizer = runtime::text::Tokenizer::from_file(
+        m.join("minilm-l6/tokenizer.json"),
+        runtime::text::TokenizerOptions {
+            max_length: Some(256),
+            padding: runtime::text::Padding::Longest,
+        },
+    )
+    .unwrap();
+    let enc = tokenizer.encode(&texts).unwrap();
+    let model = runtime::Model::load(m.join("minilm-l6/model.onnx")).unwrap();
+    let session = runtime::Session::new(&model, runtime::CompileOptions::default()).unwrap();
+    let lib = runtime::text::SentenceEncoder::new(session, tokenizer)
+        .embed(&texts)
+        .unwrap();
+    let d = max_abs_diff(e.as_f32().unwrap(), lib.as_f32().unwrap());
+    assert!(
+        d <= 1e-5,
+        "CLI vs library sentence embeddings: max abs diff {d}"
+    );
+    // And pooled by hand here from the CLI's own token states (`--pooling none`): the mean over
+    // the tokens the mask keeps, then unit norm. Wrong pooling (CLS, padding counted, another
+    // output) differs by far more than 1e-5.
+    let raw = scratch("run_text_raw");
+    let model_path = m.join("minilm-l6/model.onnx");
+    let tok_path = m.join("minilm-l6/tokenizer.json");
+    let mut args = vec![
+        "run",
+        "--model",
+        model_path.to_str().unwrap(),
+        "--tokenizer",
+        tok_path.to_str().unwrap(),
+        "--output-dir",
+        raw.to_str().unwrap(),
+    ];
+    for t in texts {
+        args.extend(["--text", t]);
+    }
+    let o = encore(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let hidden = TensorValue::read_npy(raw.join("last_hidden_state.npy")).unwrap();
+    let mask = enc.attention_mask.to_i64_vec().unwrap();
+    let (b, s, h) = (hidden.shape()[0], hidden.shape()[1], hidden.shape()[2]);
+    assert_eq!((b, s * b), (2, mask.len()));
+    let hv = hidden.as_f32().unwrap();
+    for i in 0..b {
+        let mut pooled = vec![0f64; h];
+        let mut n = 0.0;
+        for t in 0..s {
+            if mask[i * s + t] != 0 {
+                n += 1.0;
+                for (p, v) in pooled.iter_mut().zip(&hv[(i * s + t) * h..][..h]) {
+                    *p += *v as f64;
+                }
+            }
+        }
+        let norm = pooled.iter().map(|p| (p / n).powi(2)).sum::<f64>().sqrt();
+        for (j, p) in pooled.iter().enumerate() {
+            let want = p / n / norm;
+            let got = e.as_f32().unwrap()[i * h + j] as f64;
+            assert!(
+                (got - want).abs() <= 1e-5,
+                "row {i} [{j}]: CLI {got}, pooled here {want}"
+            );
+        }
+    }
     let printed = encore(&[
         "run",
         "--model",
@@ -323,4 +394,205 @@ fn hwbench_times_every_kernel_and_marks_one_pick_per_dtype() {
     }
     let o = encore(&["hwbench", "--m", "0"]);
     assert_clean_failure(&o, &["--m"]);
+}
+
+/// `demo` builds, compiles and measures a preset; an unknown preset is a clean usage error.
+#[test]
+fn demo_runs_a_preset_and_refuses_unknown_ones() {
+    let o = encore(&[
+        "demo",
+        "--preset",
+        "bert-tiny",
+        "--batch",
+        "1",
+        "--seq",
+        "8",
+        "--seconds",
+        "0.05",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.starts_with("building bert-tiny ("), "{out}");
+    let throughput: f64 = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("throughput"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no throughput printed: {out}"));
+    assert!(throughput > 0.0, "{out}");
+    let o = encore(&["demo", "--preset", "bert-huge"]);
+    assert_clean_failure(&o, &["--preset", "bert-huge"]);
+}
+
+/// `run` on text with each option that shapes the batch or the output.
+#[test]
+fn run_text_options_shape_the_batch_and_the_output() {
+    let Some(m) = models_dir("run_text_options") else {
+        return;
+    };
+    let model = m.join("minilm-l6/model.onnx");
+    let tok = m.join("minilm-l6/tokenizer.json");
+    let base = [
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--tokenizer",
+        tok.to_str().unwrap(),
+    ];
+    let run = |extra: &[&str], name: &str| -> (std::process::Output, std::path::PathBuf) {
+        let dir = scratch(name);
+        let mut args: Vec<&str> = base.to_vec();
+        args.extend_from_slice(extra);
+        args.extend(["--output-dir", dir.to_str().unwrap()]);
+        (encore(&args), dir)
+    };
+    let hidden =
+        |dir: &std::path::Path| TensorValue::read_npy(dir.join("last_hidden_state.npy")).unwrap();
+    let long = "one two three four five six seven eight nine ten";
+    // --pad-to: the batch is padded to 20 tokens, and the real tokens are what they are unpadded.
+    let (o, padded) = run(&["--text", "a short one", "--pad-to", "20"], "run_pad_to");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (o, plain) = run(&["--text", "a short one"], "run_plain");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (p, q) = (hidden(&padded), hidden(&plain));
+    assert_eq!(p.shape(), &[1, 20, 384]);
+    let n = q.shape()[1];
+    assert_eq!(q.shape(), &[1, n, 384]);
+    let d = max_abs_diff(&p.as_f32().unwrap()[..n * 384], q.as_f32().unwrap());
+    assert!(d <= 1e-4, "padding changed the real tokens by {d}");
+    // --max-length: 12 words truncated to 5 tokens ([CLS] + 3 + [SEP]).
+    let (o, cut) = run(&["--text", long, "--max-length", "5"], "run_max_length");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(hidden(&cut).shape(), &[1, 5, 384]);
+    // --no-optimize: the graph as imported gives the optimized result.
+    let (o, raw) = run(&["--text", long, "--no-optimize"], "run_no_optimize");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (o, opt) = run(&["--text", long], "run_optimized");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let d = max_abs_diff(
+        hidden(&raw).as_f32().unwrap(),
+        hidden(&opt).as_f32().unwrap(),
+    );
+    assert!(d <= 1e-4, "--no-optimize differs by {d}");
+    // --max-batch: two texts with a limit of one is a clean failure.
+    let (o, _) = run(
+        &["--text", "a", "--text", "b", "--max-batch", "1"],
+        "run_max_batch",
+    );
+    assert_clean_failure(&o, &["2", "1"]);
+    // --full prints every value of a row; without it, 8 and an ellipsis.
+    let mut args: Vec<&str> = base.to_vec();
+    args.extend(["--text", "hi", "--pooling", "mean"]);
+    let short = stdout(&encore(&args));
+    args.push("--full");
+    let full = stdout(&encore(&args));
+    let row = |s: &str| {
+        s.lines()
+            .nth(1)
+            .unwrap_or_default()
+            .split_whitespace()
+            .count()
+    };
+    // "[0]", the values, and "…" when cut.
+    assert_eq!(row(&short), 1 + 8 + 1, "{short}");
+    assert!(short.lines().nth(1).unwrap().ends_with('…'), "{short}");
+    assert_eq!(row(&full), 1 + 384, "{full}");
+}
+
+/// Output names come from the model file: they are written inside the output folder whatever
+/// they hold.
+#[test]
+fn output_names_cannot_escape_the_output_folder() {
+    let dir = scratch("sanitise");
+    let g = ir::text::parse(
+        "%0 = input[name=\"x\"] : f32[2]\n%1 = relu(%0) : f32[2]\noutput \"../up/a b\" = %1\n",
+        None,
+    )
+    .unwrap();
+    let model = dir.join("m.encore");
+    runtime::Model::from_graph(g).unwrap().save(&model).unwrap();
+    let x = dir.join("x.npy");
+    TensorValue::from_f32(vec![2], vec![-1.0, 2.0])
+        .unwrap()
+        .write_npy(&x)
+        .unwrap();
+    let out = dir.join("out");
+    let o = encore(&[
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        &format!("x={}", x.display()),
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let files: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(files, [".._up_a_b.npy"]);
+    assert!(!dir.join("up").exists());
+    let y = TensorValue::read_npy(out.join(".._up_a_b.npy")).unwrap();
+    assert_eq!(y.as_f32().unwrap(), &[0.0, 2.0]);
+}
+
+/// `bench` draws ids from the model's own table, also on a QDQ model (whose table is behind a
+/// DequantizeLinear); models it cannot feed and bad presets are clean errors.
+#[test]
+fn bench_on_quantized_models_and_error_paths() {
+    let Some(m) = models_dir("bench_error_paths") else {
+        return;
+    };
+    let bench = |model: &std::path::Path| {
+        encore(&[
+            "bench",
+            "--model",
+            model.to_str().unwrap(),
+            "--batch",
+            "1",
+            "--seq",
+            "8",
+            "--seconds",
+            "0.05",
+            "--warmup",
+            "0",
+            "--min-runs",
+            "1",
+            "--json",
+        ])
+    };
+    for file in ["tiny/bert/model.qdq.onnx", "tiny/bert/model.dynamic.onnx"] {
+        let o = bench(&m.join(file));
+        assert!(o.status.success(), "{file}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        assert!(v["throughput_seq_per_s"].as_f64().unwrap() > 0.0, "{file}");
+    }
+    let o = bench(&m.join("minilm-l6/sentiment_head.onnx"));
+    assert_clean_failure(&o, &["sentence_embedding"]);
+    let dir = scratch("build_model_errors");
+    let out = dir.join("x.onnx");
+    let o = encore(&[
+        "build-model",
+        "--preset",
+        "bert-huge",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&o, &["bert-huge"]);
+    let o = encore(&[
+        "build-model",
+        "--preset",
+        "bert-tiny",
+        "--opset",
+        "13",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        !o.status.success() && !stderr(&o).contains("panicked"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.exists(), "a refused build wrote {}", out.display());
 }

@@ -313,12 +313,23 @@ pub(crate) fn random_feeds_from(
     seq: usize,
     ids: &mut RandomIds,
 ) -> Result<Vec<(String, TensorValue)>, CliError> {
-    let vocab = session.lookup_rows("input_ids").unwrap_or(1000);
+    // The ids must be valid rows of the model's own embedding table: no guessed vocabulary.
+    let vocab = || {
+        session.lookup_rows("input_ids").ok_or_else(|| {
+            CliError::usage(
+                "--model",
+                "cannot tell the vocabulary size: input_ids does not index a constant embedding table",
+            )
+        })
+    };
     let mut feeds = Vec::new();
     for input in session.inputs() {
         let n = batch * seq;
         let values: Vec<i64> = match input.name.as_str() {
-            "input_ids" => (0..n).map(|_| ids.next_id(vocab)).collect(),
+            "input_ids" => {
+                let vocab = vocab()?;
+                (0..n).map(|_| ids.next_id(vocab)).collect()
+            }
             "attention_mask" => vec![1; n],
             "token_type_ids" | "position_ids" => vec![0; n],
             other => {

@@ -21,10 +21,15 @@ pub fn models_dir(test: &str) -> Option<PathBuf> {
             dir.display()
         );
     }
-    eprintln!(
-        "SKIP {test}: shared models missing at {} (set ENCORE_MODELS)",
-        dir.display()
-    );
+    {
+        // Straight to stderr: the harness hides eprintln! of passing tests.
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP {test}: shared models missing at {} (set ENCORE_MODELS)",
+            dir.display()
+        );
+    }
     None
 }
 

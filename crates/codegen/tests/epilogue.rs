@@ -13,7 +13,7 @@ use codegen::kernels::epilogue::reference_eval;
 use codegen::kernels::int8::{gemm_i8_amx_model, gemm_i8_with, Activations, PackedI8};
 use codegen::kernels::math::{bf16_to_f32, exp, gelu_erf, gelu_tanh};
 use codegen::kernels::{
-    gemm_f32, Epilogue, EpilogueOp, Int8Kernel, Output, PackedF32, QType, RowParam,
+    gemm_f32, Epilogue, EpilogueOp, Int8Kernel, KernelError, Output, PackedF32, QType, RowParam,
 };
 use common::Rng;
 
@@ -137,45 +137,62 @@ fn validation_errors() {
             1,
         )
     };
-    assert!(run(&Epilogue::bias(&short), Output::F32 { c: &mut c, ldc: 2 }).is_err());
-    assert!(
-        run(&Epilogue::none(), Output::U8 { c: &mut q, ldc: 2 }).is_err(),
-        "u8 output without Requant"
+    // Each refusal is the typed error for its cause, with a message that names it.
+    let bad = |r: Result<(), KernelError>, needle: &str, what: &str| match r {
+        Err(KernelError::BadEpilogue(m)) if m.contains(needle) => {}
+        other => panic!("{what}: want BadEpilogue(\"…{needle}…\"), got {other:?}"),
+    };
+    bad(
+        run(&Epilogue::bias(&short), Output::F32 { c: &mut c, ldc: 2 }),
+        "per-column vector has 1 values, need 2",
+        "bias shorter than n",
+    );
+    bad(
+        run(&Epilogue::none(), Output::U8 { c: &mut q, ldc: 2 }),
+        "u8/s8 output needs a final Requant",
+        "u8 output without Requant",
     );
     let rq = EpilogueOp::Requant {
         inv_scale: 1.0,
         zero_point: 0,
         ty: QType::S8,
     };
-    assert!(
-        run(&Epilogue::new(vec![rq]), Output::U8 { c: &mut q, ldc: 2 }).is_err(),
-        "s8 requant into u8"
+    bad(
+        run(&Epilogue::new(vec![rq]), Output::U8 { c: &mut q, ldc: 2 }),
+        "Requant must be last and match",
+        "s8 requant into u8",
     );
-    assert!(
+    bad(
         run(
             &Epilogue::new(vec![rq, EpilogueOp::Relu]),
-            Output::F32 { c: &mut c, ldc: 2 }
-        )
-        .is_err(),
-        "requant not last"
+            Output::F32 { c: &mut c, ldc: 2 },
+        ),
+        "Requant must be last",
+        "requant not last",
     );
     let dq = EpilogueOp::Dequant {
         a_scale: RowParam::PerTensor(1.0),
         a_zero: RowParam::PerTensor(0),
         w_scale: &[1.0],
     };
-    assert!(
+    bad(
         run(
             &Epilogue::new(vec![EpilogueOp::Relu, dq]),
-            Output::F32 { c: &mut c, ldc: 2 }
-        )
-        .is_err(),
-        "dequant not first"
+            Output::F32 { c: &mut c, ldc: 2 },
+        ),
+        "Dequant must be the first op",
+        "dequant not first",
     );
-    assert!(
-        run(&Epilogue::new(vec![dq]), Output::F32 { c: &mut c, ldc: 1 }).is_err(),
-        "ldc < n"
+    match run(&Epilogue::new(vec![dq]), Output::F32 { c: &mut c, ldc: 1 }) {
+        Err(KernelError::BadArgs(m)) if m.contains("too small for 1x2 with ldc 1") => {}
+        other => panic!("ldc < n: want BadArgs, got {other:?}"),
+    }
+    // The same program on a good output runs.
+    assert_eq!(
+        run(&Epilogue::new(vec![dq]), Output::F32 { c: &mut c, ldc: 2 }),
+        Ok(())
     );
+    assert_eq!(c, [4.0, 4.0], "Σ 1·1 over k = 4, dequantised with scale 1");
 }
 
 struct Data {
@@ -451,14 +468,7 @@ fn check_all(kernel: Option<Int8Kernel>, m: usize, n: usize, k: usize, threads: 
 #[test]
 fn every_epilogue_op_through_every_kernel() {
     codegen::kernels::pool::set_min_parallel_macs(0);
-    for kern in Int8Kernel::ALL {
-        if !kern.is_supported() {
-            eprintln!(
-                "SKIPPING epilogue test on hardware kernel {}: this CPU lacks its instructions",
-                kern.name()
-            );
-            continue;
-        }
+    for kern in common::coverage::int8("every_epilogue_op_through_every_kernel") {
         for &(m, n, k) in &[(7, 45, 33), (40, 300, 128), (3, 1200, 20)] {
             for t in 1..=2 {
                 check_all(Some(kern), m, n, k, t);
@@ -468,9 +478,8 @@ fn every_epilogue_op_through_every_kernel() {
     // The AMX kernel shares the epilogue: exercise it through the tile model too.
     check_all(None, 37, 70, 100, 1);
     // And once more with every part stealing work first (units end up on the other thread).
-    codegen::kernels::pool::set_eager_steal(true);
-    if Int8Kernel::Avx2.is_supported() {
-        check_all(Some(Int8Kernel::Avx2), 1100, 300, 40, 2);
+    let _steal = common::EagerSteal::on();
+    for kern in common::coverage::int8("every_epilogue_op_through_every_kernel (stealing)") {
+        check_all(Some(kern), 1100, 300, 40, 2);
     }
-    codegen::kernels::pool::set_eager_steal(false);
 }

@@ -8,20 +8,9 @@ use codegen::kernels::{gemm_f32, gemm_f32_unpacked, Epilogue, EpilogueOp, F32Ker
 use common::{ref_gemm_f32, Rng};
 use proptest::prelude::*;
 
-fn kernels() -> Vec<F32Kernel> {
-    F32Kernel::ALL
-        .into_iter()
-        .filter(|k| {
-            let ok = k.is_supported();
-            if !ok {
-                eprintln!(
-                    "SKIPPING f32 kernel {}: this CPU lacks its instructions",
-                    k.name()
-                );
-            }
-            ok
-        })
-        .collect()
+/// The f32 kernels this CPU runs, listed in the test output (see [`common::coverage`]).
+fn kernels(test: &str) -> Vec<F32Kernel> {
+    common::coverage::f32(test)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -62,11 +51,11 @@ fn check(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: common::proptest_cases(24), ..ProptestConfig::default() })]
     #[test]
     fn f32_matches_reference(m in 1usize..=300, n in 1usize..=300, k in 0usize..=300, bt: bool, threads in 1usize..=2, seed: u64, pad in 0usize..3) {
         codegen::kernels::pool::set_min_parallel_macs(0);
-        for kern in kernels() {
+        for kern in kernels("f32_matches_reference") {
             check(kern, m, n, k, bt, threads, seed, pad);
         }
     }
@@ -75,8 +64,10 @@ proptest! {
 #[test]
 fn f32_awkward_shapes() {
     codegen::kernels::pool::set_min_parallel_macs(0);
-    for kern in kernels() {
+    for kern in kernels("f32_awkward_shapes") {
         for &(m, n, k) in &[
+            (1, 1, 0),
+            (5, 7, 0),
             (1, 1, 1),
             (13, 33, 17),
             (12, 32, 256),
@@ -96,7 +87,7 @@ fn f32_awkward_shapes() {
 #[test]
 fn f32_long_k_crosses_cache_blocks() {
     codegen::kernels::pool::set_min_parallel_macs(0);
-    for kern in kernels() {
+    for kern in kernels("f32_long_k_crosses_cache_blocks") {
         check(kern, 40, 70, 2500, true, 2, 3, 0);
     }
 }
@@ -178,7 +169,7 @@ fn check_epilogue(kernel: F32Kernel, m: usize, n: usize, k: usize, threads: usiz
 #[test]
 fn f32_epilogues() {
     codegen::kernels::pool::set_min_parallel_macs(0);
-    for kern in kernels() {
+    for kern in kernels("f32_epilogues") {
         for which in 0..5 {
             for &(m, n, k) in &[(5, 37, 19), (30, 300, 64), (3, 1500, 40)] {
                 for threads in 1..=2 {
@@ -221,11 +212,65 @@ fn f32_rejects_requant_epilogue() {
 #[test]
 fn f32_work_stealing_path() {
     codegen::kernels::pool::set_min_parallel_macs(0);
-    codegen::kernels::pool::set_eager_steal(true);
-    for kern in kernels() {
+    let _steal = common::EagerSteal::on();
+    assert!(codegen::kernels::pool::eager_steal());
+    for kern in kernels("f32_work_stealing_path") {
         for &(m, n, k) in &[(700, 300, 300), (40, 500, 70), (600, 20, 33)] {
             check(kern, m, n, k, true, 2, 5, 1);
         }
     }
-    codegen::kernels::pool::set_eager_steal(false);
+}
+
+#[test]
+fn kernel_list_is_complete() {
+    let names: Vec<&str> = F32Kernel::ALL.iter().map(|k| k.name()).collect();
+    assert_eq!(names, common::coverage::F32_NAMES);
+    for n in names {
+        assert!(common::coverage::cpu_can_run(n).is_some(), "{n}");
+    }
+}
+
+/// NaN and infinities in the inputs reach the outputs as IEEE arithmetic says: a NaN or an
+/// infinity of both signs in a row of A makes that row NaN; one infinity gives ±inf where its
+/// products do not cancel; every other row stays finite and exact to the usual bound. A
+/// kernel that skips zero blocks, clamps, or reads the packing's padding as data differs here.
+#[test]
+fn f32_nan_and_inf_propagate() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
+    let (m, n, k) = (9, 37, 70);
+    let mut rng = Rng(17);
+    // B strictly positive, so A = +inf in one column gives +inf in every column of the row.
+    let b: Vec<f32> = (0..k * n).map(|_| 0.5 + 0.5 * rng.f32().abs()).collect();
+    let mut a = rng.vec_f32(m * k);
+    a[k + 3] = f32::NAN; // row 1
+    a[3 * k + 69] = f32::INFINITY; // row 3
+    a[5 * k] = f32::NEG_INFINITY; // row 5
+    a[7 * k + 10] = f32::INFINITY; // row 7: +inf and -inf
+    a[7 * k + 11] = f32::NEG_INFINITY;
+    for kern in kernels("f32_nan_and_inf_propagate") {
+        for threads in 1..=2 {
+            let packed = PackedF32::pack_strided(kern, &b, k, n, n, false);
+            let mut c = vec![0f32; m * n];
+            gemm_f32(m, &a, k, &packed, &mut c, n, &Epilogue::none(), threads);
+            let r = ref_gemm_f32(m, n, k, &a, k, &b, n, false);
+            for i in 0..m {
+                for j in 0..n {
+                    let got = c[i * n + j];
+                    let what = format!("{} t={threads} c[{i},{j}] = {got}", kern.name());
+                    match i {
+                        1 | 7 => assert!(got.is_nan(), "{what}, want NaN"),
+                        3 => assert_eq!(got, f32::INFINITY, "{what}"),
+                        5 => assert_eq!(got, f32::NEG_INFINITY, "{what}"),
+                        _ => {
+                            let (v, sa) = r[i * n + j];
+                            assert!(
+                                (got as f64 - v).abs() <= 1e-5 * sa + 1e-6,
+                                "{what}, want {v}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

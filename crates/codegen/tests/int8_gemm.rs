@@ -9,17 +9,9 @@ use codegen::kernels::{Epilogue, Int8Kernel, Output};
 use common::Rng;
 use proptest::prelude::*;
 
-pub fn kernels() -> Vec<Int8Kernel> {
-    Int8Kernel::ALL
-        .into_iter()
-        .filter(|k| {
-            let ok = k.is_supported();
-            if !ok {
-                eprintln!("SKIPPING int8 kernel {} on hardware: this CPU lacks its instructions (AMX is still tested on the tile model)", k.name());
-            }
-            ok
-        })
-        .collect()
+/// The int8 kernels this CPU runs, listed in the test output (see [`common::coverage`]).
+pub fn kernels(test: &str) -> Vec<Int8Kernel> {
+    common::coverage::int8(test)
 }
 
 /// Naive Σ a·b in i64 over unpacked data.
@@ -186,34 +178,30 @@ impl Runner {
 }
 
 /// Whether the AVX-VNNI kernel can run here through its EVEX twin; says so loudly when not.
-fn evex_twin_available() -> bool {
-    let ok = codegen::kernels::cpu_features().avx512vnni;
-    if !ok {
-        eprintln!("SKIP avxvnni evex twin: this CPU has no AVX512-VNNI");
-    }
-    ok
+fn evex_twin_available(test: &str) -> bool {
+    common::coverage::evex_twin(test)
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: common::proptest_cases(32), ..ProptestConfig::default() })]
     #[test]
-    fn int8_kernels_bit_exact(m in 1usize..=300, n in 1usize..=300, k in 1usize..=300, signed: bool, bt: bool, threads in 1usize..=2, pad in 0usize..3, seed: u64) {
+    fn int8_kernels_bit_exact(m in 1usize..=300, n in 1usize..=300, k in 0usize..=300, signed: bool, bt: bool, threads in 1usize..=2, pad in 0usize..3, seed: u64) {
         codegen::kernels::pool::set_min_parallel_macs(0);
         let c = Case::random(m, n, k, signed, bt, pad, seed);
-        for kern in kernels() {
+        for kern in kernels("int8_kernels_bit_exact") {
             c.check(Runner::Hw(kern), threads);
         }
     }
 
     #[test]
-    fn amx_tile_model_bit_exact(m in 1usize..=300, n in 1usize..=300, k in 1usize..=300, signed: bool, bt: bool, pad in 0usize..3, threads in 1usize..=2, seed: u64) {
+    fn amx_tile_model_bit_exact(m in 1usize..=300, n in 1usize..=300, k in 0usize..=300, signed: bool, bt: bool, pad in 0usize..3, threads in 1usize..=2, seed: u64) {
         codegen::kernels::pool::set_min_parallel_macs(0);
         Case::random(m, n, k, signed, bt, pad, seed).check(Runner::AmxTileModel, threads);
     }
 
     #[test]
-    fn avxvnni_evex_twin_bit_exact(m in 1usize..=300, n in 1usize..=300, k in 1usize..=300, signed: bool, bt: bool, pad in 0usize..3, threads in 1usize..=2, seed: u64) {
-        if evex_twin_available() {
+    fn avxvnni_evex_twin_bit_exact(m in 1usize..=300, n in 1usize..=300, k in 0usize..=300, signed: bool, bt: bool, pad in 0usize..3, threads in 1usize..=2, seed: u64) {
+        if evex_twin_available("avxvnni_evex_twin_bit_exact") {
             Case::random(m, n, k, signed, bt, pad, seed).check(Runner::AvxVnniEvexTwin, threads);
         }
     }
@@ -223,6 +211,8 @@ proptest! {
 fn int8_awkward_shapes_all_kernels() {
     codegen::kernels::pool::set_min_parallel_macs(0);
     for &(m, n, k) in &[
+        (1, 1, 0),
+        (5, 7, 0),
         (1, 1, 1),
         (1, 1, 3),
         (13, 33, 17),
@@ -241,13 +231,13 @@ fn int8_awkward_shapes_all_kernels() {
             1,
             (m * 1000 + n * 10 + k) as u64,
         );
-        for kern in kernels() {
+        for kern in kernels("int8_awkward_shapes_all_kernels") {
             for t in 1..=2 {
                 c.check(Runner::Hw(kern), t);
             }
         }
         c.check(Runner::AmxTileModel, 2);
-        if evex_twin_available() {
+        if evex_twin_available("int8_awkward_shapes_all_kernels") {
             c.check(Runner::AvxVnniEvexTwin, 2);
         }
     }
@@ -273,11 +263,11 @@ fn int8_extremes_no_saturation() {
         (0x80, 127, true),
     ] {
         let c = extreme_case(20, 40, 1000, av, bv, signed);
-        for kern in kernels() {
+        for kern in kernels("int8_extremes_no_saturation") {
             c.check(Runner::Hw(kern), 2);
         }
         c.check(Runner::AmxTileModel, 1);
-        if evex_twin_available() {
+        if evex_twin_available("int8_extremes_no_saturation") {
             c.check(Runner::AvxVnniEvexTwin, 1);
         }
     }
@@ -290,10 +280,10 @@ fn int8_longest_k() {
     let c = extreme_case(3, 17, 65536, 255, -128, false);
     let want = c.want();
     assert_eq!(want[0], -2_139_095_040);
-    for kern in kernels() {
+    for kern in kernels("int8_longest_k") {
         c.check(Runner::Hw(kern), 2);
     }
-    if evex_twin_available() {
+    if evex_twin_available("int8_longest_k") {
         c.check(Runner::AvxVnniEvexTwin, 2);
     }
     assert!(PackedI8::pack_for(Int8Kernel::Scalar, &vec![0; 65537], 65537, 1, 1, false).is_err());
@@ -342,12 +332,28 @@ fn kernel_packing_mismatch_is_an_error() {
 #[test]
 fn work_stealing_path_is_exact() {
     codegen::kernels::pool::set_min_parallel_macs(0);
-    codegen::kernels::pool::set_eager_steal(true);
+    let _steal = common::EagerSteal::on();
     for &(m, n, k) in &[(1100, 200, 64), (37, 500, 100), (600, 97, 33), (5, 7, 9)] {
+        assert!(codegen::kernels::pool::eager_steal());
         let c = Case::random(m, n, k, m % 2 == 1, true, 1, (m + n + k) as u64);
-        for kern in kernels() {
+        for kern in kernels("work_stealing_path_is_exact") {
             c.check(Runner::Hw(kern), 2);
         }
     }
-    codegen::kernels::pool::set_eager_steal(false);
+}
+
+/// Every kernel the crate has is in `ALL` and in the coverage table, so none can drop out of
+/// the tests above unnoticed.
+#[test]
+fn kernel_list_is_complete() {
+    let names: Vec<&str> = Int8Kernel::ALL.iter().map(|k| k.name()).collect();
+    assert_eq!(names, common::coverage::INT8_NAMES);
+    for n in names {
+        assert!(common::coverage::cpu_can_run(n).is_some(), "{n}");
+    }
+    let ran = kernels("kernel_list_is_complete");
+    assert!(
+        ran.contains(&Int8Kernel::Scalar),
+        "the scalar oracle always runs"
+    );
 }

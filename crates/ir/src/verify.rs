@@ -2,13 +2,14 @@
 
 use std::collections::HashSet;
 
-use crate::{DType, EpilogueStep, Graph, IrError, NodeId, Op};
+use crate::{DType, EpilogueStep, Graph, IrError, NodeId, Op, TensorType};
 
 impl Graph {
     /// Checks that the graph is well formed: acyclic; every node's inputs are contiguous, in
     /// range and within the op's arity; every node has as many output types as its op has
-    /// outputs; constants agree with their declared type; graph inputs are input nodes; output
-    /// names are unique.
+    /// outputs; constants agree with their declared type; ops that keep their input's type,
+    /// casts, quantizes and attention agree with their declared types (see `check_types`);
+    /// graph inputs are input nodes; output names are unique.
     pub fn verify(&self) -> Result<(), IrError> {
         let order = self.topo_order()?;
         let invalid = |node: &str, msg: String| IrError::Verify {
@@ -52,7 +53,7 @@ impl Graph {
             if node.outputs.len() != node.op.num_outputs() {
                 return Err(invalid(&node.name, "wrong number of output types".into()));
             }
-            if let Some(msg) = self.check_fused(id) {
+            if let Some(msg) = self.check_fused(id).or_else(|| self.check_types(id)) {
                 return Err(invalid(&node.name, msg));
             }
             if let Op::Const { value } = &node.op {
@@ -95,6 +96,62 @@ impl Graph {
             }
         }
         Ok(())
+    }
+
+    /// The typing rules that hold whatever shape inference knows: ops that keep their input's
+    /// type keep it (rank, fixed dims, dtype), a cast or quantize gives its target dtype, and
+    /// attention splits a fixed hidden size into whole heads. Unknown (`*`) or symbolic parts
+    /// are not compared.
+    fn check_types(&self, id: NodeId) -> Option<String> {
+        let node = self.node(id);
+        let ins = self.node_inputs(id);
+        let out = &node.outputs[0];
+        let input = |i: usize| ins.get(i).map(|&o| self.outlet_type(o));
+        let same_shape = |a: &TensorType, b: &TensorType| match (&a.shape, &b.shape) {
+            (Some(x), Some(y)) => x.len() == y.len()
+                && x.iter().zip(y.iter()).all(
+                    |(p, q)| !matches!((p.as_fixed(), q.as_fixed()), (Some(m), Some(n)) if m != n),
+                ),
+            _ => true,
+        };
+        let keeps_type = matches!(
+            node.op,
+            Op::Unary(_)
+                | Op::Gelu { .. }
+                | Op::Softmax { .. }
+                | Op::LayerNorm { .. }
+                | Op::CumSum { .. }
+        );
+        if keeps_type {
+            let x = input(0)?;
+            if x.dtype != out.dtype || !same_shape(x, out) {
+                return Some(format!(
+                    "{} keeps its input's type: input {x}, output declared {out}",
+                    node.op.name()
+                ));
+            }
+        }
+        match &node.op {
+            Op::Cast { to } | Op::QuantizeLinear { to, .. } if out.dtype != *to => {
+                Some(format!("{} to {to} declared as {out}", node.op.name()))
+            }
+            Op::Attention { num_heads, .. } => {
+                let q = input(0)?;
+                let hidden = q.shape.as_ref()?.last()?.as_fixed();
+                if *num_heads == 0 || hidden.is_some_and(|h| h % num_heads != 0) {
+                    return Some(format!(
+                        "attention: {num_heads} heads do not divide the hidden size of {q}"
+                    ));
+                }
+                if q.dtype != out.dtype || !same_shape(q, out) {
+                    return Some(format!(
+                        "attention keeps the query's type: query {q}, output declared {out}"
+                    ));
+                }
+                None
+            }
+            _ => None,
+        }
     }
 
     /// The typing rules of the fused ops: what their weights and epilogue operands must be.

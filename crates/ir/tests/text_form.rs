@@ -13,9 +13,9 @@ const SAMPLE: &str = r#"%0 = input[name="input_ids"] : i64[batch,sequence]  # in
 %8 = const[value=f32[]{-3.4028235e38}] : f32[]  # big
 %9 = mul(%6, %8) : f32[batch,sequence,3]  # /mul
 %10 = constant_of_shape[value=f32[1]{0.0}](%3) : f32[0,0,3]  # /cos
-%11 = attention[num_heads=12, scale=0.125](%6, %6, %6) : f32[batch,sequence,3]  # /attn
+%11 = attention[num_heads=3, scale=0.125](%6, %6, %6) : f32[batch,sequence,3]  # /attn
 %12 = reduce_mean[axes=[-1], keepdims=true](%11) : f32[batch,sequence,1]  # /rm
-%13 = gelu[approx="tanh"](%12) : f32[12*batch*sequence]  # /gelu
+%13 = gelu[approx="tanh"](%12) : f32[batch,sequence,1]  # /gelu
 output "hidden" = %9
 output "other \"quoted\"" = %13
 "#;
@@ -28,6 +28,48 @@ fn print_parse_print_is_identity() {
     assert_eq!(printed, SAMPLE);
     let again = text::print(&text::parse(&printed, None).unwrap()).unwrap();
     assert_eq!(again, printed);
+}
+
+/// The verifier checks types, not only structure: each of these changes to the sample parses
+/// (the text form carries any declared type) and is refused with the reason.
+#[test]
+fn verifier_refuses_ill_typed_graphs() {
+    for (from, to, reason) in [
+        (
+            "gelu[approx=\"tanh\"](%12) : f32[batch,sequence,1]",
+            "gelu[approx=\"tanh\"](%12) : f32[12*batch*sequence]",
+            "gelu keeps its input's type",
+        ),
+        (
+            "attention[num_heads=3,",
+            "attention[num_heads=12,",
+            "12 heads do not divide the hidden size",
+        ),
+        (
+            "attention[num_heads=3, scale=0.125](%6, %6, %6) : f32[batch,sequence,3]",
+            "attention[num_heads=3, scale=0.125](%6, %6, %6) : f32[batch,sequence,6]",
+            "attention keeps the query's type",
+        ),
+        (
+            "reduce_mean[axes=[-1], keepdims=true](%11) : f32[batch,sequence,1]  # /rm\n%13 = gelu[approx=\"tanh\"](%12) : f32[batch,sequence,1]",
+            "reduce_mean[axes=[-1], keepdims=true](%11) : f32[batch,sequence,1]  # /rm\n%13 = gelu[approx=\"tanh\"](%12) : i64[batch,sequence,1]",
+            "gelu keeps its input's type",
+        ),
+    ] {
+        assert!(SAMPLE.contains(from), "{from}");
+        let text = SAMPLE.replacen(from, to, 1);
+        let g = text::parse(&text, None).unwrap();
+        let e = g.verify().expect_err(to).to_string();
+        assert!(e.contains(reason), "{to}: {e}");
+    }
+    let cast =
+        "%0 = input[name=\"x\"] : f32[2]\n%1 = cast[to=i64](%0) : f32[2]\noutput \"y\" = %1\n";
+    let e = text::parse(cast, None)
+        .unwrap()
+        .verify()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cast to i64 declared as f32[2]"), "{e}");
 }
 
 #[test]

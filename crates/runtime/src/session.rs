@@ -461,8 +461,15 @@ impl Session {
             if trace_to_input(g, ins[1]).as_deref() != Some(input) {
                 return None;
             }
-            g.const_value(ins[0])
-                .and_then(|t| t.shape().first().copied())
+            // The table is a constant, or a quantized constant behind its DequantizeLinear
+            // (QDQ models).
+            let table = g.const_value(ins[0]).or_else(|| {
+                let dq = ins[0].node;
+                matches!(g.node(dq).op, Op::DequantizeLinear { .. })
+                    .then(|| g.const_value(g.node_inputs(dq)[0]))
+                    .flatten()
+            });
+            table.and_then(|t| t.shape().first().copied())
         })
     }
 

@@ -33,10 +33,15 @@ fn shared_models() -> Option<PathBuf> {
     if std::env::var_os("CI").is_some() {
         panic!("shared models not found at {} (CI is set)", dir.display());
     }
-    eprintln!(
-        "SKIP: shared models not found at {}; set ENCORE_MODELS",
-        dir.display()
-    );
+    {
+        // Straight to stderr: the harness hides eprintln! of passing tests.
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP: shared models not found at {}; set ENCORE_MODELS",
+            dir.display()
+        );
+    }
     None
 }
 

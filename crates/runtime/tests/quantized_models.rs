@@ -30,7 +30,15 @@ struct Outcome {
     vs_fp32: Option<ErrStats>,
 }
 
-fn run_model(id: &str, optimize: bool) -> Option<(Value, Vec<Outcome>)> {
+/// Per batch: sentence-embedding cosines (one per row) to onnxruntime's int8 embeddings and
+/// to the FP32 model's reference embeddings.
+struct EmbeddingCosines {
+    batch: String,
+    vs_ort_int8: Vec<f32>,
+    vs_fp32: Vec<f32>,
+}
+
+fn run_model(id: &str, optimize: bool) -> Option<(Value, Vec<Outcome>, Vec<EmbeddingCosines>)> {
     let dir = models_dir(&format!("{id} optimize={optimize}"))?;
     let man = manifest(&dir);
     let entry = model_entry(&man, id).clone();
@@ -44,6 +52,7 @@ fn run_model(id: &str, optimize: bool) -> Option<(Value, Vec<Outcome>)> {
     )
     .unwrap();
     let mut res = vec![];
+    let mut embeddings = vec![];
     for b in ref_batches(&dir, &entry) {
         let out = session.run(&b.feeds()).unwrap();
         let mask = b
@@ -87,13 +96,25 @@ fn run_model(id: &str, optimize: bool) -> Option<(Value, Vec<Outcome>)> {
                 .1;
             let emb = runtime::text::sentence_embeddings(hidden, mask).unwrap();
             let cos = cosines(&emb, want);
+            let fp32 = entry["quantized_from"].as_str().expect("quantized_from");
+            let fp32_emb = runtime::TensorValue::read_npy(dir.join(format!(
+                "reference/{fp32}/{}.sentence_embedding.npy",
+                b.name
+            )))
+            .unwrap();
+            let cos_fp32 = cosines(&emb, &fp32_emb);
             println!(
-                "{id} {} sentence embedding cosine vs onnxruntime int8: {cos:?}",
+                "{id} optimize={optimize} {} sentence embedding cosine vs onnxruntime int8: {cos:?}, vs FP32: {cos_fp32:?}",
                 b.name
             );
+            embeddings.push(EmbeddingCosines {
+                batch: b.name.clone(),
+                vs_ort_int8: cos,
+                vs_fp32: cos_fp32,
+            });
         }
     }
-    Some((entry, res))
+    Some((entry, res, embeddings))
 }
 
 fn cosines(a: &runtime::TensorValue, b: &runtime::TensorValue) -> Vec<f32> {
@@ -130,10 +151,15 @@ fn int8_noise(entry: &Value, batch: &str, output: &str) -> (f64, f64) {
     )
 }
 
-fn check_static(id: &str, optimize: bool) {
-    let Some((entry, res)) = run_model(id, optimize) else {
+/// `min_exact_rows`: how many batch rows (over all batches, `last_hidden_state`) must agree with
+/// onnxruntime to 1e-4 on their valid positions. A row either agrees to float rounding or holds
+/// a flipped quantum (see the module doc); an int8 path that is not the model's (Q/DQ dropped,
+/// a wrong scale or zero point) agrees on none.
+fn check_static(id: &str, optimize: bool, min_exact_rows: usize) {
+    let Some((entry, res, embeddings)) = run_model(id, optimize) else {
         return;
     };
+    let mut exact_rows = 0;
     for o in &res {
         let (max, mean) = int8_noise(&entry, &o.batch, &o.output);
         let what = format!("{id} optimize={optimize} {} {}", o.batch, o.output);
@@ -158,25 +184,90 @@ fn check_static(id: &str, optimize: bool) {
             "{what}: max err vs FP32 {} exceeds 1.5 × ORT's {max}",
             f.valid_max
         );
+        if o.output == "last_hidden_state" {
+            // Padded rows are well defined for the graph, but each of their values goes
+            // through the same requantizations as a real token's, so one may flip a quantum
+            // on its own (measured: up to 3.0 on MiniLM, 6.3e-2 on tiny BERT, while most
+            // padded rows agree to 1e-6). Bound: the manifest's int8-vs-FP32 error over all
+            // positions of the batch (MiniLM 1.7–5.4, tiny 0.09–0.21).
+            let all_max = entry["ort_vs_fp32_model"][&o.batch][&o.output]["all_positions"]
+                .get("max_abs")
+                .or_else(|| entry["ort_vs_fp32_model"][&o.batch]["all_positions"].get("max_abs"))
+                .and_then(Value::as_f64)
+                .expect("all_positions max_abs");
+            for (r, (&v, &p)) in o.stats.row_max.iter().zip(&o.stats.pad_row_max).enumerate() {
+                exact_rows += usize::from(v <= 1e-4);
+                assert!(
+                    (p as f64) <= all_max,
+                    "{what} row {r}: padded positions off by {p}, int8 noise {all_max}"
+                );
+            }
+        }
     }
+    println!("{id} optimize={optimize}: {exact_rows} rows agree with onnxruntime to 1e-4");
+    assert!(
+        exact_rows >= min_exact_rows,
+        "{id} optimize={optimize}: {exact_rows} rows agree with onnxruntime, want ≥ {min_exact_rows}"
+    );
+    check_embeddings(id, optimize, &entry, &embeddings);
+}
+
+/// Sentence embeddings (mean pooled, normalised) of an int8 model, measured on MiniLM QDQ: mean
+/// cosine to onnxruntime's int8 embeddings 0.977 (optimize=false) and 0.983 (true) over the 9
+/// rows, rows 0.936–1; to the FP32 embeddings 0.90–0.94, as onnxruntime's own int8 (the
+/// manifest's `sentence_embedding_cosine`, mean 0.914–0.923). Asserted:
+/// - to onnxruntime int8, mean over all rows ≥ halfway between 1 and the FP32 function's
+///   cosine to it (the manifest's mean): an int8 path that computes the FP32 function, or
+///   another quantization, lands at or below the manifest's figure;
+/// - to FP32, per batch, the mean within 0.03 of onnxruntime int8's: the same quantization
+///   noise, neither more nor less (measured within 0.015).
+fn check_embeddings(id: &str, optimize: bool, entry: &Value, embeddings: &[EmbeddingCosines]) {
+    if embeddings.is_empty() {
+        return;
+    }
+    let mean = |v: &[f32]| v.iter().map(|&c| c as f64).sum::<f64>() / v.len() as f64;
+    let (mut all, mut ort_fp32) = (vec![], vec![]);
+    for e in embeddings {
+        let m = &entry["ort_vs_fp32_model"][&e.batch]["sentence_embedding_cosine"]["mean"];
+        let ort_to_fp32 = m.as_f64().expect("sentence_embedding_cosine.mean");
+        ort_fp32.push(ort_to_fp32);
+        all.extend_from_slice(&e.vs_ort_int8);
+        let ours = mean(&e.vs_fp32);
+        assert!(
+            (ours - ort_to_fp32).abs() <= 0.03,
+            "{id} optimize={optimize} {}: mean cosine to FP32 {ours}, onnxruntime int8's {ort_to_fp32}",
+            e.batch
+        );
+    }
+    let bound = 0.5 * (1.0 + ort_fp32.iter().sum::<f64>() / ort_fp32.len() as f64);
+    let got = mean(&all);
+    println!(
+        "{id} optimize={optimize}: mean cosine to onnxruntime int8 {got:.4} (bound {bound:.4})"
+    );
+    assert!(
+        got >= bound,
+        "{id} optimize={optimize}: mean sentence-embedding cosine to onnxruntime int8 {got} < {bound}"
+    );
 }
 
 #[test]
 fn tiny_bert_qdq_s8s8() {
-    check_static("tiny-bert-qdq", false);
-    check_static("tiny-bert-qdq", true);
+    // Measured: 8 and 10 of the 10 rows of b0–b3 agree.
+    check_static("tiny-bert-qdq", false, 7);
+    check_static("tiny-bert-qdq", true, 7);
 }
 
 #[test]
 fn tiny_bert_qdq_u8s8() {
-    check_static("tiny-bert-qdq-u8s8", false);
-    check_static("tiny-bert-qdq-u8s8", true);
+    check_static("tiny-bert-qdq-u8s8", false, 7);
+    check_static("tiny-bert-qdq-u8s8", true, 7);
 }
 
 #[test]
 fn minilm_qdq() {
-    check_static("minilm-l6-qdq", false);
-    check_static("minilm-l6-qdq", true);
+    // Measured: 2 (optimize=false) and 5 of the 9 rows agree; one flip reaches a whole sequence.
+    check_static("minilm-l6-qdq", false, 1);
+    check_static("minilm-l6-qdq", true, 1);
 }
 
 /// The dynamic model's integer products are exact on both sides; what differs is the f32
@@ -185,11 +276,11 @@ fn minilm_qdq() {
 /// rounding boundary of the next `DynamicQuantizeLinear`, one u8 step (range/255) flips and
 /// spreads through the rest of the layer: it touches few values. Asserted: at least 98 % of the
 /// valid values of `last_hidden_state` within 1e-4 of onnxruntime (measured: 99.4 %), the rest within the manifest's
-/// int8-vs-FP32 noise, padded rows within 1e-3.
+/// int8-vs-FP32 noise, padded rows within 1e-4 (measured 1.4e-6).
 #[test]
 fn tiny_bert_dynamic_matches_ort() {
     for optimize in [false, true] {
-        let Some((entry, res)) = run_model("tiny-bert-dynamic", optimize) else {
+        let Some((entry, res, _)) = run_model("tiny-bert-dynamic", optimize) else {
             return;
         };
         for o in res {
@@ -210,7 +301,7 @@ fn tiny_bert_dynamic_matches_ort() {
                 o.stats.valid_max
             );
             assert!(
-                o.stats.pad_max <= 1e-3,
+                o.stats.pad_max <= 1e-4,
                 "{what} padded: {}",
                 o.stats.pad_max
             );

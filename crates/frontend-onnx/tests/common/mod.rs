@@ -31,10 +31,15 @@ pub fn models_dir() -> Option<PathBuf> {
             dir.display()
         );
     }
-    eprintln!(
-        "SKIP: shared models not found at {} (set ENCORE_MODELS); model tests did not run",
-        dir.display()
-    );
+    {
+        // Straight to stderr: the harness hides eprintln! of passing tests.
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP: shared models not found at {} (set ENCORE_MODELS); model tests did not run",
+            dir.display()
+        );
+    }
     None
 }
 

@@ -1,0 +1,111 @@
+//! ConstantFolding against an evaluator that is not its own. The pass evaluates the ops it
+//! folds with `passes::eval_node`, and the passes tests' interpreter runs those same ops with
+//! that same function, so a wrong fold there compares equal to itself. Here the graph before
+//! folding runs in a `Session` without the optimizing pipelines, whose kernels (the runtime's
+//! own shape, gather, slice, concat, cast, arithmetic ops) compute what the folded constants
+//! replace; the graph after ConstantFolding and DCE runs in the same way, and every output must
+//! agree bit for bit (folding moves computations into constants, it does not change them).
+
+mod common;
+
+use common::*;
+use passes::{ConstantFolding, DeadCodeElimination, Pass, PassContext, ShapeInference};
+use runtime::{CompileOptions, Model, Session, TensorValue};
+
+fn unoptimized(g: ir::Graph) -> Session {
+    let opts = CompileOptions {
+        optimize: false,
+        ..CompileOptions::default()
+    };
+    Session::new(&Model::from_graph(g).unwrap(), opts).unwrap()
+}
+
+/// Runs `g` before and after folding on `feeds`; returns how many nodes folding removed.
+fn check(what: &str, g: ir::Graph, feeds: &[(&str, TensorValue)]) -> usize {
+    let mut typed = g;
+    ShapeInference
+        .run(&mut typed, &mut PassContext::default())
+        .unwrap();
+    let mut folded = typed.clone();
+    ConstantFolding
+        .run(&mut folded, &mut PassContext::default())
+        .unwrap();
+    DeadCodeElimination
+        .run(&mut folded, &mut PassContext::default())
+        .unwrap();
+    let removed = typed.node_count() - folded.node_count();
+    let before = unoptimized(typed).run(feeds).unwrap();
+    let after = unoptimized(folded).run(feeds).unwrap();
+    assert_eq!(before.len(), after.len(), "{what}");
+    for ((n0, t0), (n1, t1)) in before.iter().zip(&after) {
+        assert_eq!(n0, n1, "{what}");
+        assert_eq!(t0, t1, "{what}: output {n0} changed by folding");
+    }
+    removed
+}
+
+/// Every FP32 shared model: their shape subgraphs (Shape, Gather, Unsqueeze, Concat, Slice,
+/// Cast, Equal, Where, Expand, ConstantOfShape...) are what ConstantFolding folds.
+#[test]
+fn shared_models_fold_to_the_same_outputs() {
+    let Some(dir) = models_dir("constant folding oracle") else {
+        return;
+    };
+    let man = manifest(&dir);
+    for id in [
+        "tiny-bert",
+        "tiny-distilbert",
+        "tiny-xlm-roberta",
+        "tiny-bert-cls",
+    ] {
+        let entry = model_entry(&man, id);
+        let g = Model::load(dir.join(entry["file"].as_str().unwrap()))
+            .unwrap()
+            .into_graph();
+        for b in ref_batches(&dir, entry) {
+            let removed = check(&format!("{id} {}", b.name), g.clone(), &b.feeds());
+            println!("{id} {}: folding removed {removed} nodes", b.name);
+            assert!(removed > 10, "{id}: folding found nothing to fold");
+        }
+    }
+}
+
+/// Folds of each kind on a small graph: arithmetic on shapes, constant_of_shape, sqrt, where,
+/// transpose, gather/slice/concat of constants, cast with truncation.
+#[test]
+fn small_graph_folds_to_the_same_outputs() {
+    let text = "\
+%0 = input[name=\"x\"] : f32[2,3]
+%1 = shape[start=0](%0) : i64[*]
+%2 = const[value=i64[]{2}] : i64[]
+%3 = mul(%1, %2) : i64[*]
+%4 = constant_of_shape[value=f32[1]{0.5}](%3) : f32[*]
+%5 = const[value=f32[2]{1.0, 4.0}] : f32[2]
+%6 = sqrt(%5) : f32[*]
+%7 = const[value=bool[]{false}] : bool[]
+%8 = where(%7, %5, %6) : f32[*]
+%9 = const[value=f32[3,2]{1.0, 2.0, 3.0, 4.0, 5.0, 6.0}] : f32[3,2]
+%10 = transpose[perm=[1, 0]](%9) : f32[*]
+%11 = add(%0, %10) : f32[*]
+%12 = const[value=i64[2,3]{0, 1, 2, 3, 4, 5}] : i64[2,3]
+%13 = const[value=i64[2]{2, 0}] : i64[2]
+%14 = gather[axis=1](%12, %13) : i64[*]
+%15 = const[value=i64[1]{-1}] : i64[1]
+%16 = const[value=i64[1]{-100}] : i64[1]
+%17 = const[value=i64[1]{1}] : i64[1]
+%18 = const[value=i64[1]{-2}] : i64[1]
+%19 = slice(%12, %15, %16, %17, %18) : i64[*]
+%20 = concat[axis=0](%14, %19) : i64[*]
+%21 = const[value=f32[2]{-1.7, 2.5}] : f32[2]
+%22 = cast[to=i64](%21) : i64[*]
+output \"a\" = %4
+output \"b\" = %8
+output \"c\" = %11
+output \"d\" = %20
+output \"e\" = %22
+";
+    let g = ir::text::parse(text, None).unwrap();
+    let x = TensorValue::from_f32(vec![2, 3], vec![0.5, -1.0, 2.0, 3.5, 0.0, -2.5]).unwrap();
+    let removed = check("small graph", g, &[("x", x)]);
+    assert!(removed >= 10, "folding removed only {removed} nodes");
+}
