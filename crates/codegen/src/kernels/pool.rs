@@ -5,7 +5,8 @@
 //! slice a worker touched last time is still in its private L2 the next time.
 //!
 //! Workers spin for a short while after each job (GEMMs in an encoder come back to back), then
-//! park. Set `ENCORE_PIN=1` to pin worker `t` to CPU `t` (the caller is left unpinned).
+//! yield between checks, then park; the dispatcher waiting for its workers spins briefly, then
+//! yields, so that on a machine busier than its cores our threads hand each other the core. Set `ENCORE_PIN=1` to pin worker `t` to CPU `t` (the caller is left unpinned).
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -41,7 +42,14 @@ struct Pool {
     workers: Mutex<Vec<Worker>>,
 }
 
+/// How long an idle worker waits for the next job before parking: GEMMs come back to back.
 const SPIN: Duration = Duration::from_micros(200);
+/// The first part of [`SPIN`], spent in a busy loop; the rest yields the core between checks.
+const SPIN_HOT: Duration = Duration::from_micros(20);
+/// Busy-wait iterations of the dispatcher for its workers before it yields the core between
+/// checks: on a machine busier than its cores, a worker that was descheduled can run on the
+/// dispatcher's core instead of waiting for the dispatcher's time slice to end.
+const DISPATCH_SPINS: u32 = 1 << 10;
 
 fn pool() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
@@ -90,8 +98,18 @@ fn worker_main(index: usize, slot: Arc<Slot>) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if !spins.is_multiple_of(256) || start.elapsed() < SPIN {
+            if !spins.is_multiple_of(256) {
                 std::hint::spin_loop();
+                continue;
+            }
+            let waited = start.elapsed();
+            if waited < SPIN_HOT {
+                continue;
+            }
+            if waited < SPIN {
+                // Still waiting for the next job, but a thread that shares this core (the
+                // dispatcher on a busy machine) may need it now.
+                std::thread::yield_now();
                 continue;
             }
             slot.sleeping.store(true, Ordering::SeqCst);
@@ -178,7 +196,7 @@ pub fn parallel_for(parts: usize, f: &(dyn Fn(usize) + Sync)) {
         let mut spins = 0u32;
         while w.slot.done.load(Ordering::Acquire) != s {
             spins = spins.wrapping_add(1);
-            if spins < 1 << 16 {
+            if spins < DISPATCH_SPINS {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
@@ -193,6 +211,29 @@ pub fn parallel_for(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     if panicked {
         panic!("a GEMM worker thread panicked");
     }
+}
+
+/// Runs `f` on chunks of `0..total` (a few per part) that `parts` threads claim in turn, so a
+/// thread whose core is busy elsewhere holds up only the chunk it is on, not a fixed share.
+/// Every index is in exactly one chunk; which thread runs a chunk varies, so `f` must not
+/// depend on it.
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// let sum = AtomicUsize::new(0);
+/// codegen::kernels::pool::parallel_chunks(10, 2, |r| { sum.fetch_add(r.sum::<usize>(), Ordering::Relaxed); });
+/// assert_eq!(sum.load(Ordering::Relaxed), 45);
+/// ```
+pub fn parallel_chunks(total: usize, parts: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+    let chunks = (parts * 4).min(total).max(1);
+    let next = AtomicUsize::new(0);
+    parallel_for(parts, &|_| loop {
+        let c = next.fetch_add(1, Ordering::Relaxed);
+        if c >= chunks {
+            break;
+        }
+        f(split_range(total, chunks, c));
+    });
 }
 
 /// Default for [`set_min_parallel_macs`]: problems below this many multiply-adds run on one

@@ -14,7 +14,7 @@ pub(crate) mod simd;
 
 use std::ops::Range;
 
-use codegen::kernels::pool::parallel_for;
+use codegen::kernels::pool::parallel_chunks;
 
 use crate::value::TensorValue;
 use crate::Error;
@@ -185,16 +185,14 @@ impl Ctx<'_> {
         }
         let len = out.len();
         let ptr = SyncPtr(out.as_mut_ptr());
-        let job = |t: usize| {
-            let r = split_range(rows, parts, t);
+        parallel_chunks(rows, parts, |r| {
             let (start, end) = (r.start * row_len, (r.end * row_len).min(len));
-            // SAFETY: the parts' row ranges are disjoint and inside `out`, which outlives the
-            // call (parallel_for returns when every part is done).
+            // SAFETY: each chunk of rows is claimed once, so the blocks are disjoint, inside
+            // `out`, which outlives the call (parallel_for returns when every part is done).
             let block =
                 unsafe { std::slice::from_raw_parts_mut(ptr.ptr().add(start), end - start) };
             f(r.start, block);
-        };
-        parallel_for(parts, &job);
+        });
     }
 
     /// Runs `f(range)` over `tasks` split into one contiguous range per thread when `work`
@@ -205,7 +203,7 @@ impl Ctx<'_> {
             f(0..tasks);
             return;
         }
-        parallel_for(parts, &|t| f(split_range(tasks, parts, t)));
+        parallel_chunks(tasks, parts, f);
     }
 
     /// Threads for one GEMM of `work` multiply-adds: products under 4M MACs (~0.1 ms on one
@@ -228,14 +226,6 @@ impl Ctx<'_> {
             self.threads.min(rows)
         }
     }
-}
-
-/// Range `t` of `parts` near-equal contiguous ranges of `0..total`.
-pub(crate) fn split_range(total: usize, parts: usize, t: usize) -> Range<usize> {
-    let base = total / parts;
-    let extra = total % parts;
-    let start = t * base + t.min(extra);
-    start..start + base + usize::from(t < extra)
 }
 
 /// Normalises a possibly negative axis against `rank` (ONNX convention).
@@ -383,7 +373,5 @@ mod tests {
         });
         assert_eq!(rows.len(), 6);
         assert_eq!(rows[4], (16, [1, 16]));
-        assert_eq!(split_range(5, 2, 0), 0..3);
-        assert_eq!(split_range(5, 2, 1), 3..5);
     }
 }

@@ -16,7 +16,7 @@ pub mod scalar;
 
 use super::buf::AlignedBuf;
 use super::epilogue::{run_block, Epilogue, EpilogueOp, OutPtr, Output, Src};
-use super::pool::{effective_threads, parallel_for, split_range, PartWork};
+use super::pool::{effective_threads, parallel_chunks, parallel_for, split_range, PartWork};
 use super::select::{cache_sizes, pick_f32, F32Kernel};
 use std::cell::RefCell;
 
@@ -298,8 +298,7 @@ pub fn gemm_f32(
     if !tile_spans_row && split < ops.len() {
         let row_ops = &ops[split..];
         let parts = threads.min(m);
-        parallel_for(parts, &|t| {
-            let rows = split_range(m, parts, t);
+        parallel_chunks(m, parts, |rows| {
             EPI_TMP.with_borrow_mut(|tmp| {
                 // SAFETY: each part owns whole rows `rows` of C, which were fully computed.
                 unsafe {

@@ -25,7 +25,7 @@ pub use pack::PackedI8;
 use super::buf::AlignedBuf;
 use super::epilogue::{run_block, Epilogue, EpilogueOp, Int8Ctx, OutPtr, Output, Src};
 use super::error::KernelError;
-use super::pool::{effective_threads, parallel_for, split_range, PartWork};
+use super::pool::{effective_threads, parallel_chunks, parallel_for, split_range, PartWork};
 use super::select::{cache_sizes, Int8Kernel};
 use std::cell::RefCell;
 use std::sync::Mutex;
@@ -469,8 +469,7 @@ fn drive(
             let row_ops = &ops[split..];
             let parts = threads.min(m);
             let mid_ptr = MidPtr(mid.as_ptr());
-            parallel_for(parts, &|t| {
-                let rows = split_range(m, parts, t);
+            parallel_chunks(m, parts, |rows| {
                 let mp = mid_ptr;
                 EPI_TMP.with_borrow_mut(|tmp| {
                     // SAFETY: `mid` holds all m×n phase-one values; each part writes whole rows.
