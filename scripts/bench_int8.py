@@ -19,6 +19,7 @@ What it does:
 3. Prepares each engine (a failure here marks that engine failed, shows why, and the others go on):
    - encore-fp32:        nothing;
    - encore-int8:        `encore quantize --model M --random-calibration 64 --seq S --out <dir>/<name>.int8.encore`;
+   - encore-int8-static: the same with `--activations static` (per-tensor ranges from calibration);
    - ort-fp32:           onnxruntime session, intra_op_num_threads=T, inter_op_num_threads=1,
                          ORT_ENABLE_ALL, sequential execution;
    - ort-int8-dynamic:   `quant_pre_process` (again with skip_symbolic_shape=True when symbolic shape
@@ -80,6 +81,7 @@ benchlib.PROG = "bench_int8"
 ENGINES = (
     "encore-fp32",
     "encore-int8",
+    "encore-int8-static",
     "ort-fp32",
     "ort-int8-dynamic",
     "openvino-fp32",
@@ -275,16 +277,20 @@ class EncoreFp32(EncoreEngine):
 class EncoreInt8(EncoreEngine):
     name = "encore-int8"
     precision = "int8"
+    # Extra `encore quantize` arguments (the default is dynamic per-token activations).
+    quantize_args: tuple = ()
+    suffix = "int8"
 
     def model_path(self) -> Path:
         return self.quantized
 
     def prepare(self) -> None:
         a, model = self.args, self.ctx["model"]
-        self.quantized = self.ctx["workdir"] / f"{model.stem}.int8.encore"
+        self.quantized = self.ctx["workdir"] / f"{model.stem}.{self.suffix}.encore"
         cmd = [
             str(self.ctx["encore"]), "quantize", "--model", str(model),
             "--random-calibration", str(a.calibration), "--seq", str(a.seq), "--out", str(self.quantized),
+            *self.quantize_args,
         ]
         t0 = time.perf_counter()
         run_cmd(cmd, "encore quantize", timeout=a.timeout)
@@ -294,6 +300,13 @@ class EncoreInt8(EncoreEngine):
                          quantize_command=" ".join(cmd))
         log(f"{self.name}: {self.quantized} ({self.quantized.stat().st_size / 1e6:.1f} MB) "
             f"in {self.info['quantize_s']:.1f} s")
+
+
+class EncoreInt8Static(EncoreInt8):
+    """Static per-tensor activation ranges from the calibration run (`--activations static`)."""
+    name = "encore-int8-static"
+    quantize_args = ("--activations", "static")
+    suffix = "int8-static"
 
 
 class OrtEngine(Engine):
@@ -506,7 +519,7 @@ class OpenVinoInt8Nncf(OpenVinoEngine):
             raise BenchError(f"{self.name}: nncf.quantize left no FakeQuantize nodes; the model would run in fp32")
 
 
-ENGINE_CLASSES = {c.name: c for c in (EncoreFp32, EncoreInt8, OrtEngine, OrtInt8Dynamic, OpenVinoEngine,
+ENGINE_CLASSES = {c.name: c for c in (EncoreFp32, EncoreInt8, EncoreInt8Static, OrtEngine, OrtInt8Dynamic, OpenVinoEngine,
                                       OpenVinoInt8Nncf)}
 
 

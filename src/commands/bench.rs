@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use runtime::{CompileOptions, Model, Session, TensorValue};
+use runtime::{CompileOptions, Model, NodeTime, Session, TensorValue};
+use std::collections::BTreeMap;
 
 use crate::error::CliError;
 
@@ -34,6 +35,13 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Compile without the `fuse` pipeline (to see what epilogue fusion buys).
+    #[arg(long)]
+    pub no_fuse: bool,
+    /// After the timed runs, profile `--min-runs` more: time per op kind and per op, and the
+    /// standalone elementwise ops that fusion left inside the layers.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 /// What one benchmark measured.
@@ -42,6 +50,8 @@ pub struct BenchResult {
     pub throughput_seq_per_s: f64,
     pub latencies_ms: Vec<f64>,
     pub compile_s: f64,
+    /// With `--profile`.
+    pub profile: Option<Profile>,
 }
 
 impl BenchResult {
@@ -57,7 +67,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     let model = Model::load(&args.model)?;
     let r = measure(&model, &args)?;
     if args.json {
-        let obj = serde_json::json!({
+        let mut obj = serde_json::json!({
             "model": args.model.display().to_string(),
             "precision": if model.is_quantized() { "int8" } else { "fp32" },
             "batch": args.batch,
@@ -71,20 +81,143 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             "latency_ms_p90": r.percentile(90.0),
             "latency_ms_p99": r.percentile(99.0),
         });
+        if let Some(p) = &r.profile {
+            obj["profile"] = p.to_json();
+        }
         println!("{obj}");
     } else {
-        print_result(&args, &r);
+        print_result(&args, model.is_quantized(), &r);
+        if let Some(p) = &r.profile {
+            p.print();
+        }
     }
     Ok(())
 }
 
-pub fn print_result(args: &BenchArgs, r: &BenchResult) {
+/// Where the time of a run goes, from profiled runs.
+pub struct Profile {
+    pub runs: usize,
+    /// Mean milliseconds per run of all profiled nodes.
+    pub total_ms: f64,
+    /// Per op kind: nodes per run and mean milliseconds per run.
+    pub kinds: Vec<(&'static str, usize, f64)>,
+    /// Per op name: its kind, nodes per run and mean milliseconds per run, slowest first.
+    pub ops: Vec<(&'static str, &'static str, usize, f64)>,
+    /// Transformer layers (attention ops) per run.
+    pub layers: usize,
+    /// Standalone elementwise nodes executed between the first and the last GEMM or
+    /// attention of a run (inside the layers), with their op names.
+    pub elementwise_in_layers: Vec<(String, &'static str)>,
+}
+
+impl Profile {
+    /// Aggregates the node times of `runs` runs (each in execution order).
+    pub fn from_runs(runs: &[Vec<NodeTime>]) -> Profile {
+        let n = runs.len().max(1) as f64;
+        let mut kinds: BTreeMap<&'static str, (usize, f64)> = BTreeMap::new();
+        let mut ops: BTreeMap<&'static str, (&'static str, usize, f64)> = BTreeMap::new();
+        let mut total_ms = 0.0;
+        for run in runs {
+            for t in run {
+                let ms = t.time.as_secs_f64() * 1e3;
+                total_ms += ms / n;
+                let k = kinds.entry(t.kind.name()).or_default();
+                k.0 += 1;
+                k.1 += ms / n;
+                let o = ops.entry(t.op).or_insert((t.kind.name(), 0, 0.0));
+                o.1 += 1;
+                o.2 += ms / n;
+            }
+        }
+        let per_run = |c: usize| c / runs.len().max(1);
+        let first = runs.first().map(|r| &r[..]).unwrap_or(&[]);
+        let heavy = |t: &NodeTime| matches!(t.kind, ir::OpKind::Gemm | ir::OpKind::Attention);
+        let span = match (first.iter().position(heavy), first.iter().rposition(heavy)) {
+            (Some(a), Some(b)) => &first[a..=b],
+            _ => &[],
+        };
+        let mut ops: Vec<_> = ops
+            .into_iter()
+            .map(|(op, (kind, c, ms))| (op, kind, per_run(c), ms))
+            .collect();
+        ops.sort_by(|a, b| b.3.total_cmp(&a.3));
+        Profile {
+            runs: runs.len(),
+            total_ms,
+            kinds: kinds
+                .into_iter()
+                .map(|(k, (c, ms))| (k, per_run(c), ms))
+                .collect(),
+            ops,
+            layers: first
+                .iter()
+                .filter(|t| t.kind == ir::OpKind::Attention)
+                .count(),
+            elementwise_in_layers: span
+                .iter()
+                .filter(|t| t.kind == ir::OpKind::Elementwise)
+                .map(|t| (t.node.clone(), t.op))
+                .collect(),
+        }
+    }
+
+    /// Standalone elementwise ops per layer (`None` when the model has no attention op).
+    pub fn elementwise_per_layer(&self) -> Option<f64> {
+        (self.layers > 0).then(|| self.elementwise_in_layers.len() as f64 / self.layers as f64)
+    }
+
+    fn print(&self) {
+        println!(
+            "  profile       {} runs, {:.2} ms of nodes per run",
+            self.runs, self.total_ms
+        );
+        for (k, c, ms) in &self.kinds {
+            println!(
+                "    {k:<12} {c:>5} nodes  {ms:>9.2} ms  {:>5.1} %",
+                100.0 * ms / self.total_ms.max(1e-9)
+            );
+        }
+        println!("  slowest ops");
+        for (op, kind, c, ms) in self.ops.iter().take(8) {
+            println!("    {op:<24} {kind:<12} {c:>5} nodes  {ms:>9.2} ms");
+        }
+        match self.elementwise_per_layer() {
+            Some(v) => println!(
+                "  standalone elementwise ops per layer: {v:.2} ({} in {} layers)",
+                self.elementwise_in_layers.len(),
+                self.layers
+            ),
+            None => println!(
+                "  standalone elementwise ops between the first and last GEMM: {} (no attention op, layers unknown)",
+                self.elementwise_in_layers.len()
+            ),
+        }
+        for (node, op) in self.elementwise_in_layers.iter().take(10) {
+            println!("    {op} {node}");
+        }
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "runs": self.runs,
+            "total_ms": self.total_ms,
+            "kinds": self.kinds.iter().map(|(k, c, ms)| serde_json::json!({"kind": k, "nodes": c, "ms": ms})).collect::<Vec<_>>(),
+            "ops": self.ops.iter().map(|(op, k, c, ms)| serde_json::json!({"op": op, "kind": k, "nodes": c, "ms": ms})).collect::<Vec<_>>(),
+            "layers": self.layers,
+            "elementwise_per_layer": self.elementwise_per_layer(),
+            "elementwise_in_layers": self.elementwise_in_layers.iter().map(|(n, op)| serde_json::json!({"node": n, "op": op})).collect::<Vec<_>>(),
+        })
+    }
+}
+
+pub fn print_result(args: &BenchArgs, quantized: bool, r: &BenchResult) {
     println!(
-        "{}: batch {} × seq {}, {} threads, fp32",
+        "{}: batch {} × seq {}, {} threads, {}",
         args.model.display(),
         args.batch,
         args.seq,
-        args.threads
+        args.threads,
+        if quantized { "int8" } else { "fp32" }
     );
     println!("  compile       {:.2} s", r.compile_s);
     println!("  runs          {}", r.runs);
@@ -109,7 +242,7 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
             threads: args.threads.max(1),
             max_batch: None,
             optimize: true,
-            ..CompileOptions::default()
+            fuse: !args.no_fuse,
         },
     )?;
     let compile_s = t0.elapsed().as_secs_f64();
@@ -128,11 +261,20 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         latencies_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let total_s = latencies_ms.iter().sum::<f64>() / 1e3;
+    let profile = if args.profile {
+        let runs = (0..args.min_runs.max(1))
+            .map(|_| session.run_profiled(&refs).map(|(_, t)| t))
+            .collect::<Result<Vec<_>, _>>()?;
+        Some(Profile::from_runs(&runs))
+    } else {
+        None
+    };
     Ok(BenchResult {
         runs: latencies_ms.len(),
         throughput_seq_per_s: (latencies_ms.len() * args.batch) as f64 / total_s,
         latencies_ms,
         compile_s,
+        profile,
     })
 }
 

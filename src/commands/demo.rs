@@ -48,8 +48,10 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         seconds: args.seconds,
         min_runs: 5,
         json: false,
+        profile: false,
+        no_fuse: false,
     };
     let result = measure(&model, &bench)?;
-    print_result(&bench, &result);
+    print_result(&bench, model.is_quantized(), &result);
     Ok(())
 }

@@ -6,7 +6,7 @@
 //! pads little, and appends the rows of each window in input order.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, IsTerminal, Write};
+use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
@@ -14,6 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use runtime::text::{Padding, Tokenizer, TokenizerOptions};
 use runtime::{CompileOptions, Model, Session, TensorValue};
 
+use super::texts::{io_err, Texts};
 use crate::error::CliError;
 
 /// Batches per sorting window: texts are sorted by length within `WINDOW_BATCHES * batch_size`
@@ -76,106 +77,6 @@ pub struct EmbedArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
-}
-
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CliError + '_ {
-    move |source| CliError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-fn line_err(path: &Path, line: usize, message: impl Into<String>) -> CliError {
-    CliError::Runtime(runtime::Error::DataLine {
-        path: path.to_path_buf(),
-        line,
-        message: message.into(),
-    })
-}
-
-/// The lines of a text file, read one at a time.
-struct Texts {
-    path: PathBuf,
-    jsonl: bool,
-    field: String,
-    lines: std::io::Lines<BufReader<File>>,
-    line: usize,
-}
-
-impl Texts {
-    fn open(path: &Path, jsonl: bool, field: &str) -> Result<Texts, CliError> {
-        let file = File::open(path).map_err(io_err(path))?;
-        Ok(Texts {
-            path: path.to_path_buf(),
-            jsonl,
-            field: field.to_string(),
-            lines: BufReader::new(file).lines(),
-            line: 0,
-        })
-    }
-
-    /// The text of one line (1-based `line`): checked, never empty.
-    fn parse(&self, raw: &str) -> Result<String, CliError> {
-        let line = self.line;
-        let text = if self.jsonl {
-            let v: serde_json::Value = if raw.trim().is_empty() {
-                return Err(line_err(&self.path, line, "empty line"));
-            } else {
-                serde_json::from_str(raw)
-                    .map_err(|e| line_err(&self.path, line, format!("not valid JSON: {e}")))?
-            };
-            let obj = v
-                .as_object()
-                .ok_or_else(|| line_err(&self.path, line, "not a JSON object"))?;
-            match obj.get(&self.field) {
-                Some(serde_json::Value::String(s)) => s.clone(),
-                Some(_) => {
-                    return Err(line_err(
-                        &self.path,
-                        line,
-                        format!("field `{}` is not a string", self.field),
-                    ))
-                }
-                None => {
-                    return Err(line_err(
-                        &self.path,
-                        line,
-                        format!("no field `{}`", self.field),
-                    ))
-                }
-            }
-        } else {
-            raw.strip_suffix('\r').unwrap_or(raw).to_string()
-        };
-        if text.trim().is_empty() {
-            return Err(line_err(
-                &self.path,
-                line,
-                if self.jsonl {
-                    format!("field `{}` is empty", self.field)
-                } else {
-                    "empty line".to_string()
-                },
-            ));
-        }
-        Ok(text)
-    }
-}
-
-impl Iterator for Texts {
-    type Item = Result<String, CliError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let raw = self.lines.next()?;
-        self.line += 1;
-        Some(match raw {
-            Ok(r) => self.parse(&r),
-            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                Err(line_err(&self.path, self.line, "not valid UTF-8"))
-            }
-            Err(e) => Err(io_err(&self.path)(e)),
-        })
-    }
 }
 
 fn is_jsonl(args: &EmbedArgs) -> Result<bool, CliError> {

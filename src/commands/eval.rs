@@ -39,6 +39,15 @@ pub struct EvalArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// With a quantized model and an FP32 `--baseline`: each quantized layer's own output error
+    /// (`‖x·W − dequant(quant(x)·W_q)‖ / ‖x·W‖` on the inputs the layer sees in the baseline,
+    /// over the first `--per-layer-texts` sentiment snippets), largest first: the ranking the
+    /// quantize gate uses, to choose `--keep-fp32` layers.
+    #[arg(long)]
+    per_layer: bool,
+    /// Snippets for `--per-layer`.
+    #[arg(long, default_value_t = 64)]
+    per_layer_texts: usize,
 }
 
 /// One model's figures and how long they took.
@@ -125,12 +134,79 @@ pub fn run(args: EvalArgs) -> Result<(), CliError> {
         )?),
         None => None,
     };
+    let per_layer = if args.per_layer {
+        Some(per_layer_errors(&args, &data)?)
+    } else {
+        None
+    };
     if args.json {
-        print_json(&dir, &data, &model, baseline.as_ref(), agreement.as_ref());
+        print_json(
+            &dir,
+            &data,
+            &model,
+            baseline.as_ref(),
+            agreement.as_ref(),
+            per_layer.as_deref(),
+        );
     } else {
         print_table(&dir, &data, &model, baseline.as_ref(), agreement.as_ref());
+        if let Some(layers) = &per_layer {
+            println!();
+            println!(
+                "own output error of each quantized layer over {} snippets, largest first:",
+                args.per_layer_texts.min(data.sentiment.examples.len())
+            );
+            for (name, err) in layers {
+                println!("  {err:>10.6}  {name}");
+            }
+        }
     }
     Ok(())
+}
+
+/// `--per-layer`: the quantized model's layers ranked by their own error against the baseline.
+fn per_layer_errors(args: &EvalArgs, data: &EvalData) -> Result<Vec<(String, f64)>, CliError> {
+    let Some(baseline) = &args.baseline else {
+        return Err(CliError::usage(
+            "--per-layer",
+            "needs --baseline (the FP32 model the layers are compared with)",
+        ));
+    };
+    let quantized = Model::load(&args.model)?;
+    if !quantized.is_quantized() {
+        return Err(CliError::usage(
+            "--per-layer",
+            format!("{} has no quantized layer", args.model.display()),
+        ));
+    }
+    let fp32 = Model::load(baseline)?;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| CompileOptions::default().threads)
+        .max(1);
+    let session = Session::new(
+        &fp32,
+        CompileOptions {
+            threads,
+            ..Default::default()
+        },
+    )?;
+    let tokenizer = Tokenizer::from_file(&args.tokenizer, runtime::eval::TOKENIZER_OPTIONS)?;
+    let texts: Vec<String> = data
+        .sentiment
+        .examples
+        .iter()
+        .take(args.per_layer_texts.max(1))
+        .map(|e| e.text.clone())
+        .collect();
+    let batches = super::quantize::text_batches(&tokenizer, &session, &texts, 16)?;
+    Ok(runtime::quantize::layer_errors(
+        &fp32,
+        quantized.graph(),
+        &batches,
+        threads,
+        4096,
+    )?)
 }
 
 fn scored_json(s: &Scored) -> serde_json::Value {
@@ -150,6 +226,7 @@ fn print_json(
     model: &Scored,
     baseline: Option<&Scored>,
     agreement: Option<&EmbeddingAgreement>,
+    per_layer: Option<&[(String, f64)]>,
 ) {
     let mut out = json!({
         "data": dir.display().to_string(),
@@ -177,6 +254,12 @@ fn print_json(
             "argmin": a.argmin,
             "texts": a.count,
         });
+    }
+    if let Some(layers) = per_layer {
+        out["per_layer"] = layers
+            .iter()
+            .map(|(name, err)| json!({"layer": name, "error": err}))
+            .collect();
     }
     println!("{out}");
 }

@@ -9,3 +9,4 @@ pub mod eval;
 pub mod hwbench;
 pub mod quantize;
 pub mod run;
+pub mod texts;

@@ -76,49 +76,9 @@ pub struct QuantizeArgs {
     quiet: bool,
 }
 
-/// The texts of a JSONL (`text` field) or plain text file, in order.
-fn read_texts(path: &PathBuf) -> Result<Vec<String>, CliError> {
-    let body = std::fs::read_to_string(path)
-        .map_err(|e| CliError::usage("--calibration", format!("{}: {e}", path.display())))?;
-    let jsonl = path
-        .extension()
-        .is_some_and(|e| e == "jsonl" || e == "ndjson");
-    let mut texts = Vec::new();
-    for (i, line) in body.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let text = if jsonl {
-            let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
-                CliError::usage(
-                    "--calibration",
-                    format!("{}:{}: {e}", path.display(), i + 1),
-                )
-            })?;
-            v["text"]
-                .as_str()
-                .ok_or_else(|| {
-                    CliError::usage(
-                        "--calibration",
-                        format!("{}:{}: no string field `text`", path.display(), i + 1),
-                    )
-                })?
-                .to_string()
-        } else {
-            line.to_string()
-        };
-        texts.push(text);
-    }
-    if texts.is_empty() {
-        return Err(CliError::usage(
-            "--calibration",
-            format!("{}: no texts", path.display()),
-        ));
-    }
-    Ok(texts)
-}
-
-fn text_batches(
+/// Calibration batches of `texts` tokenized for `session`'s inputs, `batch_size` texts each,
+/// grouped by length.
+pub(crate) fn text_batches(
     tokenizer: &Tokenizer,
     session: &Session,
     texts: &[String],
@@ -200,7 +160,7 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
                     padding: Padding::Longest,
                 },
             )?;
-            let mut texts = read_texts(path)?;
+            let mut texts = super::texts::read_all(path)?;
             texts.truncate(args.samples);
             let hold = args.held_back.min(texts.len() / 2);
             let held: Vec<String> = texts.split_off(texts.len() - hold);

@@ -41,6 +41,25 @@ pub fn encore(args: &[&str]) -> Output {
         .expect("the encore binary runs")
 }
 
+/// `encore quantize` of `model` on 16 random calibration sequences of 16 tokens (4 held back)
+/// into `out`; panics with the CLI's message when it fails.
+pub fn quantize_random(model: &std::path::Path, out: &std::path::Path) {
+    let o = encore(&[
+        "quantize",
+        "--model",
+        model.to_str().unwrap(),
+        "--random-calibration",
+        "16",
+        "--seq",
+        "16",
+        "--held-back",
+        "4",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
 /// A fresh scratch folder under the target directory.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);

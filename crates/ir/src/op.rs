@@ -170,6 +170,28 @@ impl std::str::FromStr for EpilogueStep {
     }
 }
 
+/// The u8 scale and zero point of the range `[lo, hi]` widened to hold 0: onnxruntime's
+/// `DynamicQuantizeLinear` arithmetic, used for static (calibrated) and dynamic (run-time)
+/// activation ranges alike. `scale = (hi − lo)/255`, or 1 when the range is empty or not finite;
+/// `zero_point = round_half_even(−lo/scale)` clamped to `[0, 255]`.
+///
+/// ```
+/// assert_eq!(ir::u8_qparams(-1.0, 3.0), (4.0 / 255.0, 64));
+/// assert_eq!(ir::u8_qparams(0.0, 0.0), (1.0, 0));
+/// assert_eq!(ir::u8_qparams(2.0, 5.0), (5.0 / 255.0, 0));
+/// ```
+#[inline]
+pub fn u8_qparams(lo: f32, hi: f32) -> (f32, i32) {
+    let (lo, hi) = (lo.min(0.0), hi.max(0.0));
+    let scale = if hi == lo || !(hi - lo).is_finite() {
+        1.0
+    } else {
+        (hi - lo) / 255.0
+    };
+    let zp = (0.0 - lo / scale).clamp(0.0, 255.0).round_ties_even() as i32;
+    (scale, zp)
+}
+
 /// How a quantized linear turns its f32 input into u8 for the integer GEMM (always asymmetric
 /// u8: `q = clamp(round_half_even(x / scale) + zero_point, 0, 255)`; s8 data with zero point `z`
 /// is the same grid as u8 with `z + 128`).
@@ -367,7 +389,87 @@ pub enum Op {
     QMatMul,
 }
 
+/// What kind of work an op does, for profiles and for counting what fusion left standalone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpKind {
+    /// Graph inputs and constants: no work.
+    Source,
+    /// A matrix product, with whatever epilogue was fused into it.
+    Gemm,
+    /// Multi-head attention as one op.
+    Attention,
+    /// A standalone per-element or per-row computation (arithmetic, activations, casts,
+    /// normalisation, softmax, quantization): what epilogue fusion aims to remove.
+    Elementwise,
+    /// Data movement and shape arithmetic (reshape, gather, slice, concat, …).
+    Data,
+    /// Reductions over axes.
+    Reduce,
+}
+
+impl OpKind {
+    /// The kind's name in profiles.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Source => "source",
+            OpKind::Gemm => "gemm",
+            OpKind::Attention => "attention",
+            OpKind::Elementwise => "elementwise",
+            OpKind::Data => "data",
+            OpKind::Reduce => "reduce",
+        }
+    }
+}
+
 impl Op {
+    /// What kind of work the op does.
+    ///
+    /// ```
+    /// use ir::{Op, OpKind};
+    /// assert_eq!(Op::QMatMul.kind(), OpKind::Gemm);
+    /// assert_eq!(Op::Where.kind(), OpKind::Elementwise);
+    /// ```
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Op::Input { .. } | Op::Const { .. } => OpKind::Source,
+            Op::MatMul
+            | Op::Gemm { .. }
+            | Op::MatMulInteger
+            | Op::Linear
+            | Op::FusedLinear { .. }
+            | Op::QLinear { .. }
+            | Op::QMatMul => OpKind::Gemm,
+            Op::Attention { .. } => OpKind::Attention,
+            Op::Binary(_)
+            | Op::Unary(_)
+            | Op::Where
+            | Op::Cast { .. }
+            | Op::Clip
+            | Op::Softmax { .. }
+            | Op::LayerNorm { .. }
+            | Op::Gelu { .. }
+            | Op::QuantizeLinear { .. }
+            | Op::DequantizeLinear { .. }
+            | Op::DynamicQuantizeLinear => OpKind::Elementwise,
+            Op::Reduce { .. } | Op::CumSum { .. } => OpKind::Reduce,
+            Op::Shape { .. }
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Split { .. }
+            | Op::Gather { .. }
+            | Op::GatherElements { .. }
+            | Op::Slice
+            | Op::Expand
+            | Op::Tile
+            | Op::ConstantOfShape { .. }
+            | Op::Range
+            | Op::Flatten { .. } => OpKind::Data,
+        }
+    }
+
     /// The op's name in the text form.
     pub fn name(&self) -> &'static str {
         match self {

@@ -211,21 +211,6 @@ pub fn quantize_weight(w: &[f32], k: usize, n: usize) -> (Vec<i8>, Vec<f32>) {
     (q, scale)
 }
 
-/// The static u8 quantization `(scale, zero_point)` of a range, widened to hold 0.
-///
-/// ```
-/// assert_eq!(passes::static_qparams(-1.0, 3.0), (4.0 / 255.0, 64));
-/// ```
-pub fn static_qparams(lo: f32, hi: f32) -> (f32, i32) {
-    let (lo, hi) = (lo.min(0.0), hi.max(0.0));
-    let scale = (hi - lo) / 255.0;
-    if scale.is_nan() || scale <= 0.0 || !scale.is_finite() {
-        return (1.0, 0);
-    }
-    let zp = (-lo / scale).round_ties_even().clamp(0.0, 255.0) as i32;
-    (scale, zp)
-}
-
 /// `Linear` → `QLinear`: weights s8 per output channel; activations per token at run time
 /// (dynamic) or with the calibrated per-tensor range (static); a preceding SmoothQuant `Mul` is
 /// folded into the activation quantization (`smooth=true`). Layers kept in FP32 by name, and
@@ -351,7 +336,7 @@ fn quantize_one(g: &mut Graph, id: NodeId, ctx: &mut PassContext<'_>) -> Result<
                 .zip(&inv)
                 .map(|(v, s)| v * s)
                 .fold(0f32, f32::max);
-            let (scale, zero_point) = static_qparams(lo, hi);
+            let (scale, zero_point) = ir::u8_qparams(lo, hi);
             ActQuant::Static { scale, zero_point }
         }
     };

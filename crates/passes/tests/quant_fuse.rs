@@ -9,9 +9,9 @@ use std::collections::HashMap;
 
 use ir::{Graph, Op, Outlet, Tensor};
 use passes::{
-    smoothing_factors, static_qparams, ActivationMode, CalibrationStats, ChannelStats,
-    DeadCodeElimination, FoldQdq, FuseEpilogue, NoteKind, Pass, PassContext, Pipeline,
-    QuantizeLinears, QuantizeOptions, Report, RunOptions, ShapeInference, SmoothQuant,
+    smoothing_factors, ActivationMode, CalibrationStats, ChannelStats, DeadCodeElimination,
+    FoldQdq, FuseEpilogue, NoteKind, Pass, PassContext, Pipeline, QuantizeLinears, QuantizeOptions,
+    Report, RunOptions, ShapeInference, SmoothQuant,
 };
 
 fn parse(text: &str) -> Graph {
@@ -761,7 +761,7 @@ fn quantize_static_activations() {
         .zip(&inv)
         .map(|(v, s)| v * s)
         .fold(0f32, f32::max);
-    let (scale, zero) = static_qparams(lo, hi);
+    let (scale, zero) = ir::u8_qparams(lo, hi);
     assert!(zero > 0 && zero < 255, "{zero}");
     let t = print(&quant);
     let attrs = format!(

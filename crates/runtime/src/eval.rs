@@ -833,11 +833,13 @@ pub fn embed_in_length_order(
         .collect())
 }
 
-/// The cosine of two vectors, in f64 (0 when either is zero).
+/// The cosine of two vectors, in f64: 1 when both are zero (they agree), 0 when only one is.
 ///
 /// ```
 /// let c = runtime::eval::cosine(&[1.0, 0.0], &[1.0, 1.0]).unwrap();
 /// assert!((c - 0.5f64.sqrt()).abs() < 1e-12);
+/// assert_eq!(runtime::eval::cosine(&[0.0], &[0.0]).unwrap(), 1.0);
+/// assert_eq!(runtime::eval::cosine(&[0.0], &[2.0]).unwrap(), 0.0);
 /// assert!(runtime::eval::cosine(&[1.0], &[1.0, 2.0]).is_err());
 /// ```
 pub fn cosine(a: &[f32], b: &[f32]) -> Result<f64, Error> {
@@ -856,7 +858,13 @@ pub fn cosine(a: &[f32], b: &[f32]) -> Result<f64, Error> {
         nb += y * y;
     }
     let den = (na * nb).sqrt();
-    Ok(if den > 0.0 { dot / den } else { 0.0 })
+    Ok(if na == 0.0 && nb == 0.0 {
+        1.0
+    } else if den > 0.0 {
+        dot / den
+    } else {
+        0.0
+    })
 }
 
 /// Pearson's r of two equally long series (NaN when either is constant or shorter than 2).

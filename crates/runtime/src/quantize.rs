@@ -30,7 +30,7 @@ use std::path::Path;
 use ir::{ActQuant, Graph, Op};
 pub use passes::{ActivationMode, CalibrationStats, ChannelStats, Note, NoteKind, QuantizeOptions};
 
-use crate::exec::fused::quantize_rows;
+use crate::exec::fused::quantize_rows_here;
 use crate::{CompileOptions, Error, Model, Session, TensorValue};
 
 /// One batch of calibration inputs. `real_rows[b·S + s]` says whether token `s` of sequence `b`
@@ -325,17 +325,6 @@ fn sample_vectors(out: &TensorValue, mask: Option<&TensorValue>) -> Result<Vec<V
     }
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
-    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-    if na == 0.0 && nb == 0.0 {
-        1.0
-    } else {
-        dot / (na * nb).max(f64::MIN_POSITIVE)
-    }
-}
-
 /// Mean cosine between the two models' per-sample outputs (see [`sample_vectors`]) on `batches`.
 pub fn mean_cosine(
     reference: &Session,
@@ -349,7 +338,7 @@ pub fn mean_cosine(
         let rv = sample_vectors(&r[0].1, b.attention_mask())?;
         let cv = sample_vectors(&c[0].1, b.attention_mask())?;
         for (x, y) in rv.iter().zip(&cv) {
-            sum += cosine(x, y);
+            sum += crate::eval::cosine(x, y)?;
             n += 1;
         }
     }
@@ -432,7 +421,7 @@ pub fn layer_errors(
             continue;
         };
         let m = x.len() / k;
-        let q = quantize_rows(x, m, k, inv.as_deref(), *act);
+        let q = quantize_rows_here(x, m, k, inv.as_deref(), *act);
         let (mut err, mut norm) = (0f64, 0f64);
         for r in 0..m {
             let (s, z) = if q.scales.len() == 1 {

@@ -71,6 +71,8 @@ pub type Outputs = Vec<(String, TensorValue)>;
 pub struct NodeTime {
     pub node: String,
     pub op: &'static str,
+    /// What kind of work the op does.
+    pub kind: ir::OpKind,
     pub time: std::time::Duration,
 }
 
@@ -730,6 +732,7 @@ impl Session {
                 t.push(NodeTime {
                     node: st.name.clone(),
                     op: st.op.name(),
+                    kind: st.op.kind(),
                     time: t0.elapsed(),
                 });
             }

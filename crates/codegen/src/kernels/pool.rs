@@ -276,7 +276,10 @@ impl PartWork {
     ) -> Self {
         let mc = mc_max.min(rows.len().div_ceil(mr) * mr).max(mr);
         let units_m = rows.len().div_ceil(mc);
-        let units_n = pans.len().div_ceil(nc_panels);
+        // Panel blocks of near-equal width (8 panels with at most 7 per block: 4 + 4, not
+        // 7 + 1), so that no unit is a sliver that costs a pass over A for little work.
+        let units_n = pans.len().div_ceil(nc_panels.max(1));
+        let nc_panels = pans.len().div_ceil(units_n.max(1)).max(1);
         let total = (units_m * units_n) as u64;
         assert!(total < 1 << 32, "too many work units");
         Self {

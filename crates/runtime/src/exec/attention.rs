@@ -1,6 +1,7 @@
 //! Multi-head attention (the recognised `attention` op).
 
-use super::simd::{attn_scores, attn_values, softmax_row, IB, JB};
+use super::attn_kernels::{attn_scores, attn_values, IB, JB};
+use super::simd::softmax_row;
 use super::{broadcast_strides, Ctx, SyncPtr};
 use crate::value::TensorValue;
 use crate::Error;
@@ -97,7 +98,7 @@ pub(crate) fn attention(
         })
         .collect();
 
-    let mut out = ctx.arena.f32_zeroed(b * sq * h);
+    let mut out = ctx.arena.f32_for_overwrite(b * sq * h);
     let optr = SyncPtr(out.as_mut_ptr());
     let tasks = b * num_heads;
     let work = b * num_heads * sq * sk * dh * 2;

@@ -5,7 +5,7 @@ use codegen::kernels::{Activations, Epilogue, EpilogueOp, Output, RowParam};
 use ir::{ActQuant, EpilogueStep, GeluApprox};
 
 use super::nn::{f32_of, linear_rows};
-use super::{Ctx, Input};
+use super::{Ctx, Input, SyncPtr};
 use crate::gemm::{gemm_packed_program, PackedWeight, PackedWeightI8};
 use crate::value::TensorValue;
 use crate::Error;
@@ -80,7 +80,7 @@ pub(crate) fn fused_linear(
     let (m, shape) = linear_rows(x, w.k(), w.n(), node, op)?;
     let mut ops = Vec::with_capacity(steps.len());
     program(steps, operands, w.n(), &shape, node, op, &mut ops)?;
-    let mut out = ctx.arena.f32_zeroed(m * w.n());
+    let mut out = ctx.arena.f32_for_overwrite(m * w.n());
     gemm_packed_program(ctx, m, xv, w.k(), w, &mut out, &Epilogue::new(ops));
     Ok(TensorValue::raw(shape, out))
 }
@@ -90,20 +90,6 @@ pub(crate) fn fused_linear(
 fn quantize_u8(x: f32, scale: f32, zp: f32) -> u8 {
     let x = if x.is_nan() { 0.0 } else { x };
     ((x / scale).round_ties_even() + zp).clamp(0.0, 255.0) as u8
-}
-
-/// The u8 scale and zero point of a range widened to include 0 (onnxruntime's
-/// `DynamicQuantizeLinear` arithmetic; an all-zero range gets scale 1).
-#[inline]
-fn range_qparams(lo: f32, hi: f32) -> (f32, i32) {
-    let (lo, hi) = (lo.min(0.0), hi.max(0.0));
-    let scale = if hi == lo || !(hi - lo).is_finite() {
-        1.0
-    } else {
-        (hi - lo) / 255.0
-    };
-    let zp = (0.0 - lo / scale).clamp(0.0, 255.0).round_ties_even() as i32;
-    (scale, zp)
 }
 
 /// The activations of a `qlinear`, quantized: u8 data with per-row or per-tensor parameters.
@@ -236,16 +222,20 @@ mod row {
     }
 }
 
-/// Quantizes `x` (`m` rows of `k`, times `inv_smooth[k]` when given) as `act` says.
+/// Quantizes `x` (`m` rows of `k`, times `inv_smooth[k]` when given) as `act` says, into
+/// `data` (`m·k` bytes, overwritten), rows shared among the session's threads.
 pub(crate) fn quantize_rows(
     x: &[f32],
     m: usize,
     k: usize,
     inv_smooth: Option<&[f32]>,
     act: ActQuant,
+    mut data: Vec<u8>,
+    ctx: &Ctx<'_>,
 ) -> QuantizedRows {
     let x = &x[..m * k];
-    let mut data = vec![0u8; m * k];
+    data.truncate(m * k);
+    data.resize(m * k, 0);
     if k == 0 {
         return QuantizedRows {
             data,
@@ -253,17 +243,28 @@ pub(crate) fn quantize_rows(
             zeros: vec![0; m.max(1)],
         };
     }
+    // A few element operations per value: worth a second thread from ~64k values.
+    let work = m * k * 4;
     match act {
         ActQuant::DynamicToken => {
-            let mut scales = Vec::with_capacity(m);
-            let mut zeros = Vec::with_capacity(m);
-            for (r, q) in x.chunks_exact(k).zip(data.chunks_exact_mut(k)) {
-                let (lo, hi) = row::range(r, inv_smooth);
-                let (s, z) = range_qparams(lo, hi);
-                row::quantize(r, inv_smooth, s, z as f32, q);
-                scales.push(s);
-                zeros.push(z);
-            }
+            let mut scales = vec![0f32; m];
+            let mut zeros = vec![0i32; m];
+            let (sp, zp) = (SyncPtr(scales.as_mut_ptr()), SyncPtr(zeros.as_mut_ptr()));
+            ctx.par_rows_mut_work(&mut data, k, work, |r0, block| {
+                for (i, q) in block.chunks_exact_mut(k).enumerate() {
+                    let r = r0 + i;
+                    let row = &x[r * k..(r + 1) * k];
+                    let (lo, hi) = row::range(row, inv_smooth);
+                    let (s, z) = ir::u8_qparams(lo, hi);
+                    row::quantize(row, inv_smooth, s, z as f32, q);
+                    // SAFETY: row r belongs to this block only; both vectors have m entries
+                    // and outlive the parallel call.
+                    unsafe {
+                        *sp.ptr().add(r) = s;
+                        *zp.ptr().add(r) = z;
+                    }
+                }
+            });
             QuantizedRows {
                 data,
                 scales,
@@ -278,12 +279,15 @@ pub(crate) fn quantize_rows(
                         .chunks_exact(k)
                         .map(|r| row::range(r, inv_smooth))
                         .fold((0f32, 0f32), |(a, b), (c, d)| (a.min(c), b.max(d)));
-                    range_qparams(lo, hi)
+                    ir::u8_qparams(lo, hi)
                 }
             };
-            for (r, q) in x.chunks_exact(k).zip(data.chunks_exact_mut(k)) {
-                row::quantize(r, inv_smooth, s, z as f32, q);
-            }
+            ctx.par_rows_mut_work(&mut data, k, work, |r0, block| {
+                let rows = &x[r0 * k..r0 * k + block.len()];
+                for (r, q) in rows.chunks_exact(k).zip(block.chunks_exact_mut(k)) {
+                    row::quantize(r, inv_smooth, s, z as f32, q);
+                }
+            });
             QuantizedRows {
                 data,
                 scales: vec![s],
@@ -291,6 +295,22 @@ pub(crate) fn quantize_rows(
             }
         }
     }
+}
+
+/// [`quantize_rows`] on the calling thread alone, into a new buffer.
+pub(crate) fn quantize_rows_here(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    inv_smooth: Option<&[f32]>,
+    act: ActQuant,
+) -> QuantizedRows {
+    let mut arena = super::Arena::default();
+    let ctx = Ctx {
+        threads: 1,
+        arena: &mut arena,
+    };
+    quantize_rows(x, m, k, inv_smooth, act, Vec::new(), &ctx)
 }
 
 /// `qlinear(x, w, w_scale, inv_smooth?, operands…)`: activation quantization, one u8×s8 GEMM,
@@ -333,7 +353,8 @@ pub(crate) fn qlinear(
         }
         None => None,
     };
-    let q = quantize_rows(xv, m, k, inv, act);
+    let buf = ctx.arena.bytes_for_overwrite(m * k);
+    let q = quantize_rows(xv, m, k, inv, act, buf, ctx);
     let (a_scale, a_zero) = if q.scales.len() == 1 {
         (
             RowParam::PerTensor(q.scales[0]),
@@ -352,7 +373,7 @@ pub(crate) fn qlinear(
         w_scale: ws,
     });
     program(steps, operands, n, &shape, node, op, &mut ops)?;
-    let mut out = ctx.arena.f32_zeroed(m * n);
+    let mut out = ctx.arena.f32_for_overwrite(m * n);
     let threads = ctx.gemm_threads(m * n * k);
     codegen::kernels::gemm_i8(
         m,
@@ -367,6 +388,7 @@ pub(crate) fn qlinear(
         threads,
     )
     .map_err(|e| Error::op(node, op, e.to_string()))?;
+    ctx.arena.recycle_bytes(q.data);
     Ok(TensorValue::raw(shape, out))
 }
 
@@ -378,7 +400,7 @@ mod tests {
     fn token_quantization_is_per_row_and_exact_on_the_grid() {
         // Row 0 spans [-1, 3] (scale 4/255, zero 64); row 1 is all zero (scale 1, zero 0).
         let x = [-1.0, 0.0, 3.0, 0.0, 0.0, 0.0];
-        let q = quantize_rows(&x, 2, 3, None, ActQuant::DynamicToken);
+        let q = quantize_rows_here(&x, 2, 3, None, ActQuant::DynamicToken);
         assert_eq!(q.scales, vec![4.0 / 255.0, 1.0]);
         assert_eq!(q.zeros, vec![64, 0]);
         assert_eq!(q.data, vec![0, 64, 255, 0, 0, 0]);
@@ -387,14 +409,14 @@ mod tests {
     #[test]
     fn smoothing_divides_before_quantizing() {
         let x = [2.0, 4.0];
-        let q = quantize_rows(&x, 1, 2, Some(&[0.5, 0.25]), ActQuant::DynamicToken);
+        let q = quantize_rows_here(&x, 1, 2, Some(&[0.5, 0.25]), ActQuant::DynamicToken);
         // 1.0 and 1.0: both at the top of the range [0, 1].
         assert_eq!(q.data, vec![255, 255]);
     }
 
     #[test]
     fn static_quantization_rounds_half_to_even_and_saturates() {
-        let q = quantize_rows(
+        let q = quantize_rows_here(
             &[0.5, 1.5, 2.5, 1000.0, -1000.0, f32::NAN],
             1,
             6,
@@ -405,6 +427,36 @@ mod tests {
             },
         );
         assert_eq!(q.data, vec![10, 12, 12, 255, 0, 10]);
+    }
+
+    /// Rows shared among threads give what one thread gives, for every scheme.
+    #[test]
+    fn threaded_quantization_equals_one_thread() {
+        let (m, k) = (301, 257);
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 4.0 + (i / k) as f32 * 0.01)
+            .collect();
+        let inv: Vec<f32> = (0..k).map(|j| 0.5 + (j % 5) as f32 * 0.2).collect();
+        for act in [
+            ActQuant::DynamicToken,
+            ActQuant::DynamicTensor,
+            ActQuant::Static {
+                scale: 0.05,
+                zero_point: 100,
+            },
+        ] {
+            let one = quantize_rows_here(&x, m, k, Some(&inv), act);
+            let mut arena = super::super::Arena::default();
+            let ctx = Ctx {
+                threads: 2,
+                arena: &mut arena,
+            };
+            // A stale buffer: every byte must be overwritten.
+            let two = quantize_rows(&x, m, k, Some(&inv), act, vec![0xAB; m * k + 3], &ctx);
+            assert_eq!(one.data, two.data, "{act:?}");
+            assert_eq!(one.scales, two.scales, "{act:?}");
+            assert_eq!(one.zeros, two.zeros, "{act:?}");
+        }
     }
 
     /// The vector row quantizer against the scalar formula, on awkward lengths, with and

@@ -4,6 +4,7 @@
 //! node and op on any shape or dtype it cannot handle; none panics on bad data.
 
 pub(crate) mod attention;
+pub(crate) mod attn_kernels;
 pub(crate) mod elementwise;
 pub(crate) mod fused;
 pub(crate) mod nn;
@@ -33,26 +34,66 @@ pub(crate) struct Ctx<'a> {
 #[derive(Default)]
 pub(crate) struct Arena {
     free: Vec<Vec<f32>>,
+    bytes: Vec<Vec<u8>>,
 }
 
 impl Arena {
     /// A zero-filled vector of `len` elements, reusing the smallest free buffer that fits.
     pub fn f32_zeroed(&mut self, len: usize) -> Vec<f32> {
+        match self.take_fitting(len) {
+            Some(mut v) => {
+                v.clear();
+                v.resize(len, 0.0);
+                v
+            }
+            None => vec![0.0; len],
+        }
+    }
+
+    /// A vector of `len` elements whose contents are unspecified (stale values of a dead
+    /// intermediate, or zeros): for outputs that the kernel overwrites entirely, so that no
+    /// time goes into zero-filling them.
+    pub fn f32_for_overwrite(&mut self, len: usize) -> Vec<f32> {
+        match self.take_fitting(len) {
+            Some(mut v) => {
+                v.truncate(len);
+                v.resize(len, 0.0);
+                v
+            }
+            None => vec![0.0; len],
+        }
+    }
+
+    /// The smallest free buffer with room for `len` elements.
+    fn take_fitting(&mut self, len: usize) -> Option<Vec<f32>> {
         let best = self
             .free
             .iter()
             .enumerate()
             .filter(|(_, v)| v.capacity() >= len)
             .min_by_key(|(_, v)| v.capacity())
-            .map(|(i, _)| i);
-        match best {
+            .map(|(i, _)| i)?;
+        Some(self.free.swap_remove(best))
+    }
+
+    /// A byte buffer of `len` with unspecified contents, for data a kernel overwrites; give it
+    /// back with [`Arena::recycle_bytes`].
+    pub fn bytes_for_overwrite(&mut self, len: usize) -> Vec<u8> {
+        match self.bytes.iter().position(|v| v.capacity() >= len) {
             Some(i) => {
-                let mut v = self.free.swap_remove(i);
-                v.clear();
-                v.resize(len, 0.0);
+                let mut v = self.bytes.swap_remove(i);
+                v.truncate(len);
+                v.resize(len, 0);
                 v
             }
-            None => vec![0.0; len],
+            None => vec![0; len],
+        }
+    }
+
+    /// Takes back a byte buffer from [`Arena::bytes_for_overwrite`].
+    pub fn recycle_bytes(&mut self, v: Vec<u8>) {
+        if self.bytes.len() < 4 {
+            self.bytes.push(v);
         }
     }
 

@@ -197,9 +197,9 @@ pub(crate) fn dynamic_quantize_linear(
         min = min.min(v);
         max = max.max(v);
     }
-    // onnxruntime's guard for an all-zero input, where the spec would divide by zero.
-    let scale = if max == min { 1.0 } else { (max - min) / 255.0 };
-    let zp = (0.0 - min / scale).clamp(0.0, 255.0).round_ties_even() as i32;
+    // onnxruntime's arithmetic, with its guard for an all-zero input (where the spec would
+    // divide by zero).
+    let (scale, zp) = ir::u8_qparams(min, max);
     let y: Vec<u8> = xv
         .iter()
         .map(|&v| quantize_one(v, scale, zp, 0, 255) as u8)

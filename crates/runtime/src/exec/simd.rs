@@ -146,63 +146,8 @@ multiversion! {
     }
 }
 
-/// Rows per register block of the attention kernels.
-pub(crate) const IB: usize = 4;
-/// Columns per register block (one AVX-512 vector).
-pub(crate) const JB: usize = 16;
-
-multiversion! {
-    /// `scores[i, j] = scale · Σ_d q[i, d]·kt[d, j]` for `i < m_pad` (a multiple of [`IB`]),
-    /// `j < n_pad` (a multiple of [`JB`]); `q` is `[m_pad, dh]`, `kt` is `[dh, n_pad]`, `scores`
-    /// is `[m_pad, n_pad]`. A 4×16 block of scores stays in registers over the `dh` loop.
-    fn attn_scores(q: &[f32], kt: &[f32], scores: &mut [f32], m_pad: usize, n_pad: usize, dh: usize, scale: f32) {
-        for i0 in (0..m_pad).step_by(IB) {
-            for j0 in (0..n_pad).step_by(JB) {
-                let mut acc = [[0.0f32; JB]; IB];
-                for d in 0..dh {
-                    let k: &[f32; JB] = kt[d * n_pad + j0..d * n_pad + j0 + JB].try_into().unwrap();
-                    for (r, a) in acc.iter_mut().enumerate() {
-                        let x = q[(i0 + r) * dh + d];
-                        for l in 0..JB {
-                            a[l] = x.mul_add(k[l], a[l]);
-                        }
-                    }
-                }
-                for (r, a) in acc.iter().enumerate() {
-                    let dst = &mut scores[(i0 + r) * n_pad + j0..(i0 + r) * n_pad + j0 + JB];
-                    for l in 0..JB {
-                        dst[l] = a[l] * scale;
-                    }
-                }
-            }
-        }
-    }
-}
-
-multiversion! {
-    /// `out[i, c] = Σ_{j<n} p[i, j]·v[j, c]` for `i < m_pad` (multiple of [`IB`]) and
-    /// `c < dh_pad` (multiple of [`JB`]); `p` is `[m_pad, ldp]`, `v` is `[n, dh_pad]`, `out` is
-    /// `[m_pad, dh_pad]`.
-    fn attn_values(p: &[f32], ldp: usize, v: &[f32], out: &mut [f32], m_pad: usize, n: usize, dh_pad: usize) {
-        for i0 in (0..m_pad).step_by(IB) {
-            for c0 in (0..dh_pad).step_by(JB) {
-                let mut acc = [[0.0f32; JB]; IB];
-                for j in 0..n {
-                    let vr: &[f32; JB] = v[j * dh_pad + c0..j * dh_pad + c0 + JB].try_into().unwrap();
-                    for (r, a) in acc.iter_mut().enumerate() {
-                        let x = p[(i0 + r) * ldp + j];
-                        for l in 0..JB {
-                            a[l] = x.mul_add(vr[l], a[l]);
-                        }
-                    }
-                }
-                for (r, a) in acc.iter().enumerate() {
-                    out[(i0 + r) * dh_pad + c0..(i0 + r) * dh_pad + c0 + JB].copy_from_slice(a);
-                }
-            }
-        }
-    }
-}
+/// Lanes of the reductions (one AVX-512 vector of f32).
+const JB: usize = 16;
 
 multiversion! {
     /// `c[j] += Σ_p a[p]·b[p, j]` in i32 (wrapping, as the hardware): one row of an exact

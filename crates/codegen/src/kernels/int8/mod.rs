@@ -301,6 +301,8 @@ thread_local! {
     static APACK: RefCell<AlignedBuf<u8>> = RefCell::new(AlignedBuf::zeroed(0));
     static ACC: RefCell<AlignedBuf<i32>> = RefCell::new(AlignedBuf::zeroed(0));
     static EPI_TMP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The caller's f32 intermediate of a two-phase epilogue (kept between calls).
+    static MID: RefCell<AlignedBuf<f32>> = RefCell::new(AlignedBuf::zeroed(0));
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -311,10 +313,14 @@ struct Blocking {
 
 fn blocking(d: &KernelDesc, k_pad: usize) -> Blocking {
     let c = cache_sizes();
-    // A block (mc × Kp bytes) in half of L2, at most 192 rows so that the i32 block (mc × nc,
-    // a quarter of L2) stays wide: the epilogue runs on long row segments.
-    let mc = ((c.l2 / 2) / k_pad).clamp(d.mr, 192) / d.mr * d.mr;
-    let nc_panels = ((c.l2 / 4) / (mc * 4 * d.nr)).max(1);
+    // The B block (nc panels of Kp × nr) takes half of L2 and is reused by every micro-panel
+    // of A; the i32 accumulator holds only one micro-panel row (mr × nc·nr, in L1), whose
+    // epilogue runs as soon as its panels are done, so the accumulator never makes a round trip
+    // through L2. The A block is used once per unit (each micro-panel against every panel of
+    // the block), so its size only sets the grain of the work units: at most 64 rows keep the
+    // tail of a GEMM short when one thread waits for the other.
+    let mc = ((c.l2 / 4) / k_pad).clamp(d.mr, 64) / d.mr * d.mr;
+    let nc_panels = ((c.l2 / 2) / (k_pad * d.nr)).max(1);
     Blocking { mc, nc_panels }
 }
 
@@ -358,127 +364,131 @@ fn drive(
     let shift = if xor != 0 { 128 } else { 0 };
     let panels = n.div_ceil(d.nr);
     let threads = effective_threads(threads, m, n, k);
-    let split_n = panels >= threads;
+    let blk = blocking(&d, b.k_pad);
+    let ops = ep.ops();
+    let split = ep.row_split();
+    let row_ops = split < ops.len();
+    // Threads share N (each keeps its own weight panels) unless the epilogue needs whole rows
+    // and one unit can hold a whole row: then they share M and the row epilogue (LayerNorm)
+    // runs in the same pass.
+    let split_n = panels >= threads && !(row_ops && blk.nc_panels >= panels);
     let parts = if split_n {
         threads
     } else {
         threads.min(m.div_ceil(d.mr))
     };
-    let blk = blocking(&d, b.k_pad);
-    let ops = ep.ops();
-    let split = ep.row_split();
     let spans_row = (parts == 1 || !split_n) && blk.nc_panels >= panels;
-    let two_phase = !spans_row && split < ops.len();
-    let mut mid: Vec<f32> = if two_phase {
-        vec![0.0; m * n]
-    } else {
-        Vec::new()
-    };
+    let two_phase = !spans_row && row_ops;
     let final_out = out.ptr();
-    let (tile_ops, tile_out): (&[EpilogueOp<'_>], OutPtr) = if two_phase {
-        (&ops[..split], OutPtr::F32(mid.as_mut_ptr(), n))
-    } else {
-        (ops, final_out)
-    };
-    let ctx = Int8Ctx {
-        colsum: &b.colsum,
-        shift,
-    };
-    let part_of = |t: usize| {
-        if split_n {
-            (0..m, split_range(panels, parts, t))
-        } else {
-            let r = split_range(m.div_ceil(d.mr), parts, t);
-            (r.start * d.mr..(r.end * d.mr).min(m), 0..panels)
+    MID.with_borrow_mut(|mid| {
+        if two_phase {
+            mid.ensure(m * n);
         }
-    };
-    let works: Vec<PartWork> = (0..parts)
-        .map(|t| {
-            let (rows, pans) = part_of(t);
-            PartWork::new(rows, pans, d.mr, blk.mc, blk.nc_panels)
-        })
-        .collect();
-    let mc_max = blk.mc.min(m.div_ceil(d.mr) * d.mr);
-    let eager = super::pool::eager_steal();
-    let body = |t: usize| {
-        APACK.with_borrow_mut(|ap| {
-            ACC.with_borrow_mut(|acc| {
-                EPI_TMP.with_borrow_mut(|tmp| {
-                    ap.ensure(mc_max * b.k_pad);
-                    acc.ensure(mc_max * blk.nc_panels * d.nr);
-                    let mut packed: Option<(usize, usize)> = None;
-                    let mut run = |w: &PartWork, u: usize| {
-                        let (rows, pans) = w.unit(u);
-                        // SAFETY: units are disjoint output blocks, each claimed exactly once; A
-                        // and B sizes were checked; the kernel matches the packing; the buffers
-                        // were sized for the largest block.
-                        unsafe {
-                            compute_unit(
-                                kern,
-                                &d,
-                                &blk,
-                                a_bytes,
-                                lda,
-                                xor,
-                                b,
-                                rows,
-                                pans,
-                                tile_ops,
-                                ctx,
-                                tile_out,
-                                ap,
-                                &mut packed,
-                                acc,
-                                tmp,
-                            )
-                        }
-                    };
-                    kern.begin();
-                    if eager && parts > 1 {
-                        let w = &works[(t + 1) % parts];
-                        if let Some(u) = w.claim_back() {
-                            run(w, u);
-                        }
-                    }
-                    // Own units first (weight-stationary), then help whoever is behind.
-                    while let Some(u) = works[t].claim_front() {
-                        run(&works[t], u);
-                    }
-                    for i in 1..parts {
-                        let w = &works[(t + i) % parts];
-                        while let Some(u) = w.claim_back() {
-                            run(w, u);
-                        }
-                    }
-                    kern.end();
-                })
+        let (tile_ops, tile_out): (&[EpilogueOp<'_>], OutPtr) = if two_phase {
+            (&ops[..split], OutPtr::F32(mid.as_mut_ptr(), n))
+        } else {
+            (ops, final_out)
+        };
+        let ctx = Int8Ctx {
+            colsum: &b.colsum,
+            shift,
+        };
+        let part_of = |t: usize| {
+            if split_n {
+                (0..m, split_range(panels, parts, t))
+            } else {
+                let r = split_range(m.div_ceil(d.mr), parts, t);
+                (r.start * d.mr..(r.end * d.mr).min(m), 0..panels)
+            }
+        };
+        let works: Vec<PartWork> = (0..parts)
+            .map(|t| {
+                let (rows, pans) = part_of(t);
+                PartWork::new(rows, pans, d.mr, blk.mc, blk.nc_panels)
             })
-        });
-    };
-    parallel_for(parts, &body);
-    if two_phase {
-        let row_ops = &ops[split..];
-        let parts = threads.min(m);
-        let mid_ptr = MidPtr(mid.as_ptr());
-        parallel_for(parts, &|t| {
-            let rows = split_range(m, parts, t);
-            let mp = mid_ptr;
-            EPI_TMP.with_borrow_mut(|tmp| {
-                // SAFETY: `mid` holds all m×n phase-one values; each part writes whole rows.
-                unsafe {
-                    run_block(
-                        row_ops,
-                        None,
-                        Src::F32(mp.0.add(rows.start * n), n),
-                        rows,
-                        0..n,
-                        final_out,
-                        tmp,
-                    )
-                }
+            .collect();
+        let mc_max = blk.mc.min(m.div_ceil(d.mr) * d.mr);
+        let eager = super::pool::eager_steal();
+        let body = |t: usize| {
+            APACK.with_borrow_mut(|ap| {
+                ACC.with_borrow_mut(|acc| {
+                    EPI_TMP.with_borrow_mut(|tmp| {
+                        ap.ensure(mc_max * b.k_pad);
+                        acc.ensure(d.mr * blk.nc_panels * d.nr);
+                        let mut packed: Option<(usize, usize)> = None;
+                        let mut run = |w: &PartWork, u: usize| {
+                            let (rows, pans) = w.unit(u);
+                            // SAFETY: units are disjoint output blocks, each claimed exactly once; A
+                            // and B sizes were checked; the kernel matches the packing; the buffers
+                            // were sized for the largest block.
+                            unsafe {
+                                compute_unit(
+                                    kern,
+                                    &d,
+                                    &blk,
+                                    a_bytes,
+                                    lda,
+                                    xor,
+                                    b,
+                                    rows,
+                                    pans,
+                                    tile_ops,
+                                    ctx,
+                                    tile_out,
+                                    ap,
+                                    &mut packed,
+                                    acc,
+                                    tmp,
+                                )
+                            }
+                        };
+                        kern.begin();
+                        if eager && parts > 1 {
+                            let w = &works[(t + 1) % parts];
+                            if let Some(u) = w.claim_back() {
+                                run(w, u);
+                            }
+                        }
+                        // Own units first (weight-stationary), then help whoever is behind.
+                        while let Some(u) = works[t].claim_front() {
+                            run(&works[t], u);
+                        }
+                        for i in 1..parts {
+                            let w = &works[(t + i) % parts];
+                            while let Some(u) = w.claim_back() {
+                                run(w, u);
+                            }
+                        }
+                        kern.end();
+                    })
+                })
             });
-        });
-    }
+        };
+        parallel_for(parts, &body);
+        if two_phase {
+            let row_ops = &ops[split..];
+            let parts = threads.min(m);
+            let mid_ptr = MidPtr(mid.as_ptr());
+            parallel_for(parts, &|t| {
+                let rows = split_range(m, parts, t);
+                let mp = mid_ptr;
+                EPI_TMP.with_borrow_mut(|tmp| {
+                    // SAFETY: `mid` holds all m×n phase-one values; each part writes whole rows.
+                    unsafe {
+                        run_block(
+                            row_ops,
+                            None,
+                            Src::F32(mp.0.add(rows.start * n), n),
+                            rows,
+                            0..n,
+                            final_out,
+                            tmp,
+                        )
+                    }
+                });
+            });
+        }
+    });
     Ok(())
 }
 
@@ -526,36 +536,37 @@ unsafe fn compute_unit(
         pack::pack_a(a, lda, b.k, kp, rows.clone(), mr, d.a_layout, xor, apack);
         *packed = Some((rows.start, rows.end));
     }
+    let cols = pans.start * nr..(pans.end * nr).min(b.n);
     // The A micro-panel (mr × Kp, a few KB) stays in L1 while the B panels of the block stream
-    // from L2 in address order.
+    // from L2 in address order; the micro-panel row's accumulator (mr × nc·nr i32) is still in
+    // L1 when its epilogue runs.
     for ip in 0..mpan {
         for p in pans.clone() {
             // SAFETY: panel p has kp·nr bytes; A micro-panel ip has mr·kp bytes; the i32 tile
-            // (mr × nr at row ip·mr, column (p − pans.start)·nr) is inside the block buffer.
+            // (mr × nr at column (p − pans.start)·nr) is inside the accumulator.
             unsafe {
                 kern.run(
                     kp / 4,
                     apack.as_ptr().add(ip * mr * kp),
                     b.data.as_ptr().add(p * kp * nr),
-                    acc.as_mut_ptr()
-                        .add(ip * mr * ldacc + (p - pans.start) * nr),
+                    acc.as_mut_ptr().add((p - pans.start) * nr),
                     ldacc,
                 )
             };
         }
+        let r0 = rows.start + ip * mr;
+        // SAFETY: the accumulator holds the micro-panel's rows (at most mr) of cols.len()
+        // values at stride ldacc; the output block belongs to this unit only.
+        unsafe {
+            run_block(
+                ops,
+                Some(ctx),
+                Src::I32(acc.as_ptr(), ldacc),
+                r0..(r0 + mr).min(rows.end),
+                cols.clone(),
+                out,
+                tmp,
+            )
+        };
     }
-    let cols = pans.start * nr..(pans.end * nr).min(b.n);
-    // SAFETY: the i32 block holds rows.len() rows of cols.len() values at stride ldacc; the
-    // output block belongs to this unit only.
-    unsafe {
-        run_block(
-            ops,
-            Some(ctx),
-            Src::I32(acc.as_ptr(), ldacc),
-            rows,
-            cols,
-            out,
-            tmp,
-        )
-    };
 }

@@ -1,0 +1,222 @@
+//! The two products of attention for one (batch, head), register-blocked: `scores = q·kᵀ·scale`
+//! and `out = p·v`. Every output is one FMA chain in index order started from 0, in the AVX-512
+//! kernels and in the portable ones alike, so results never depend on the CPU.
+
+/// Rows per register block.
+pub(crate) const IB: usize = 8;
+/// Columns per register block (two AVX-512 vectors).
+pub(crate) const JB: usize = 32;
+
+/// `scores[i, j] = scale · Σ_d q[i, d]·kt[d, j]` for `i < m_pad` (a multiple of [`IB`]) and
+/// `j < n_pad` (a multiple of [`JB`]); `q` is `[m_pad, dh]`, `kt` is `[dh, n_pad]`, `scores` is
+/// `[m_pad, n_pad]`.
+pub(crate) fn attn_scores(
+    q: &[f32],
+    kt: &[f32],
+    scores: &mut [f32],
+    m_pad: usize,
+    n_pad: usize,
+    dh: usize,
+    scale: f32,
+) {
+    assert!(m_pad.is_multiple_of(IB) && n_pad.is_multiple_of(JB));
+    assert!(q.len() >= m_pad * dh && kt.len() >= dh * n_pad && scores.len() >= m_pad * n_pad);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F; the sizes were checked above.
+        return unsafe { avx512::scores(q, kt, scores, m_pad, n_pad, dh, scale) };
+    }
+    for i0 in (0..m_pad).step_by(IB) {
+        for j0 in (0..n_pad).step_by(JB) {
+            let mut acc = [[0.0f32; JB]; IB];
+            for d in 0..dh {
+                let k = &kt[d * n_pad + j0..][..JB];
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let x = q[(i0 + r) * dh + d];
+                    a.iter_mut()
+                        .zip(k)
+                        .for_each(|(a, &k)| *a = x.mul_add(k, *a));
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                let dst = &mut scores[(i0 + r) * n_pad + j0..][..JB];
+                dst.iter_mut().zip(a).for_each(|(d, &a)| *d = a * scale);
+            }
+        }
+    }
+}
+
+/// `out[i, c] = Σ_{j<n} p[i, j]·v[j, c]` for `i < m_pad` (a multiple of [`IB`]) and
+/// `c < dh_pad` (a multiple of [`JB`]); `p` is `[m_pad, ldp]`, `v` is `[n, dh_pad]`, `out` is
+/// `[m_pad, dh_pad]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attn_values(
+    p: &[f32],
+    ldp: usize,
+    v: &[f32],
+    out: &mut [f32],
+    m_pad: usize,
+    n: usize,
+    dh_pad: usize,
+) {
+    assert!(m_pad.is_multiple_of(IB) && dh_pad.is_multiple_of(JB) && n <= ldp);
+    assert!(p.len() >= m_pad * ldp && v.len() >= n * dh_pad && out.len() >= m_pad * dh_pad);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F; the sizes were checked above.
+        return unsafe { avx512::values(p, ldp, v, out, m_pad, n, dh_pad) };
+    }
+    for i0 in (0..m_pad).step_by(IB) {
+        for c0 in (0..dh_pad).step_by(JB) {
+            let mut acc = [[0.0f32; JB]; IB];
+            for j in 0..n {
+                let vr = &v[j * dh_pad + c0..][..JB];
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let x = p[(i0 + r) * ldp + j];
+                    a.iter_mut()
+                        .zip(vr)
+                        .for_each(|(a, &v)| *a = x.mul_add(v, *a));
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                out[(i0 + r) * dh_pad + c0..][..JB].copy_from_slice(a);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{IB, JB};
+    use std::arch::x86_64::*;
+
+    /// See [`super::attn_scores`]: 8 rows × 32 columns in 16 accumulators, per `d` two loads of
+    /// `kt` and eight broadcasts of `q`.
+    ///
+    /// # Safety
+    /// AVX-512F; the slice sizes checked by the caller.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn scores(
+        q: &[f32],
+        kt: &[f32],
+        scores: &mut [f32],
+        m_pad: usize,
+        n_pad: usize,
+        dh: usize,
+        scale: f32,
+    ) {
+        let (qp, kp, sp) = (q.as_ptr(), kt.as_ptr(), scores.as_mut_ptr());
+        let vs = _mm512_set1_ps(scale);
+        for i0 in (0..m_pad).step_by(IB) {
+            for j0 in (0..n_pad).step_by(JB) {
+                let mut acc = [[_mm512_setzero_ps(); 2]; IB];
+                for d in 0..dh {
+                    // SAFETY: d < dh, j0 + JB ≤ n_pad, i0 + IB ≤ m_pad: inside the slices.
+                    unsafe {
+                        let k0 = _mm512_loadu_ps(kp.add(d * n_pad + j0));
+                        let k1 = _mm512_loadu_ps(kp.add(d * n_pad + j0 + 16));
+                        for (r, a) in acc.iter_mut().enumerate() {
+                            let x = _mm512_set1_ps(*qp.add((i0 + r) * dh + d));
+                            a[0] = _mm512_fmadd_ps(x, k0, a[0]);
+                            a[1] = _mm512_fmadd_ps(x, k1, a[1]);
+                        }
+                    }
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    // SAFETY: row i0 + r < m_pad, columns j0..j0 + JB ≤ n_pad.
+                    unsafe {
+                        let o = sp.add((i0 + r) * n_pad + j0);
+                        _mm512_storeu_ps(o, _mm512_mul_ps(a[0], vs));
+                        _mm512_storeu_ps(o.add(16), _mm512_mul_ps(a[1], vs));
+                    }
+                }
+            }
+        }
+    }
+
+    /// See [`super::attn_values`]: 8 rows × 32 columns in 16 accumulators, per key two loads of
+    /// `v` and eight broadcasts of `p`.
+    ///
+    /// # Safety
+    /// AVX-512F; the slice sizes checked by the caller.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn values(
+        p: &[f32],
+        ldp: usize,
+        v: &[f32],
+        out: &mut [f32],
+        m_pad: usize,
+        n: usize,
+        dh_pad: usize,
+    ) {
+        let (pp, vp, op) = (p.as_ptr(), v.as_ptr(), out.as_mut_ptr());
+        for i0 in (0..m_pad).step_by(IB) {
+            for c0 in (0..dh_pad).step_by(JB) {
+                let mut acc = [[_mm512_setzero_ps(); 2]; IB];
+                for j in 0..n {
+                    // SAFETY: j < n, c0 + JB ≤ dh_pad, i0 + IB ≤ m_pad, j < ldp.
+                    unsafe {
+                        let v0 = _mm512_loadu_ps(vp.add(j * dh_pad + c0));
+                        let v1 = _mm512_loadu_ps(vp.add(j * dh_pad + c0 + 16));
+                        for (r, a) in acc.iter_mut().enumerate() {
+                            let x = _mm512_set1_ps(*pp.add((i0 + r) * ldp + j));
+                            a[0] = _mm512_fmadd_ps(x, v0, a[0]);
+                            a[1] = _mm512_fmadd_ps(x, v1, a[1]);
+                        }
+                    }
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    // SAFETY: row i0 + r < m_pad, columns c0..c0 + JB ≤ dh_pad.
+                    unsafe {
+                        let o = op.add((i0 + r) * dh_pad + c0);
+                        _mm512_storeu_ps(o, a[0]);
+                        _mm512_storeu_ps(o.add(16), a[1]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernels against a plain f64-free reference with the same FMA order: bit-exact.
+    #[test]
+    fn kernels_equal_the_sequential_fma_chain() {
+        let mut state = 7u32;
+        let mut rnd = || {
+            state = state.wrapping_mul(1664525).wrapping_add(1013904223);
+            (state >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        };
+        let (m_pad, n, dh): (usize, usize, usize) = (16, 45, 24);
+        let n_pad = n.div_ceil(JB) * JB;
+        let dh_pad = dh.div_ceil(JB) * JB;
+        let q: Vec<f32> = (0..m_pad * dh).map(|_| rnd()).collect();
+        let kt: Vec<f32> = (0..dh * n_pad).map(|_| rnd()).collect();
+        let mut s = vec![0f32; m_pad * n_pad];
+        attn_scores(&q, &kt, &mut s, m_pad, n_pad, dh, 0.125);
+        for i in 0..m_pad {
+            for j in 0..n_pad {
+                let mut a = 0f32;
+                for d in 0..dh {
+                    a = q[i * dh + d].mul_add(kt[d * n_pad + j], a);
+                }
+                assert_eq!(s[i * n_pad + j], a * 0.125, "score {i},{j}");
+            }
+        }
+        let v: Vec<f32> = (0..n * dh_pad).map(|_| rnd()).collect();
+        let mut o = vec![0f32; m_pad * dh_pad];
+        attn_values(&s, n_pad, &v, &mut o, m_pad, n, dh_pad);
+        for i in 0..m_pad {
+            for c in 0..dh_pad {
+                let mut a = 0f32;
+                for j in 0..n {
+                    a = s[i * n_pad + j].mul_add(v[j * dh_pad + c], a);
+                }
+                assert_eq!(o[i * dh_pad + c], a, "value {i},{c}");
+            }
+        }
+    }
+}

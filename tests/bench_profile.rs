@@ -1,0 +1,80 @@
+//! `encore bench --profile`: the per-kind times and the count of standalone elementwise ops
+//! that epilogue fusion left inside the layers.
+
+mod common;
+
+use common::{encore, models_dir, quantize_random, scratch, stderr, stdout};
+
+fn profile(model: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "bench",
+        "--model",
+        model,
+        "--batch",
+        "2",
+        "--seq",
+        "16",
+        "--seconds",
+        "0",
+        "--min-runs",
+        "2",
+        "--warmup",
+        "0",
+        "--profile",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let o = encore(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    v["profile"].clone()
+}
+
+fn kind_nodes(p: &serde_json::Value, kind: &str) -> u64 {
+    p["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kind"] == kind)
+        .map(|k| k["nodes"].as_u64().unwrap())
+        .unwrap_or(0)
+}
+
+#[test]
+fn fusion_leaves_no_standalone_elementwise_op_in_a_layer() {
+    let Some(m) = models_dir("bench_profile") else {
+        return;
+    };
+    let fp32 = m.join("tiny/bert/model.onnx");
+    let fp32 = fp32.to_str().unwrap();
+    let layers = 2; // tiny-bert (../shared/models/README.md)
+
+    let fused = profile(fp32, &[]);
+    assert_eq!(fused["layers"], layers, "{fused}");
+    assert_eq!(fused["elementwise_per_layer"], 0.0, "{fused}");
+    // Q, K, V, attention output, FFN1, FFN2 per layer, and the pooler.
+    assert_eq!(kind_nodes(&fused, "gemm"), 6 * layers + 1, "{fused}");
+    assert!(fused["total_ms"].as_f64().unwrap() > 0.0);
+
+    // Without fusion the same layers carry their bias, GELU, residual and LayerNorm ops: the
+    // counter sees them.
+    let unfused = profile(fp32, &["--no-fuse"]);
+    assert_eq!(unfused["layers"], layers, "{unfused}");
+    let per_layer = unfused["elementwise_per_layer"].as_f64().unwrap();
+    assert!(per_layer >= 4.0, "{unfused}");
+
+    // The INT8 program is fused the same way.
+    let dir = scratch("bench_profile");
+    let int8 = dir.join("tiny-bert.int8.encore");
+    quantize_random(std::path::Path::new(fp32), &int8);
+    let q = profile(int8.to_str().unwrap(), &[]);
+    assert_eq!(q["elementwise_per_layer"], 0.0, "{q}");
+    assert!(
+        q["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o["op"] == "qlinear"),
+        "{q}"
+    );
+}
