@@ -13,13 +13,13 @@
 //!
 //! # What is imported
 //!
-//! The default ONNX domain (`""` or `ai.onnx`) at opsets 11 to 21. Domains listed in
+//! The default ONNX domain (`""` or `ai.onnx`) at opsets 11 to 23. Domains listed in
 //! `opset_import` that no node uses are ignored. The ops are those a BERT-family encoder exported
 //! by torch or optimum contains:
 //!
 //! - elementwise: Add, Sub, Mul, Div, Pow, Max, Min, Sum (variadic ones become chains), Equal,
 //!   Less, Greater, And, Or, Not, Neg, Abs, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu,
-//!   Gelu (opset 20+), Where, Cast (not to FLOAT16 or DOUBLE);
+//!   Gelu (opset 20+), Where, Cast (to FLOAT16, BFLOAT16 or DOUBLE as to FLOAT, see below);
 //! - shapes and indexing: Shape, Reshape, Transpose, Unsqueeze, Squeeze, Flatten, Concat, Gather,
 //!   GatherElements, Slice, Expand, ConstantOfShape, Range, CumSum;
 //! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin (axes as attribute or constant
@@ -40,8 +40,18 @@
 //! otherwise left unknown for shape inference (a pass) to fill in. Dimensions become symbols:
 //! `dim_param`s sanitized into identifiers, missing dims fresh `unk<N>` symbols.
 //!
-//! Constants: initializers and `Constant` values of FLOAT, UINT8, INT8, INT32, INT64, BOOL and
-//! BFLOAT16 keep their bytes; FLOAT16 and DOUBLE constants are converted to f32. Node names are
+//! Constants: initializers and `Constant` values of FLOAT, UINT8, INT8, INT32, INT64 and BOOL keep
+//! their bytes; FLOAT16, BFLOAT16 and DOUBLE constants are converted to f32.
+//!
+//! # Half precision and double
+//!
+//! encore computes every float in f32. FLOAT16, BFLOAT16 and DOUBLE tensors are widened to f32
+//! at import (DOUBLE narrowed): weights exactly (a double beyond f32's range becomes ±inf),
+//! graph inputs of those types become f32 inputs (feed f32), values and graph outputs declared
+//! with them are f32 (outputs are not cast back: the caller gets f32, which holds every f16 and
+//! bf16 value exactly), and a `Cast` to them is a `Cast` to f32, which does not round to the
+//! narrower type. A half-precision model therefore computes what its FP32 twin computes on the
+//! same (rounded) weights, usually closer to the FP32 original than onnxruntime's f16 kernels. Node names are
 //! the ONNX names (the initializer's name for initializers), made unique with a `~N` suffix when
 //! they collide, so that [`ir::text::ConstantSource`] can find constants by name.
 //!
@@ -87,7 +97,7 @@ pub enum ImportError {
     Decode { source: prost::DecodeError },
     #[error("the model has no graph")]
     MissingGraph,
-    #[error("opset {version} of domain `{domain}` is not supported (the default domain needs opset 11 to 21)")]
+    #[error("opset {version} of domain `{domain}` is not supported (the default domain needs opset 11 to 23)")]
     UnsupportedOpset { domain: String, version: i64 },
     #[error("opset_import lists domain `{domain}` twice, at opsets {first} and {second}")]
     ConflictingOpsets {

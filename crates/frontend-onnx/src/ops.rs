@@ -1,4 +1,4 @@
-//! The mapping of each ONNX op (default domain, opsets 11 to 21) onto IR ops, with the ONNX rule
+//! The mapping of each ONNX op (default domain, opsets 11 to 23) onto IR ops, with the ONNX rule
 //! for each output dtype.
 
 use ir::{BinaryOp, DType, GeluApprox, Op, Outlet, ReduceOp, Tensor, UnaryOp};
@@ -785,6 +785,19 @@ impl<'m> Importer<'m> {
                     to = Some(d);
                 }
                 let to = to.unwrap_or(DType::U8);
+                // Opset 23: the precision of the division (0: that of the scale). encore divides
+                // in f32; a narrower precision would round differently.
+                if let Some(p) = x.opt_int("precision")? {
+                    if p != 0 && p != crate::proto::DataType::Float as i64 {
+                        return Err(x.bad_attr(
+                            "precision",
+                            format!(
+                                "{} (opset {opset}): encore quantizes in FLOAT precision only",
+                                tensor::onnx_dtype_name(i32::try_from(p).unwrap_or(-1))
+                            ),
+                        ));
+                    }
+                }
                 if !matches!(to, DType::U8 | DType::I8) {
                     return Err(x.bad(format!(
                         "quantizing to {to} is not supported, only to u8 and i8"
@@ -810,6 +823,18 @@ impl<'m> Importer<'m> {
                     .map(|i| x.input(i))
                     .collect::<Result<_, _>>()?;
                 let d = self.dtype(ins[1]);
+                // Opset 23: the output type, which must be the scale's (floats are all f32 here).
+                if let Some(o) = x.opt_int("output_dtype").map(|o| o.filter(|&o| o != 0))? {
+                    let od = tensor::value_dtype(i32::try_from(o).unwrap_or(-1), || {
+                        format!("node `{}` (DequantizeLinear), output_dtype", x.label)
+                    })?;
+                    if od != d {
+                        return Err(x.bad_attr(
+                            "output_dtype",
+                            format!("is {od}, the scale is {d} (opset {opset})"),
+                        ));
+                    }
+                }
                 self.emit(
                     n,
                     Op::DequantizeLinear {

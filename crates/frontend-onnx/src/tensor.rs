@@ -39,8 +39,13 @@ pub fn onnx_dtype_name(data_type: i32) -> &'static str {
     }
 }
 
-/// The IR dtype of a value (graph input, op output) of ONNX type `data_type`. FLOAT16 and DOUBLE
-/// values are not supported: only constants of those types are converted (to f32) on import.
+/// The IR dtype of a value (graph input, op output, `Cast` target) of ONNX type `data_type`.
+///
+/// FLOAT16, BFLOAT16 and DOUBLE are widened (or, for DOUBLE, narrowed) to f32: encore computes
+/// every float in f32, so a half-precision model runs at f32 precision on its exactly widened
+/// weights, its float16 graph inputs are fed as f32, and its outputs come out as f32 whatever
+/// their declared type. A `Cast` to one of these types is a cast to f32 (it does not round to
+/// the narrower type).
 pub(crate) fn value_dtype(
     data_type: i32,
     what: impl FnOnce() -> String,
@@ -52,7 +57,7 @@ pub(crate) fn value_dtype(
         Ok(DataType::Int32) => DType::I32,
         Ok(DataType::Int64) => DType::I64,
         Ok(DataType::Bool) => DType::Bool,
-        Ok(DataType::Bfloat16) => DType::BF16,
+        Ok(DataType::Float16 | DataType::Bfloat16 | DataType::Double) => DType::F32,
         _ => {
             return Err(ImportError::UnsupportedDType {
                 what: what(),
@@ -158,8 +163,8 @@ impl ExternalData {
 }
 
 /// Converts a `TensorProto` (an initializer, or a `Constant`'s value) into a tensor. `raw_data`
-/// and external data of a dtype the IR has are shared, not copied; FLOAT16 and DOUBLE become
-/// f32.
+/// and external data of a dtype the IR has are shared, not copied; FLOAT16, BFLOAT16 and DOUBLE
+/// are converted to f32 (exactly, except DOUBLE values that f32 cannot hold, which round).
 pub(crate) fn tensor_from_proto(
     t: &TensorProto,
     ext: &mut ExternalData,
@@ -180,7 +185,7 @@ pub(crate) fn tensor_from_proto(
     }
     let dt = DataType::try_from(t.data_type).ok();
     let (dtype, stored_width) = match dt {
-        Some(DataType::Float16) => (DType::F32, 2),
+        Some(DataType::Float16 | DataType::Bfloat16) => (DType::F32, 2),
         Some(DataType::Double) => (DType::F32, 8),
         _ => {
             let d = value_dtype(t.data_type, || format!("tensor `{}`", t.name))?;
@@ -210,6 +215,10 @@ pub(crate) fn tensor_from_proto(
             Some(DataType::Float16) => Bytes::from(f32_bytes(
                 raw.chunks_exact(2)
                     .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+            )),
+            Some(DataType::Bfloat16) => Bytes::from(f32_bytes(
+                raw.chunks_exact(2)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
             )),
             Some(DataType::Double) => Bytes::from(f32_bytes(raw.chunks_exact(8).map(|c| {
                 f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32
@@ -250,10 +259,11 @@ pub(crate) fn tensor_from_proto(
         }
         Some(DataType::Bfloat16) => {
             check(t.int32_data.len())?;
-            t.int32_data
-                .iter()
-                .flat_map(|&v| (v as u16).to_le_bytes())
-                .collect()
+            f32_bytes(
+                t.int32_data
+                    .iter()
+                    .map(|&v| half::bf16::from_bits(v as u16).to_f32()),
+            )
         }
         Some(DataType::Float16) => {
             check(t.int32_data.len())?;
