@@ -17,13 +17,15 @@
 //! `opset_import` that no node uses are ignored. The ops are those a BERT-family encoder exported
 //! by torch or optimum contains:
 //!
-//! - elementwise: Add, Sub, Mul, Div, Pow, Max, Min, Sum (variadic ones become chains), Equal,
-//!   Less, Greater, And, Or, Not, Neg, Abs, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu,
+//! - elementwise: Add, Sub, Mul, Div, Pow (an exponent of another numeric dtype is cast to the
+//!   base's, an integer base with a float exponent is computed in f32 and truncated), Max, Min,
+//!   Sum (variadic ones become chains), Equal, Less, Greater, And, Or, Not, Neg, Abs, Sqrt,
+//!   Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Sin, Cos, Round (half to even),
 //!   Gelu (opset 20+), Where, Cast (to FLOAT16, BFLOAT16 or DOUBLE as to FLOAT, see below);
 //! - shapes and indexing: Shape, Reshape, Transpose, Unsqueeze, Squeeze, Flatten, Concat, Gather,
 //!   GatherElements, Slice, Expand, ConstantOfShape, Range, CumSum;
-//! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin (axes as attribute or constant
-//!   input, per opset);
+//! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd (axes as attribute or
+//!   constant input, per opset), and Size (a product of the Shape);
 //! - linear algebra and normalisation: MatMul, Gemm, Softmax (before opset 13 its 2-D coercion
 //!   is imported exactly: one op on the last axis, else Flatten, Softmax and Reshape),
 //!   LayerNormalization (opset 17+, output 0 only);

@@ -298,7 +298,7 @@ impl<'m> Importer<'m> {
                     t => BinaryOp::from_name(&t.to_lowercase()).expect("listed above"),
                 };
                 let out = match op {
-                    BinaryOp::Pow => self.dtype(a),
+                    BinaryOp::Pow => return self.import_pow(&x, a, b),
                     BinaryOp::And | BinaryOp::Or => {
                         self.require_dtype(&x, 0, &[DType::Bool])?;
                         self.require_dtype(&x, 1, &[DType::Bool])?;
@@ -344,14 +344,16 @@ impl<'m> Importer<'m> {
                 }
             }
             "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Erf" | "Tanh" | "Sigmoid"
-            | "Relu" | "Not" => {
+            | "Relu" | "Not" | "Sin" | "Cos" | "Round" => {
                 x.arity(1, 1)?;
                 let a = x.input(0)?;
                 let op = UnaryOp::from_name(&x.op_type().to_lowercase()).expect("listed above");
-                let d = if op == UnaryOp::Not {
-                    self.require_dtype(&x, 0, &[DType::Bool])?
-                } else {
-                    self.dtype(a)
+                let d = match op {
+                    UnaryOp::Not => self.require_dtype(&x, 0, &[DType::Bool])?,
+                    UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Round => {
+                        self.require_dtype(&x, 0, &[DType::F32])?
+                    }
+                    _ => self.dtype(a),
                 };
                 self.emit(n, Op::Unary(op), &[a], &[d])?;
             }
@@ -425,6 +427,26 @@ impl<'m> Importer<'m> {
                     format!("node `{}` (Cast), target type", x.label)
                 })?;
                 self.emit(n, Op::Cast { to }, &[x.input(0)?], &[to])?;
+            }
+            "Size" => {
+                // The product of the dims: Shape, then a product over its one axis.
+                x.arity(1, 1)?;
+                let shape = self.emit_aux(
+                    n,
+                    "shape",
+                    Op::Shape {
+                        start: 0,
+                        end: None,
+                    },
+                    &[x.input(0)?],
+                    DType::I64,
+                )?;
+                let op = Op::Reduce {
+                    op: ReduceOp::Prod,
+                    axes: vec![0],
+                    keepdims: false,
+                };
+                self.emit(n, op, &[shape], &[DType::I64])?;
             }
             "Shape" => {
                 x.arity(1, 1)?;
@@ -659,11 +681,12 @@ impl<'m> Importer<'m> {
                     &[d],
                 )?;
             }
-            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" => {
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" => {
                 let op = match x.op_type() {
                     "ReduceMean" => ReduceOp::Mean,
                     "ReduceSum" => ReduceOp::Sum,
                     "ReduceMax" => ReduceOp::Max,
+                    "ReduceProd" => ReduceOp::Prod,
                     _ => ReduceOp::Min,
                 };
                 // ReduceSum took its axes as an input from opset 13, the others from opset 18.
@@ -898,6 +921,28 @@ impl<'m> Importer<'m> {
                 }
             }
             _ => return Err(unsupported(self)),
+        }
+        Ok(())
+    }
+
+    /// `Pow(a, b)`: the result has `a`'s dtype, and ONNX (from opset 12) lets `b` be of another
+    /// numeric dtype. A float base takes `b` cast to it; an integer base with a float exponent is
+    /// computed in f32 and truncated back (as onnxruntime computes `pow` in double and casts);
+    /// two integer dtypes meet in the base's.
+    fn import_pow(&mut self, x: &NodeCtx<'m>, a: Outlet, b: Outlet) -> Result<(), ImportError> {
+        let numeric = [DType::F32, DType::I64, DType::I32, DType::I8, DType::U8];
+        let da = self.require_dtype(x, 0, &numeric)?;
+        let db = self.require_dtype(x, 1, &numeric)?;
+        let pow = Op::Binary(BinaryOp::Pow);
+        if da == db {
+            self.emit(x.n, pow, &[a, b], &[da])?;
+        } else if da.is_float() || db.is_integer() {
+            let b = self.emit_aux(x.n, "exponent", Op::Cast { to: da }, &[b], da)?;
+            self.emit(x.n, pow, &[a, b], &[da])?;
+        } else {
+            let af = self.emit_aux(x.n, "base", Op::Cast { to: db }, &[a], db)?;
+            let p = self.emit_aux(x.n, "pow", pow, &[af, b], db)?;
+            self.emit(x.n, Op::Cast { to: da }, &[p], &[da])?;
         }
         Ok(())
     }

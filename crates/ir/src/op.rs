@@ -43,6 +43,12 @@ pub enum UnaryOp {
     Sigmoid,
     Relu,
     Not,
+    /// Sine (ONNX `Sin`), floats only.
+    Sin,
+    /// Cosine (ONNX `Cos`), floats only.
+    Cos,
+    /// Round half to even (ONNX `Round`), floats only.
+    Round,
 }
 
 /// Reductions over a set of axes.
@@ -52,6 +58,8 @@ pub enum ReduceOp {
     Sum,
     Max,
     Min,
+    /// Product (ONNX `ReduceProd`; the empty product is 1).
+    Prod,
 }
 
 /// The two GELU forms found in exports.
@@ -82,9 +90,9 @@ name_table!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", P
     And => "and", Or => "or" });
 name_table!(UnaryOp { Neg => "neg", Abs => "abs", Sqrt => "sqrt", Reciprocal => "reciprocal",
     Exp => "exp", Log => "log", Erf => "erf", Tanh => "tanh", Sigmoid => "sigmoid",
-    Relu => "relu", Not => "not" });
+    Relu => "relu", Not => "not", Sin => "sin", Cos => "cos", Round => "round" });
 name_table!(ReduceOp { Mean => "reduce_mean", Sum => "reduce_sum", Max => "reduce_max",
-    Min => "reduce_min" });
+    Min => "reduce_min", Prod => "reduce_prod" });
 name_table!(GeluApprox { Erf => "erf", Tanh => "tanh" });
 
 /// One step of a fused linear's epilogue. The steps run in order on each output element (a whole

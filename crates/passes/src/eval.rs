@@ -510,6 +510,9 @@ fn unary(u: UnaryOp, d: Data) -> Option<Data> {
             Tanh => v.into_iter().map(f32::tanh).collect(),
             Sigmoid => v.into_iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect(),
             Relu => v.into_iter().map(|x| x.max(0.0)).collect(),
+            Sin => v.into_iter().map(f32::sin).collect(),
+            Cos => v.into_iter().map(f32::cos).collect(),
+            Round => v.into_iter().map(f32::round_ties_even).collect(),
             Erf | Not => return None,
         }),
         Data::I(v) => Data::I(match u {

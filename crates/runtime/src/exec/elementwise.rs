@@ -363,6 +363,9 @@ pub(crate) fn unary(
                 UnaryOp::Tanh => f32::tanh,
                 UnaryOp::Sigmoid => sigmoid,
                 UnaryOp::Relu => |v| v.max(0.0),
+                UnaryOp::Sin => f32::sin,
+                UnaryOp::Cos => f32::cos,
+                UnaryOp::Round => f32::round_ties_even,
                 UnaryOp::Not => return Err(bad()),
             };
             map_f32(x, ctx, f)

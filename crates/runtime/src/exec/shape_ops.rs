@@ -871,6 +871,7 @@ pub(crate) fn reduce(
             let v: &[$t] = $v;
             let init = match op {
                 ReduceOp::Sum | ReduceOp::Mean => $zero,
+                ReduceOp::Prod => $zero + 1 as $t,
                 ReduceOp::Max => $min,
                 ReduceOp::Min => $max,
             };
@@ -885,6 +886,7 @@ pub(crate) fn reduce(
                         let (dst, s) = (&mut out[o + k * lo], v[i + k]);
                         *dst = match op {
                             ReduceOp::Sum | ReduceOp::Mean => *dst + s,
+                            ReduceOp::Prod => *dst * s,
                             ReduceOp::Max => {
                                 if s > *dst {
                                     s

@@ -1,0 +1,321 @@
+//! Single ONNX nodes imported and run, against exact (hand-computed) values: the ops of real
+//! transformer exports that issue 8 lists. Each case runs twice: with its inputs as graph inputs
+//! (the runtime kernels) and as initializers (what constant folding makes of them).
+
+use bytes::Bytes;
+use frontend_onnx::proto::{
+    type_proto, AttributeProto, AttributeType, DataType, GraphProto, ModelProto, NodeProto,
+    OperatorSetIdProto, TensorProto, TypeProto, ValueInfoProto,
+};
+use ir::DType;
+use prost::Message;
+use runtime::{CompileOptions, Model, Session, TensorValue};
+
+fn onnx_type(d: DType) -> DataType {
+    match d {
+        DType::F32 => DataType::Float,
+        DType::I64 => DataType::Int64,
+        DType::I32 => DataType::Int32,
+        DType::I8 => DataType::Int8,
+        DType::U8 => DataType::Uint8,
+        DType::Bool => DataType::Bool,
+        DType::BF16 => DataType::Bfloat16,
+    }
+}
+
+fn tensor_proto(name: &str, v: &TensorValue) -> TensorProto {
+    let t = v.to_ir();
+    TensorProto {
+        name: name.into(),
+        dims: v.shape().iter().map(|&d| d as i64).collect(),
+        data_type: onnx_type(v.dtype()) as i32,
+        raw_data: t.bytes().cloned().unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+fn typed_input(name: &str, v: &TensorValue) -> ValueInfoProto {
+    use frontend_onnx::proto::{tensor_shape_proto, TensorShapeProto};
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: onnx_type(v.dtype()) as i32,
+                shape: Some(TensorShapeProto {
+                    dim: v
+                        .shape()
+                        .iter()
+                        .map(|&d| tensor_shape_proto::Dimension {
+                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d as i64)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn int_attr(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Int as i32,
+        i: v,
+        ..Default::default()
+    }
+}
+
+/// One node `op` at `opset` reading `inputs` (named `in0`, `in1`, …; an empty name is an absent
+/// input) and producing `outputs`.
+struct Case {
+    op: &'static str,
+    opset: i64,
+    attrs: Vec<AttributeProto>,
+    inputs: Vec<Option<TensorValue>>,
+    /// Inputs that are initializers in both runs (ones encore needs when importing).
+    constant: Vec<usize>,
+    outputs: Vec<&'static str>,
+}
+
+impl Case {
+    fn new(op: &'static str, opset: i64, inputs: Vec<TensorValue>) -> Case {
+        Case {
+            op,
+            opset,
+            attrs: vec![],
+            inputs: inputs.into_iter().map(Some).collect(),
+            constant: vec![],
+            outputs: vec!["y"],
+        }
+    }
+
+    fn constant(mut self, i: usize) -> Case {
+        self.constant.push(i);
+        self
+    }
+
+    fn attr(mut self, a: AttributeProto) -> Case {
+        self.attrs.push(a);
+        self
+    }
+
+    fn model(&self, as_initializers: bool) -> ModelProto {
+        let mut g = GraphProto {
+            name: "node".into(),
+            ..Default::default()
+        };
+        let mut names = Vec::new();
+        for (i, v) in self.inputs.iter().enumerate() {
+            let Some(v) = v else {
+                names.push(String::new());
+                continue;
+            };
+            let name = format!("in{i}");
+            if as_initializers || self.constant.contains(&i) {
+                g.initializer.push(tensor_proto(&name, v));
+            } else {
+                g.input.push(typed_input(&name, v));
+            }
+            names.push(name);
+        }
+        g.node.push(NodeProto {
+            op_type: self.op.into(),
+            name: "n".into(),
+            input: names,
+            output: self.outputs.iter().map(|s| s.to_string()).collect(),
+            attribute: self.attrs.clone(),
+            ..Default::default()
+        });
+        for o in &self.outputs {
+            g.output.push(ValueInfoProto {
+                name: o.to_string(),
+                ..Default::default()
+            });
+        }
+        ModelProto {
+            ir_version: 9,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: self.opset,
+            }],
+            graph: Some(g),
+            ..Default::default()
+        }
+    }
+
+    /// Imports and runs the node both ways; the two runs must agree exactly.
+    fn run(&self) -> Result<Vec<TensorValue>, String> {
+        let mut results = Vec::new();
+        for as_init in [false, true] {
+            let bytes = Bytes::from(self.model(as_init).encode_to_vec());
+            let g = frontend_onnx::import_bytes(bytes, None).map_err(|e| e.to_string())?;
+            let m = Model::from_graph(g).map_err(|e| e.to_string())?;
+            let s = Session::new(&m, CompileOptions::default()).map_err(|e| e.to_string())?;
+            let feeds: Vec<(String, TensorValue)> = if as_init {
+                vec![]
+            } else {
+                self.inputs
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !self.constant.contains(i))
+                    .filter_map(|(i, v)| v.clone().map(|v| (format!("in{i}"), v)))
+                    .collect()
+            };
+            let feeds: Vec<(&str, TensorValue)> =
+                feeds.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
+            let out = s.run(&feeds).map_err(|e| e.to_string())?;
+            results.push(out.into_iter().map(|(_, v)| v).collect::<Vec<_>>());
+        }
+        let init = results.pop().unwrap();
+        let fed = results.pop().unwrap();
+        for (a, b) in fed.iter().zip(&init) {
+            assert_eq!(a.shape(), b.shape(), "{}: fed and folded shapes", self.op);
+            assert_eq!(a.dtype(), b.dtype(), "{}: fed and folded dtypes", self.op);
+            let same = match (a.as_f32(), b.as_f32()) {
+                (Some(x), Some(y)) => x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                _ => a.data() == b.data(),
+            };
+            assert!(same, "{}: fed {:?} but folded {:?}", self.op, a, b);
+        }
+        Ok(fed)
+    }
+
+    fn run1(&self) -> TensorValue {
+        self.run()
+            .unwrap_or_else(|e| panic!("{}: {e}", self.op))
+            .remove(0)
+    }
+}
+
+fn f32s(shape: &[usize], v: &[f32]) -> TensorValue {
+    TensorValue::from_f32(shape.to_vec(), v.to_vec()).unwrap()
+}
+
+fn i64s(shape: &[usize], v: &[i64]) -> TensorValue {
+    TensorValue::from_i64(shape.to_vec(), v.to_vec()).unwrap()
+}
+
+#[test]
+fn round_is_half_to_even() {
+    let x = f32s(&[8], &[0.5, 1.5, 2.5, -0.5, -1.5, 2.4, 2.6, -2.6]);
+    for opset in [11, 22] {
+        let y = Case::new("Round", opset, vec![x.clone()]).run1();
+        assert_eq!(
+            y.as_f32().unwrap(),
+            [0.0, 2.0, 2.0, -0.0, -2.0, 2.0, 3.0, -3.0]
+        );
+        // -0.5 rounds to -0: the sign is kept, as in numpy.
+        assert!(y.as_f32().unwrap()[3].is_sign_negative());
+    }
+}
+
+#[test]
+fn sin_and_cos_match_f64_within_an_ulp() {
+    let xs = [0.0f32, 0.5, -1.0, std::f32::consts::FRAC_PI_2, 3.0, 100.0];
+    let x = f32s(&[2, 3], &xs);
+    for (op, f) in [("Sin", f64::sin as fn(f64) -> f64), ("Cos", f64::cos)] {
+        for opset in [7, 22] {
+            let opset = opset.max(11);
+            let y = Case::new(op, opset, vec![x.clone()]).run1();
+            assert_eq!(y.shape(), [2, 3]);
+            for (&got, &xi) in y.as_f32().unwrap().iter().zip(&xs) {
+                let want = f(xi as f64) as f32;
+                let ulp = (want.abs() * f32::EPSILON).max(f32::MIN_POSITIVE);
+                assert!((got - want).abs() <= ulp, "{op}({xi}) = {got}, want {want}");
+            }
+        }
+    }
+    assert_eq!(
+        Case::new("Sin", 17, vec![f32s(&[1], &[0.0])])
+            .run1()
+            .as_f32()
+            .unwrap(),
+        [0.0]
+    );
+    // Integers are not a type of Sin: a typed error naming the node, not a panic.
+    let e = Case::new("Cos", 17, vec![i64s(&[1], &[1])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("i64"), "{e}");
+}
+
+#[test]
+fn size_is_the_element_count() {
+    let y = Case::new("Size", 13, vec![f32s(&[2, 3, 4], &[0.0; 24])]).run1();
+    assert_eq!(y.shape(), [] as [usize; 0]);
+    assert_eq!(y.as_i64().unwrap(), [24]);
+    let y = Case::new("Size", 23, vec![i64s(&[0, 5], &[])]).run1();
+    assert_eq!(y.as_i64().unwrap(), [0]);
+    let y = Case::new("Size", 19, vec![f32s(&[], &[7.0])]).run1();
+    assert_eq!(y.as_i64().unwrap(), [1]);
+}
+
+#[test]
+fn reduce_prod() {
+    let x = f32s(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let axes = i64s(&[1], &[1]);
+    let y = Case::new("ReduceProd", 18, vec![x.clone(), axes.clone()])
+        .constant(1)
+        .attr(int_attr("keepdims", 0))
+        .run1();
+    assert_eq!(y.shape(), [2]);
+    assert_eq!(y.as_f32().unwrap(), [6.0, 120.0]);
+    let y = Case::new("ReduceProd", 13, vec![x])
+        .attr(AttributeProto {
+            name: "axes".into(),
+            r#type: AttributeType::Ints as i32,
+            ints: vec![0],
+            ..Default::default()
+        })
+        .run1();
+    assert_eq!(y.shape(), [1, 3]);
+    assert_eq!(y.as_f32().unwrap(), [4.0, 10.0, 18.0]);
+    let y = Case::new("ReduceProd", 18, vec![i64s(&[3], &[2, -3, 7])]).run1();
+    assert_eq!(y.as_i64().unwrap(), [-42]);
+}
+
+#[test]
+fn pow_with_mixed_dtypes() {
+    let base = f32s(&[3], &[2.0, -3.0, 0.5]);
+    // Float base, integer exponent: the exponent is cast to f32.
+    for e in [
+        i64s(&[3], &[3, 2, -1]),
+        TensorValue::from_i32(vec![3], vec![3, 2, -1]).unwrap(),
+    ] {
+        let y = Case::new("Pow", 15, vec![base.clone(), e]).run1();
+        assert_eq!(y.dtype(), DType::F32);
+        assert_eq!(y.as_f32().unwrap(), [8.0, 9.0, 2.0]);
+    }
+    // Integer base, float exponent: computed in float, truncated to the base's type.
+    let y = Case::new(
+        "Pow",
+        15,
+        vec![i64s(&[3], &[3, 4, 2]), f32s(&[3], &[1.5, 0.5, 3.0])],
+    )
+    .run1();
+    assert_eq!(y.dtype(), DType::I64);
+    assert_eq!(y.as_i64().unwrap(), [5, 2, 8]);
+    // Two integer types: the exponent takes the base's.
+    let y = Case::new(
+        "Pow",
+        15,
+        vec![
+            TensorValue::from_i32(vec![2], vec![3, -2]).unwrap(),
+            i64s(&[1], &[3]),
+        ],
+    )
+    .run1();
+    assert_eq!(y.dtype(), DType::I32);
+    assert_eq!(y.as_i32().unwrap(), [27, -8]);
+    // Bool is not a numeric type.
+    let e = Case::new(
+        "Pow",
+        15,
+        vec![base, TensorValue::from_bool(vec![1], vec![true]).unwrap()],
+    )
+    .run()
+    .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("bool"), "{e}");
+}
