@@ -587,6 +587,23 @@ impl<'m> Importer<'m> {
                 let d = self.dtype(a);
                 self.emit(n, op, &[a, idx], &[d])?;
             }
+            "GatherND" => {
+                x.arity(2, 2)?;
+                let (a, idx) = (x.input(0)?, x.input(1)?);
+                self.require_dtype(&x, 1, &[DType::I64])?;
+                // batch_dims came at opset 12; at 11 there is none.
+                let batch_dims = if opset >= 12 {
+                    x.int("batch_dims", 0)?
+                } else {
+                    x.no_attr("batch_dims", "not defined")?;
+                    0
+                };
+                if batch_dims < 0 {
+                    return Err(x.bad_attr("batch_dims", format!("is {batch_dims}, must be >= 0")));
+                }
+                let d = self.dtype(a);
+                self.emit(n, Op::GatherNd { batch_dims }, &[a, idx], &[d])?;
+            }
             "Slice" => {
                 x.arity(3, 5)?;
                 let mut ins = vec![x.input(0)?, x.input(1)?, x.input(2)?];

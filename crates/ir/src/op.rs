@@ -293,6 +293,15 @@ pub enum Op {
     Gather { axis: i64 },
     /// `(data, indices)`, same-rank indices, along `axis`.
     GatherElements { axis: i64 },
+    /// `(data, indices)` → `indices.shape[..-1] ++ data.shape[batch_dims + k..]`, where
+    /// `k = indices.shape[-1]`: each innermost row of `indices` picks one slice of `data` by its
+    /// first `k` coordinates after the `batch_dims` leading ones, which `data` and `indices`
+    /// share (ONNX `GatherND`; negative indices count from the end).
+    ///
+    /// ```text
+    /// %2 = gather_nd[batch_dims=0](%0, %1) : f32[B,384]    # %0 : f32[B,S,384], %1 : i64[B,2]
+    /// ```
+    GatherNd { batch_dims: i64 },
     /// `(data, starts, ends, axes?, steps?)`.
     Slice,
     /// `(x, shape)` broadcast to `shape`.
@@ -447,6 +456,7 @@ impl Op {
             | Op::Split { .. }
             | Op::Gather { .. }
             | Op::GatherElements { .. }
+            | Op::GatherNd { .. }
             | Op::Slice
             | Op::Expand
             | Op::Tile
@@ -475,6 +485,7 @@ impl Op {
             Op::Split { .. } => "split",
             Op::Gather { .. } => "gather",
             Op::GatherElements { .. } => "gather_elements",
+            Op::GatherNd { .. } => "gather_nd",
             Op::Slice => "slice",
             Op::Expand => "expand",
             Op::Tile => "tile",
@@ -522,6 +533,7 @@ impl Op {
             Op::Reshape { .. }
             | Op::Gather { .. }
             | Op::GatherElements { .. }
+            | Op::GatherNd { .. }
             | Op::Expand
             | Op::Tile
             | Op::CumSum { .. }
@@ -580,6 +592,7 @@ impl Op {
             | Op::Softmax { axis }
             | Op::DequantizeLinear { axis } => vec![("axis", Int(*axis))],
             Op::ConstantOfShape { value } => vec![("value", Tensor(value.clone()))],
+            Op::GatherNd { batch_dims } => vec![("batch_dims", Int(*batch_dims))],
             Op::Split { axis, num_outputs } => vec![
                 ("axis", Int(*axis)),
                 ("num_outputs", Int(*num_outputs as i64)),
@@ -685,6 +698,9 @@ impl Op {
             },
             "gather_elements" => Op::GatherElements {
                 axis: a.int("axis")?,
+            },
+            "gather_nd" => Op::GatherNd {
+                batch_dims: a.int("batch_dims")?,
             },
             "slice" => Op::Slice,
             "expand" => Op::Expand,

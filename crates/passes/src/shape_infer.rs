@@ -567,6 +567,41 @@ fn infer(
             one(dtype(0), s)
         }
         Op::GatherElements { .. } => one(dtype(0), ins[1].shape.clone()),
+        Op::GatherNd { batch_dims } => {
+            let s = match shapes {
+                Some(ss) => {
+                    let (data, idx) = (ss[0], ss[1]);
+                    let b = usize::try_from(*batch_dims)
+                        .ok()
+                        .filter(|&b| b < data.len().min(idx.len()))
+                        .ok_or_else(|| {
+                            format!(
+                                "gather_nd: batch_dims {batch_dims} for data rank {} and \
+                                 indices rank {}",
+                                data.len(),
+                                idx.len()
+                            )
+                        })?;
+                    match idx.last().and_then(|d| d.as_fixed()) {
+                        Some(k) if b + k > data.len() => {
+                            return Err(format!(
+                                "gather_nd: indices rows of {k} for data rank {} after {b} \
+                                 batch dims",
+                                data.len()
+                            ))
+                        }
+                        Some(k) => {
+                            let mut out = idx[..idx.len() - 1].to_vec();
+                            out.extend(data[b + k..].iter().cloned());
+                            Some(out)
+                        }
+                        None => None,
+                    }
+                }
+                None => None,
+            };
+            one(dtype(0), s)
+        }
         Op::Slice => one(dtype(0), slice_shape(ctx, ins, vals)?),
         Op::Expand => {
             let s = match (&ins[0].shape, shape_operand(&ins[1], vals[1])?) {

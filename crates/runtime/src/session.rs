@@ -829,6 +829,7 @@ impl Session {
                 }
             }
             Op::GatherElements { axis } => one(so::gather_elements(r(0), r(1), *axis, node)?),
+            Op::GatherNd { batch_dims } => one(so::gather_nd(r(0), r(1), *batch_dims, node)?),
             Op::Slice => {
                 let args: Vec<&TensorValue> = ins[1..].iter().map(|i| i.get()).collect();
                 one(so::slice(r(0), &args, node)?)

@@ -319,3 +319,108 @@ fn pow_with_mixed_dtypes() {
     .unwrap_err();
     assert!(e.contains("`n`") && e.contains("bool"), "{e}");
 }
+
+#[test]
+fn gather_nd_examples_of_the_onnx_spec() {
+    // Whole elements.
+    let data = TensorValue::from_i32(vec![2, 2], vec![0, 1, 2, 3]).unwrap();
+    let y = Case::new("GatherND", 12, vec![data, i64s(&[2, 2], &[0, 0, 1, 1])]).run1();
+    assert_eq!(y.shape(), [2]);
+    assert_eq!(y.as_i32().unwrap(), [0, 3]);
+    // Rows, from a rank-3 index.
+    let data = f32s(&[2, 2, 2], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+    let y = Case::new(
+        "GatherND",
+        13,
+        vec![data.clone(), i64s(&[2, 1, 2], &[0, 1, 1, 0])],
+    )
+    .run1();
+    assert_eq!(y.shape(), [2, 1, 2]);
+    assert_eq!(y.as_f32().unwrap(), [2.0, 3.0, 4.0, 5.0]);
+    // One batch dim: each batch picks its own row; a negative index counts from the end.
+    let y = Case::new("GatherND", 13, vec![data.clone(), i64s(&[2, 1], &[-1, 0])])
+        .attr(int_attr("batch_dims", 1))
+        .run1();
+    assert_eq!(y.shape(), [2, 2]);
+    assert_eq!(y.as_f32().unwrap(), [2.0, 3.0, 4.0, 5.0]);
+    // An empty index row picks the whole slice.
+    let y = Case::new("GatherND", 13, vec![data, i64s(&[2, 0], &[])])
+        .attr(int_attr("batch_dims", 1))
+        .run1();
+    assert_eq!(y.shape(), [2, 2, 2]);
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    );
+}
+
+/// The pooling a sentence-embedding export does with GatherND: one token's hidden state per
+/// sequence, `hidden[b, pos[b]]`.
+#[test]
+fn gather_nd_picks_one_token_per_sequence() {
+    let (b, s, h) = (3usize, 4usize, 5usize);
+    let hidden: Vec<f32> = (0..b * s * h).map(|i| i as f32 * 0.5).collect();
+    let pos = [3i64, 0, 2];
+    let idx: Vec<i64> = pos
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &p)| [i as i64, p])
+        .collect();
+    let y = Case::new(
+        "GatherND",
+        17,
+        vec![f32s(&[b, s, h], &hidden), i64s(&[b, 2], &idx)],
+    )
+    .run1();
+    assert_eq!(y.shape(), [b, h]);
+    let want: Vec<f32> = (0..b)
+        .flat_map(|i| {
+            let p = pos[i] as usize;
+            hidden[(i * s + p) * h..(i * s + p + 1) * h].to_vec()
+        })
+        .collect();
+    assert_eq!(y.as_f32().unwrap(), want);
+}
+
+#[test]
+fn gather_nd_bad_input_is_a_typed_error() {
+    let data = f32s(&[2, 2], &[0.0, 1.0, 2.0, 3.0]);
+    // An index out of range, at run time: the node and the index are named.
+    let e = Case::new("GatherND", 13, vec![data.clone(), i64s(&[1, 2], &[0, 2])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("index 2"), "{e}");
+    // Rows longer than the data's rank.
+    let e = Case::new(
+        "GatherND",
+        13,
+        vec![data.clone(), i64s(&[1, 3], &[0, 0, 0])],
+    )
+    .run()
+    .unwrap_err();
+    assert!(e.contains("gather_nd"), "{e}");
+    // Batch dims the indices do not share.
+    let e = Case::new(
+        "GatherND",
+        13,
+        vec![data.clone(), i64s(&[3, 1], &[0, 0, 0])],
+    )
+    .attr(int_attr("batch_dims", 1))
+    .run()
+    .unwrap_err();
+    assert!(e.contains("gather_nd"), "{e}");
+    let e = Case::new("GatherND", 13, vec![data.clone(), i64s(&[1, 1], &[0])])
+        .attr(int_attr("batch_dims", -1))
+        .run()
+        .unwrap_err();
+    assert!(e.contains("batch_dims") && e.contains("`n`"), "{e}");
+    // Indices must be int64 in ONNX.
+    let e = Case::new(
+        "GatherND",
+        13,
+        vec![data, TensorValue::from_i32(vec![1, 2], vec![0, 0]).unwrap()],
+    )
+    .run()
+    .unwrap_err();
+    assert!(e.contains("i32") && e.contains("`n`"), "{e}");
+}

@@ -455,6 +455,70 @@ pub(crate) fn gather_elements(
     Ok(TensorValue::raw_data(is.to_vec(), d))
 }
 
+/// ONNX `GatherND`: each innermost row of `indices` (length `k`) addresses a slice of `data`
+/// after the `batch_dims` leading dims that both share; see [`ir::Op::GatherNd`].
+pub(crate) fn gather_nd(
+    data: &TensorValue,
+    indices: &TensorValue,
+    batch_dims: i64,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let bad = |m: String| Error::op(node, "gather_nd", m);
+    let (ds, is) = (data.shape(), indices.shape());
+    let b = usize::try_from(batch_dims)
+        .ok()
+        .filter(|&b| b < ds.len().min(is.len()))
+        .ok_or_else(|| {
+            bad(format!(
+                "batch_dims {batch_dims} for data {ds:?} and indices {is:?}"
+            ))
+        })?;
+    let k = is[is.len() - 1];
+    if b + k > ds.len() || ds[..b] != is[..b] {
+        return Err(bad(format!(
+            "indices {is:?} do not address data {ds:?} with {b} batch dims"
+        )));
+    }
+    let idx = ints(indices, node, "gather_nd", "indices")?;
+    // Elements per picked slice, slices per batch, and the strides of the addressed dims.
+    let inner: usize = ds[b + k..].iter().product();
+    let batch_size: usize = ds[b..].iter().product();
+    let rows_per_batch: usize = is[b..is.len() - 1].iter().product();
+    let st = strides_of(ds);
+    let rows = idx.len() / k.max(1);
+    let n_rows = if k == 0 {
+        is[..is.len() - 1].iter().product()
+    } else {
+        rows
+    };
+    let mut starts = Vec::with_capacity(n_rows);
+    for r in 0..n_rows {
+        let batch = r / rows_per_batch.max(1);
+        let mut off = batch * batch_size;
+        for j in 0..k {
+            let dim = ds[b + j] as i64;
+            let i = idx[r * k + j];
+            let i = if i < 0 { i + dim } else { i };
+            if i < 0 || i >= dim {
+                return Err(bad(format!(
+                    "index {} out of range for axis {} of {ds:?}",
+                    idx[r * k + j],
+                    b + j
+                )));
+            }
+            off += i as usize * st[b + j];
+        }
+        starts.push(off);
+    }
+    let mut out_shape = is[..is.len() - 1].to_vec();
+    out_shape.extend_from_slice(&ds[b + k..]);
+    let d = map_data!(data.data(), v => starts
+        .iter()
+        .flat_map(|&s| v[s..s + inner].iter().copied())
+        .collect());
+    Ok(TensorValue::raw_data(out_shape, d))
+}
+
 fn slice_typed<T: Copy>(
     v: &[T],
     shape: &[usize],
