@@ -184,7 +184,8 @@ impl<'m> Importer<'m> {
         dtypes: &[DType],
     ) -> Result<NodeId, ImportError> {
         for (i, out) in n.output.iter().enumerate().skip(dtypes.len()) {
-            if self.is_used(out) {
+            // An extra output that the import already computed by other nodes is bound.
+            if self.is_used(out) && !self.values.contains_key(out.as_str()) {
                 return Err(ImportError::BadNode {
                     node: node_label(n),
                     op_type: n.op_type.clone(),

@@ -28,7 +28,8 @@
 //!   constant input, per opset), and Size (a product of the Shape);
 //! - linear algebra and normalisation: MatMul, Gemm, Softmax (before opset 13 its 2-D coercion
 //!   is imported exactly: one op on the last axis, else Flatten, Softmax and Reshape),
-//!   LayerNormalization (opset 17+, output 0 only);
+//!   LayerNormalization (opset 17+; its Mean and InvStdDev outputs, when used, by reductions
+//!   beside the op);
 //! - quantization: QuantizeLinear, DequantizeLinear (not blocked), DynamicQuantizeLinear,
 //!   MatMulInteger;
 //! - Constant, and Identity and Dropout, which add no node (Dropout's mask must be unused).

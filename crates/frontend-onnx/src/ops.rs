@@ -797,11 +797,20 @@ impl<'m> Importer<'m> {
                     .map(|i| x.input(i))
                     .collect::<Result<_, _>>()?;
                 let d = self.dtype(ins[0]);
-                let op = Op::LayerNorm {
-                    axis: x.int("axis", -1)?,
-                    epsilon: x.float("epsilon", 1e-5)?,
-                };
-                self.emit(n, op, &ins, &[d])?;
+                let (axis, epsilon) = (x.int("axis", -1)?, x.float("epsilon", 1e-5)?);
+                // stash_type is the precision of the statistics: f32 (1) is what encore computes.
+                if let Some(t) = x.opt_int("stash_type")? {
+                    if t != crate::proto::DataType::Float as i64 {
+                        return Err(x.bad_attr(
+                            "stash_type",
+                            format!("is {t}; encore computes the statistics in FLOAT (1)"),
+                        ));
+                    }
+                }
+                if n.output.iter().skip(1).any(|o| self.is_used(o)) {
+                    self.layer_norm_stats(&x, ins[0], axis, epsilon)?;
+                }
+                self.emit(n, Op::LayerNorm { axis, epsilon }, &ins, &[d])?;
             }
             "QuantizeLinear" => {
                 x.arity(2, 3)?;
@@ -938,6 +947,54 @@ impl<'m> Importer<'m> {
                 }
             }
             _ => return Err(unsupported(self)),
+        }
+        Ok(())
+    }
+
+    /// LayerNormalization's outputs 1 and 2 when used: `Mean` and `InvStdDev` (`1 / sqrt(var +
+    /// epsilon)`, the population variance) over the axes from `axis` on, kept as size-1 dims,
+    /// computed by reductions beside the fused LayerNorm op, which yields output 0.
+    fn layer_norm_stats(
+        &mut self,
+        x: &NodeCtx<'m>,
+        a: Outlet,
+        axis: i64,
+        epsilon: f32,
+    ) -> Result<(), ImportError> {
+        let axes: Vec<i64> = if axis < 0 {
+            (axis..0).collect()
+        } else {
+            let rank = self.graph.outlet_type(a).rank().ok_or_else(|| {
+                x.bad(format!(
+                    "its Mean or InvStdDev output is used with axis {axis}, and the rank of the \
+                     input is not declared"
+                ))
+            })?;
+            (axis..rank as i64).collect()
+        };
+        let d = self.require_dtype(x, 0, &[DType::F32])?;
+        let n = x.n;
+        let mean_op = |axes: &[i64]| Op::Reduce {
+            op: ReduceOp::Mean,
+            axes: axes.to_vec(),
+            keepdims: true,
+        };
+        let mean = self.emit_aux(n, "mean", mean_op(&axes), &[a], d)?;
+        let diff = self.emit_aux(n, "diff", Op::Binary(BinaryOp::Sub), &[a, mean], d)?;
+        let sq = self.emit_aux(n, "sq", Op::Binary(BinaryOp::Mul), &[diff, diff], d)?;
+        let var = self.emit_aux(n, "var", mean_op(&axes), &[sq], d)?;
+        let eps = self.aux_const(x, "epsilon", Tensor::scalar(epsilon));
+        let ve = self.emit_aux(n, "var_eps", Op::Binary(BinaryOp::Add), &[var, eps], d)?;
+        let sd = self.emit_aux(n, "std", Op::Unary(UnaryOp::Sqrt), &[ve], d)?;
+        let inv = self.emit_aux(n, "inv_std", Op::Unary(UnaryOp::Reciprocal), &[sd], d)?;
+        for (slot, o) in [(1, mean), (2, inv)] {
+            if let Some(name) = n.output.get(slot).filter(|s| self.is_used(s)) {
+                let declared = self.output_type(name, d)?;
+                if declared.shape.is_some() {
+                    self.graph.node_mut(o.node).outputs[o.slot] = declared;
+                }
+                self.values.insert(name.as_str(), o);
+            }
         }
         Ok(())
     }

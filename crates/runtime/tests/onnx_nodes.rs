@@ -424,3 +424,66 @@ fn gather_nd_bad_input_is_a_typed_error() {
     .unwrap_err();
     assert!(e.contains("i32") && e.contains("`n`"), "{e}");
 }
+
+/// LayerNormalization's three outputs, against values computed in f64 by hand's formula:
+/// `mean`, `inv_std = 1/sqrt(mean((x-mean)²) + eps)`, `y = (x-mean)·inv_std·gamma + beta`.
+#[test]
+fn layer_norm_with_mean_and_inv_std_dev() {
+    let xs = [
+        1.0f32, 2.0, 3.0, 2.0, 4.0, 9.0, -1.0, 0.5, 0.25, 7.0, -3.0, 2.0,
+    ];
+    let x = f32s(&[2, 2, 3], &xs);
+    let eps = 1e-5f32;
+    for (axis, group) in [(-1i64, 3usize), (2, 3), (1, 6), (-2, 6)] {
+        let (gamma, beta): (Vec<f32>, Vec<f32>) = (
+            (0..group).map(|i| 0.5 + i as f32).collect(),
+            (0..group).map(|i| i as f32 * -0.25).collect(),
+        );
+        let gshape = if group == 3 { vec![3] } else { vec![2, 3] };
+        let mut case = Case::new(
+            "LayerNormalization",
+            17,
+            vec![x.clone(), f32s(&gshape, &gamma), f32s(&gshape, &beta)],
+        )
+        .attr(int_attr("axis", axis))
+        .attr(AttributeProto {
+            name: "epsilon".into(),
+            r#type: AttributeType::Float as i32,
+            f: eps,
+            ..Default::default()
+        });
+        case.outputs = vec!["y", "mean", "inv_std"];
+        let out = case.run().unwrap_or_else(|e| panic!("axis {axis}: {e}"));
+        let stat_shape = if group == 3 {
+            vec![2, 2, 1]
+        } else {
+            vec![2, 1, 1]
+        };
+        assert_eq!(out[1].shape(), stat_shape, "axis {axis}");
+        assert_eq!(out[2].shape(), stat_shape, "axis {axis}");
+        assert_eq!(out[0].shape(), [2, 2, 3], "axis {axis}");
+        let (y, mean, inv) = (
+            out[0].as_f32().unwrap(),
+            out[1].as_f32().unwrap(),
+            out[2].as_f32().unwrap(),
+        );
+        for (gi, chunk) in xs.chunks(group).enumerate() {
+            let m = chunk.iter().map(|&v| v as f64).sum::<f64>() / group as f64;
+            let var = chunk.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / group as f64;
+            let is = 1.0 / (var + eps as f64).sqrt();
+            let close =
+                |got: f32, want: f64| (got as f64 - want).abs() <= 2e-6 * want.abs().max(1.0);
+            assert!(close(mean[gi], m), "axis {axis}: mean {} vs {m}", mean[gi]);
+            assert!(
+                close(inv[gi], is),
+                "axis {axis}: inv_std {} vs {is}",
+                inv[gi]
+            );
+            for (j, &v) in chunk.iter().enumerate() {
+                let want = (v as f64 - m) * is * gamma[j] as f64 + beta[j] as f64;
+                let got = y[gi * group + j];
+                assert!(close(got, want), "axis {axis}: y {got} vs {want}");
+            }
+        }
+    }
+}
