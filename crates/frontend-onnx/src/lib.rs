@@ -23,7 +23,7 @@
 //!   Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Sin, Cos, Round (half to even),
 //!   Gelu (opset 20+), Where, Cast (to FLOAT16, BFLOAT16 or DOUBLE as to FLOAT, see below);
 //! - shapes and indexing: Shape, Reshape, Transpose, Unsqueeze, Squeeze, Flatten, Concat, Gather,
-//!   GatherElements, GatherND, Slice, Expand, ConstantOfShape, Range, CumSum;
+//!   GatherElements, GatherND, Pad (all four modes, axes from opset 18), Slice, Expand, ConstantOfShape, Range, CumSum;
 //! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd (axes as attribute or
 //!   constant input, per opset), and Size (a product of the Shape);
 //! - linear algebra and normalisation: MatMul, Gemm, Softmax (before opset 13 its 2-D coercion

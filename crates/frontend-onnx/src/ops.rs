@@ -1,7 +1,7 @@
 //! The mapping of each ONNX op (default domain, opsets 11 to 23) onto IR ops, with the ONNX rule
 //! for each output dtype.
 
-use ir::{BinaryOp, DType, GeluApprox, Op, Outlet, ReduceOp, Tensor, UnaryOp};
+use ir::{BinaryOp, DType, GeluApprox, Op, Outlet, PadMode, ReduceOp, Tensor, UnaryOp};
 
 use crate::import::{node_label, Importer};
 use crate::proto::{AttributeProto, AttributeType, NodeProto, TensorProto};
@@ -603,6 +603,52 @@ impl<'m> Importer<'m> {
                 }
                 let d = self.dtype(a);
                 self.emit(n, Op::GatherNd { batch_dims }, &[a, idx], &[d])?;
+            }
+            "Pad" => {
+                x.no_attr("pads", "an input")?;
+                x.no_attr("value", "an input")?;
+                x.arity(2, if opset >= 18 { 4 } else { 3 })?;
+                let a = x.input(0)?;
+                let d = self.dtype(a);
+                self.require_dtype(&x, 1, &[DType::I64])?;
+                let mode = match x.string("mode")?.as_deref() {
+                    None | Some("constant") => PadMode::Constant,
+                    Some("reflect") => PadMode::Reflect,
+                    Some("edge") => PadMode::Edge,
+                    Some("wrap") if opset >= 19 => PadMode::Wrap,
+                    Some(other) => {
+                        return Err(x.bad_attr(
+                            "mode",
+                            format!("`{other}` is not a mode of Pad at opset {opset}"),
+                        ))
+                    }
+                };
+                let mut ins = vec![a, x.input(1)?];
+                if x.opt(2).is_some() {
+                    self.require_dtype(&x, 2, &[d])?;
+                }
+                match (x.opt(2), x.opt(3)) {
+                    (Some(v), axes) => {
+                        ins.push(v);
+                        ins.extend(axes);
+                    }
+                    (None, Some(axes)) => {
+                        self.require_dtype(&x, 3, &[DType::I32, DType::I64])?;
+                        // The IR has no gaps in its inputs: an absent value is 0.
+                        let zero = match d {
+                            DType::F32 | DType::BF16 => Tensor::scalar(0f32),
+                            DType::I64 => Tensor::scalar(0i64),
+                            DType::I32 => Tensor::scalar(0i32),
+                            DType::I8 => Tensor::scalar(0i8),
+                            DType::U8 => Tensor::scalar(0u8),
+                            DType::Bool => Tensor::scalar(false),
+                        };
+                        ins.push(self.aux_const(&x, "value", zero));
+                        ins.push(axes);
+                    }
+                    (None, None) => {}
+                }
+                self.emit(n, Op::Pad { mode }, &ins, &[d])?;
             }
             "Slice" => {
                 x.arity(3, 5)?;

@@ -71,6 +71,19 @@ pub enum GeluApprox {
     Tanh,
 }
 
+/// How `Pad` fills the border (ONNX `Pad`'s `mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PadMode {
+    /// A constant value.
+    Constant,
+    /// Mirrored without repeating the edge (`[1,2,3]` padded by 2 on the left: `3,2,1,2,3`).
+    Reflect,
+    /// The edge value repeated.
+    Edge,
+    /// Wrapped around (`[1,2,3]` padded by 2 on the left: `2,3,1,2,3`).
+    Wrap,
+}
+
 macro_rules! name_table {
     ($ty:ident { $($v:ident => $s:literal),* $(,)? }) => {
         impl $ty {
@@ -94,6 +107,8 @@ name_table!(UnaryOp { Neg => "neg", Abs => "abs", Sqrt => "sqrt", Reciprocal => 
 name_table!(ReduceOp { Mean => "reduce_mean", Sum => "reduce_sum", Max => "reduce_max",
     Min => "reduce_min", Prod => "reduce_prod" });
 name_table!(GeluApprox { Erf => "erf", Tanh => "tanh" });
+name_table!(PadMode { Constant => "constant", Reflect => "reflect", Edge => "edge",
+    Wrap => "wrap" });
 
 /// One step of a fused linear's epilogue. The steps run in order on each output element (a whole
 /// row for `LayerNorm`) while the GEMM's output tile is still in registers or cache. A step with
@@ -306,6 +321,14 @@ pub enum Op {
     Slice,
     /// `(x, shape)` broadcast to `shape`.
     Expand,
+    /// `(x, pads, value?, axes?)`: `x` padded by `pads` (1-D integer `[begin…, end…]`, one pair
+    /// per padded axis; negative pads crop) on `axes` (all when absent), filled as `mode` says;
+    /// `value` (a one-element tensor of x's dtype, 0 when absent) is the constant mode's fill.
+    ///
+    /// ```text
+    /// %3 = pad[mode="constant"](%0, %1, %2) : f32[B,S+2]    # %1 = i64[4]{0, 1, 0, 1}
+    /// ```
+    Pad { mode: PadMode },
     /// `(x, repeats)`: `x` repeated `repeats[i]` times along each axis `i`; `repeats` is 1-D
     /// integer with one non-negative count per axis of `x`.
     ///
@@ -457,6 +480,7 @@ impl Op {
             | Op::Gather { .. }
             | Op::GatherElements { .. }
             | Op::GatherNd { .. }
+            | Op::Pad { .. }
             | Op::Slice
             | Op::Expand
             | Op::Tile
@@ -486,6 +510,7 @@ impl Op {
             Op::Gather { .. } => "gather",
             Op::GatherElements { .. } => "gather_elements",
             Op::GatherNd { .. } => "gather_nd",
+            Op::Pad { .. } => "pad",
             Op::Slice => "slice",
             Op::Expand => "expand",
             Op::Tile => "tile",
@@ -540,6 +565,7 @@ impl Op {
             | Op::MatMul => (2, 2),
             Op::Concat { .. } => (1, usize::MAX),
             Op::Split { .. } => (1, 2),
+            Op::Pad { .. } => (2, 4),
             Op::Slice => (3, 5),
             Op::Gemm { .. } | Op::LayerNorm { .. } | Op::Linear => (2, 3),
             Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => (2, 3),
@@ -593,6 +619,7 @@ impl Op {
             | Op::DequantizeLinear { axis } => vec![("axis", Int(*axis))],
             Op::ConstantOfShape { value } => vec![("value", Tensor(value.clone()))],
             Op::GatherNd { batch_dims } => vec![("batch_dims", Int(*batch_dims))],
+            Op::Pad { mode } => vec![("mode", Str(mode.name().to_string()))],
             Op::Split { axis, num_outputs } => vec![
                 ("axis", Int(*axis)),
                 ("num_outputs", Int(*num_outputs as i64)),
@@ -699,6 +726,13 @@ impl Op {
             "gather_elements" => Op::GatherElements {
                 axis: a.int("axis")?,
             },
+            "pad" => {
+                let s = a.str("mode")?;
+                Op::Pad {
+                    mode: PadMode::from_name(&s)
+                        .ok_or_else(|| a.bad("mode", "constant, reflect, edge or wrap"))?,
+                }
+            }
             "gather_nd" => Op::GatherNd {
                 batch_dims: a.int("batch_dims")?,
             },

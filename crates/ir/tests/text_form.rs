@@ -199,7 +199,7 @@ output "s2" = %11.2
     );
 }
 
-/// The ops added for issue 8 (sin, cos, round, reduce_prod, gather_nd) print and parse back
+/// The ops added for issue 8 (sin, cos, round, reduce_prod, gather_nd, pad) print and parse back
 /// unchanged, attributes included.
 #[test]
 fn issue8_ops_round_trip() {
@@ -210,8 +210,11 @@ fn issue8_ops_round_trip() {
 %4 = round(%3) : f32[2,3,4]  # /round
 %5 = reduce_prod[axes=[-1], keepdims=false](%4) : f32[2,3]  # /prod
 %6 = gather_nd[batch_dims=1](%0, %1) : f32[2,4]  # /gnd
+%7 = const[value=i64[6]{0, 0, 1, 0, 0, 1}] : i64[6]  # pads
+%8 = pad[mode="reflect"](%0, %7) : f32[2,3,6]  # /pad
 output "p" = %5
 output "g" = %6
+output "pd" = %8
 "#;
     let g = text::parse(sample, None).unwrap();
     g.verify().unwrap();
@@ -219,5 +222,9 @@ output "g" = %6
     assert!(
         text::parse(&sample.replace("batch_dims=1", "batch=1"), None).is_err(),
         "an unknown attribute must not parse"
+    );
+    assert!(
+        text::parse(&sample.replace("reflect", "mirror"), None).is_err(),
+        "an unknown pad mode must not parse"
     );
 }

@@ -627,6 +627,55 @@ fn infer(
             };
             one(dtype(0), s)
         }
+        Op::Pad { .. } => {
+            let pads = vals[1].and_then(|v| v.as_ints());
+            let axes = match ins.get(3) {
+                None => Some(None),
+                Some(_) => vals[3].and_then(|v| v.as_ints()).map(Some),
+            };
+            let s = match (&ins[0].shape, pads, axes) {
+                (Some(s), Some(p), Some(axes)) => {
+                    let r = s.len();
+                    let axes: Vec<usize> = match axes {
+                        None => (0..r).collect(),
+                        Some(a) => a
+                            .iter()
+                            .map(|&a| norm_axis(a, r))
+                            .collect::<Result<_, _>>()?,
+                    };
+                    if p.len() != 2 * axes.len() {
+                        return Err(format!(
+                            "pad: {} pads for {} axes, expected two per axis",
+                            p.len(),
+                            axes.len()
+                        ));
+                    }
+                    let mut out = s.clone();
+                    for (j, &a) in axes.iter().enumerate() {
+                        let total = p[j] + p[j + axes.len()];
+                        out[a] = match (s[a].as_fixed(), total) {
+                            (_, 0) => s[a].clone(),
+                            (Some(d), t) => {
+                                let n = d as i64 + t;
+                                if n < 0 {
+                                    return Err(format!(
+                                        "pad: pads {p:?} crop axis {a} of size {d} below 0"
+                                    ));
+                                }
+                                Dim::fixed(n as usize)
+                            }
+                            (None, t) if t > 0 => dim_add(&s[a], &Dim::fixed(t as usize))
+                                .unwrap_or_else(|| ctx.fresh()),
+                            _ => ctx.fresh(),
+                        };
+                    }
+                    Some(out)
+                }
+                (Some(s), _, _) => Some(s.iter().map(|_| ctx.fresh()).collect()),
+                (None, _, _) => None,
+            };
+            one(dtype(0), s)
+        }
         Op::Tile => {
             let reps = vals[1].and_then(|v| v.as_ints());
             let s = match (&ins[0].shape, reps) {

@@ -829,6 +829,10 @@ impl Session {
                 }
             }
             Op::GatherElements { axis } => one(so::gather_elements(r(0), r(1), *axis, node)?),
+            Op::Pad { mode } => {
+                let opt = |i: usize| ins.get(i).map(|t| t.get());
+                one(so::pad(r(0), r(1), opt(2), opt(3), *mode, node)?)
+            }
             Op::GatherNd { batch_dims } => one(so::gather_nd(r(0), r(1), *batch_dims, node)?),
             Op::Slice => {
                 let args: Vec<&TensorValue> = ins[1..].iter().map(|i| i.get()).collect();

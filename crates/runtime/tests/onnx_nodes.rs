@@ -487,3 +487,122 @@ fn layer_norm_with_mean_and_inv_std_dev() {
         }
     }
 }
+
+fn mode(m: &str) -> AttributeProto {
+    AttributeProto {
+        name: "mode".into(),
+        r#type: AttributeType::String as i32,
+        s: Bytes::from(m.to_string()),
+        ..Default::default()
+    }
+}
+
+/// The modes on the ONNX spec's 3×2 example (expected values from `numpy.pad`).
+#[test]
+fn pad_modes() {
+    let x = f32s(&[3, 2], &[1.0, 1.2, 2.3, 3.4, 4.5, 5.7]);
+    let left2 = i64s(&[4], &[0, 2, 0, 0]);
+    let y = Case::new(
+        "Pad",
+        11,
+        vec![x.clone(), left2.clone(), TensorValue::scalar(0.5f32)],
+    )
+    .run1();
+    assert_eq!(y.shape(), [3, 4]);
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [0.5, 0.5, 1.0, 1.2, 0.5, 0.5, 2.3, 3.4, 0.5, 0.5, 4.5, 5.7]
+    );
+    // No value: zeros.
+    let y = Case::new("Pad", 13, vec![x.clone(), left2.clone()]).run1();
+    assert_eq!(&y.as_f32().unwrap()[..4], [0.0, 0.0, 1.0, 1.2]);
+    let y = Case::new("Pad", 13, vec![x.clone(), left2.clone()])
+        .attr(mode("reflect"))
+        .run1();
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [1.0, 1.2, 1.0, 1.2, 2.3, 3.4, 2.3, 3.4, 4.5, 5.7, 4.5, 5.7]
+    );
+    let y = Case::new("Pad", 13, vec![x.clone(), left2])
+        .attr(mode("edge"))
+        .run1();
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [1.0, 1.0, 1.0, 1.2, 2.3, 2.3, 2.3, 3.4, 4.5, 4.5, 4.5, 5.7]
+    );
+    let y = Case::new("Pad", 19, vec![x.clone(), i64s(&[4], &[2, 1, 1, 1])])
+        .attr(mode("wrap"))
+        .run1();
+    assert_eq!(y.shape(), [6, 4]);
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [
+            3.4, 2.3, 3.4, 2.3, 5.7, 4.5, 5.7, 4.5, 1.2, 1.0, 1.2, 1.0, 3.4, 2.3, 3.4, 2.3, 5.7,
+            4.5, 5.7, 4.5, 1.2, 1.0, 1.2, 1.0
+        ]
+    );
+    // Reflection further than the axis is long keeps mirroring, as numpy does.
+    let y = Case::new("Pad", 13, vec![i64s(&[3], &[1, 2, 3]), i64s(&[2], &[4, 3])])
+        .attr(mode("reflect"))
+        .run1();
+    assert_eq!(y.as_i64().unwrap(), [1, 2, 3, 2, 1, 2, 3, 2, 1, 2]);
+}
+
+/// Opset 18's axes input (negative axes too), negative pads that crop, integer data.
+#[test]
+fn pad_axes_and_cropping() {
+    let x = i64s(&[3, 4], &(0..12).collect::<Vec<_>>());
+    // Crop one row at the top and a column at the right, add a row of -7 at the bottom.
+    let y = Case::new(
+        "Pad",
+        18,
+        vec![
+            x.clone(),
+            i64s(&[4], &[-1, 0, 1, -1]),
+            TensorValue::scalar(-7i64),
+        ],
+    )
+    .run1();
+    assert_eq!(y.shape(), [3, 3]);
+    assert_eq!(y.as_i64().unwrap(), [4, 5, 6, 8, 9, 10, -7, -7, -7]);
+    // Only the last axis, named -1; the absent value is 0.
+    let mut case = Case::new("Pad", 18, vec![x.clone(), i64s(&[2], &[1, 0])]);
+    case.inputs.push(None);
+    case.inputs.push(Some(i64s(&[1], &[-1])));
+    let y = case.run1();
+    assert_eq!(y.shape(), [3, 5]);
+    assert_eq!(
+        y.as_i64().unwrap(),
+        [0, 0, 1, 2, 3, 0, 4, 5, 6, 7, 0, 8, 9, 10, 11]
+    );
+}
+
+#[test]
+fn pad_bad_input_is_a_typed_error() {
+    let x = f32s(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    // Wrap came at opset 19.
+    let e = Case::new("Pad", 18, vec![x.clone(), i64s(&[4], &[0, 1, 0, 1])])
+        .attr(mode("wrap"))
+        .run()
+        .unwrap_err();
+    assert!(e.contains("mode") && e.contains("opset 18"), "{e}");
+    // Three pads for two axes.
+    let e = Case::new("Pad", 13, vec![x.clone(), i64s(&[3], &[0, 1, 0])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("pad"), "{e}");
+    // Cropping below nothing.
+    let e = Case::new("Pad", 13, vec![x.clone(), i64s(&[4], &[0, -2, 0, -1])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("pad"), "{e}");
+    // A value of another dtype.
+    let e = Case::new(
+        "Pad",
+        13,
+        vec![x, i64s(&[4], &[0; 4]), TensorValue::scalar(1i64)],
+    )
+    .run()
+    .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("i64"), "{e}");
+}
