@@ -606,3 +606,41 @@ fn pad_bad_input_is_a_typed_error() {
     .unwrap_err();
     assert!(e.contains("`n`") && e.contains("i64"), "{e}");
 }
+
+/// Arithmetic on 8-bit integers wraps, as onnxruntime's; Div truncates; Max and Min compare.
+#[test]
+fn eight_bit_integer_arithmetic() {
+    let a = TensorValue::from_i8(vec![4], vec![100, -128, 7, -7]).unwrap();
+    let b = TensorValue::from_i8(vec![4], vec![100, 1, 2, 2]).unwrap();
+    for (op, want) in [
+        ("Add", [-56i8, -127, 9, -5]),
+        ("Sub", [0, 127, 5, -9]),
+        ("Mul", [16, -128, 14, -14]),
+        ("Div", [1, -128, 3, -3]),
+        ("Max", [100, 1, 7, 2]),
+        ("Min", [100, -128, 2, -7]),
+    ] {
+        let y = Case::new(op, 14, vec![a.clone(), b.clone()]).run1();
+        assert_eq!(y.as_i8().unwrap(), want, "{op} i8");
+    }
+    let a = TensorValue::from_u8(vec![3], vec![200, 3, 255]).unwrap();
+    let b = TensorValue::from_u8(vec![3], vec![100, 2, 1]).unwrap();
+    for (op, want) in [
+        ("Add", [44u8, 5, 0]),
+        ("Sub", [100, 1, 254]),
+        ("Mul", [32, 6, 255]),
+        ("Div", [2, 1, 255]),
+        ("Max", [200, 3, 255]),
+        ("Min", [100, 2, 1]),
+    ] {
+        let y = Case::new(op, 14, vec![a.clone(), b.clone()]).run1();
+        assert_eq!(y.as_u8().unwrap(), want, "{op} u8");
+    }
+    // Division by zero is an error naming the node, not a panic.
+    let zero = TensorValue::from_u8(vec![1], vec![0]).unwrap();
+    let e = Case::new("Div", 14, vec![a, zero]).run().unwrap_err();
+    assert!(e.contains("`n`") && e.contains("zero"), "{e}");
+    // And/Or are not defined on integers.
+    let e = Case::new("And", 14, vec![b.clone(), b]).run().unwrap_err();
+    assert!(e.contains("`n`"), "{e}");
+}

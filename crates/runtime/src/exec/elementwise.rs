@@ -261,11 +261,23 @@ pub(crate) fn binary(
             }
             _ => return Err(bad_dtype(op, DType::Bool, node)),
         },
-        (TensorData::U8(x), TensorData::U8(y)) if is_cmp => {
-            TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+        (TensorData::U8(x), TensorData::U8(y)) => {
+            if is_cmp {
+                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+            } else if is_logic {
+                return Err(bad_dtype(op, DType::U8, node));
+            } else {
+                TensorData::U8(int_arith!(op, x, &ash, y, &bsh, &out_shape, u8, node))
+            }
         }
-        (TensorData::I8(x), TensorData::I8(y)) if is_cmp => {
-            TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+        (TensorData::I8(x), TensorData::I8(y)) => {
+            if is_cmp {
+                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+            } else if is_logic {
+                return Err(bad_dtype(op, DType::I8, node));
+            } else {
+                TensorData::I8(int_arith!(op, x, &ash, y, &bsh, &out_shape, i8, node))
+            }
         }
         (d, _) => return Err(bad_dtype(op, d.dtype(), node)),
     };
