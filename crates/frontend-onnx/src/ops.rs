@@ -979,8 +979,21 @@ impl<'m> Importer<'m> {
                 self.alias(&x, x.input(0)?)?;
             }
             "Dropout" => {
-                // At inference Dropout passes its input through, whatever the ratio.
+                // At inference Dropout passes its input through, whatever the ratio. In training
+                // mode (opset 12's third input, true) it drops at random, which encore does not.
                 x.arity(1, 3)?;
+                if x.opt(2).is_some() {
+                    let training = self.const_ints(
+                        &x,
+                        2,
+                        "encore runs Dropout at inference only, so training_mode must be a known false",
+                    )?;
+                    if training.iter().any(|&t| t != 0) {
+                        return Err(x.bad(
+                            "training_mode is true: random dropout is not supported (inference only)",
+                        ));
+                    }
+                }
                 self.alias(&x, x.input(0)?)?;
             }
             "Constant" => {

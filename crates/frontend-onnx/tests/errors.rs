@@ -563,3 +563,34 @@ fn external_data() {
     .unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Dropout in training mode drops at random: refused, never run as an identity.
+#[test]
+fn dropout_in_training_mode_is_refused() {
+    let bool_tensor = |name: &str, v: u8| raw_tensor(name, DataType::Bool, &[], vec![v]);
+    let dropout = || node("Dropout", "drop", &["x", "", "t"], &["y"]);
+    let e = xy(13)
+        .init(bool_tensor("t", 1))
+        .node(dropout())
+        .import()
+        .unwrap_err();
+    assert!(
+        matches!(&e, ImportError::BadNode { node, message, .. } if node == "drop" && message.contains("training_mode")),
+        "{e:?}"
+    );
+    let e = xy(13)
+        .input(value_info("t", DataType::Bool, None))
+        .node(dropout())
+        .import()
+        .unwrap_err();
+    assert!(
+        matches!(&e, ImportError::NonConstantInput { node, input, .. } if node == "drop" && input == "t"),
+        "{e:?}"
+    );
+    let g = xy(13)
+        .init(bool_tensor("t", 0))
+        .node(dropout())
+        .import()
+        .unwrap();
+    assert_eq!(op_names(&g), ["input"]);
+}
