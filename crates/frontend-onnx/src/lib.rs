@@ -25,7 +25,8 @@
 //! - shapes and indexing: Shape, Reshape, Transpose, Unsqueeze, Squeeze, Flatten, Concat, Gather,
 //!   GatherElements, GatherND, Pad (all four modes, axes from opset 18), Slice, Expand, ConstantOfShape, Range, CumSum;
 //! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd (axes as attribute or
-//!   constant input, per opset), and Size (a product of the Shape);
+//!   input, per opset; an input that is not a constant is read at run time, except with
+//!   `noop_with_empty_axes`), and Size (a product of the Shape);
 //! - linear algebra and normalisation: MatMul, Gemm, Softmax (before opset 13 its 2-D coercion
 //!   is imported exactly: one op on the last axis, else Flatten, Softmax and Reshape),
 //!   LayerNormalization (opset 17+; its Mean and InvStdDev outputs, when used, by reductions
@@ -35,8 +36,8 @@
 //! - Constant, and Identity and Dropout, which add no node (Dropout's mask must be unused).
 //!
 //! Anything else is an [`ImportError::UnsupportedOp`] naming the node, op, domain and opset, never
-//! a silently different graph. Inputs that the IR keeps as attributes (Unsqueeze, Squeeze and
-//! Reduce axes) must be constants, else [`ImportError::NonConstantInput`].
+//! a silently different graph. Inputs that the IR keeps as attributes (Unsqueeze and Squeeze
+//! axes) must be constants, else [`ImportError::NonConstantInput`].
 //!
 //! Output dtypes are computed per the ONNX rules (and checked against any declared type);
 //! output shapes are taken from the model's `value_info` and graph outputs where present,

@@ -755,14 +755,30 @@ impl<'m> Importer<'m> {
                 // ReduceSum took its axes as an input from opset 13, the others from opset 18.
                 let axes_as_input = opset >= if op == ReduceOp::Sum { 13 } else { 18 };
                 let a;
+                // Axes only known at run time: a second input of the IR op.
+                let mut dynamic_axes = None;
                 let axes = if axes_as_input {
                     x.no_attr("axes", "an input")?;
                     x.arity(1, 2)?;
                     a = x.input(0)?;
                     match x.opt(1) {
                         None => vec![],
-                        Some(_) => {
-                            self.const_ints(&x, 1, "encore needs the reduced axes when importing")?
+                        Some(o) if self.graph.const_value(o).is_some() => {
+                            self.const_ints(&x, 1, "the axes must be constant")?
+                        }
+                        Some(o) => {
+                            self.require_dtype(&x, 1, &[DType::I64])?;
+                            if x.flag("noop_with_empty_axes")? {
+                                return Err(ImportError::NonConstantInput {
+                                    node: x.label.clone(),
+                                    input: x.input_name(1),
+                                    why: "with noop_with_empty_axes=1 encore needs the axes \
+                                          when importing"
+                                        .into(),
+                                });
+                            }
+                            dynamic_axes = Some(o);
+                            vec![]
                         }
                     }
                 } else {
@@ -771,11 +787,16 @@ impl<'m> Importer<'m> {
                     x.ints("axes")?.unwrap_or_default()
                 };
                 let d = self.dtype(a);
-                if axes.is_empty() && axes_as_input && x.flag("noop_with_empty_axes")? {
+                if axes.is_empty()
+                    && dynamic_axes.is_none()
+                    && axes_as_input
+                    && x.flag("noop_with_empty_axes")?
+                {
                     self.alias(&x, a)?;
                 } else {
                     let keepdims = x.int("keepdims", 1)? != 0;
-                    self.emit(n, Op::Reduce { op, axes, keepdims }, &[a], &[d])?;
+                    let ins: Vec<Outlet> = std::iter::once(a).chain(dynamic_axes).collect();
+                    self.emit(n, Op::Reduce { op, axes, keepdims }, &ins, &[d])?;
                 }
             }
             "MatMul" => {

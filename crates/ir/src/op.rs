@@ -344,7 +344,14 @@ pub enum Op {
     CumSum { exclusive: bool, reverse: bool },
     /// `(x)` → 2-D `[prod(dims[..axis]), prod(dims[axis..])]`.
     Flatten { axis: i64 },
-    /// `(x)` reduced over `axes` (all when empty).
+    /// `(x, axes?)` reduced over `axes` (all when empty). The optional input is a 1-D integer
+    /// tensor of axes known only at run time (ONNX opset 18's `axes` input when it is not a
+    /// constant); then the attribute is empty, and an empty tensor reduces all axes.
+    ///
+    /// ```text
+    /// %2 = reduce_mean[axes=[-1], keepdims=true](%0) : f32[B,S,1]
+    /// %3 = reduce_sum[axes=[], keepdims=false](%0, %1) : f32[*]    # %1 : i64[K], a graph input
+    /// ```
     Reduce {
         op: ReduceOp,
         axes: Vec<i64>,
@@ -551,7 +558,6 @@ impl Op {
             | Op::Squeeze { .. }
             | Op::ConstantOfShape { .. }
             | Op::Flatten { .. }
-            | Op::Reduce { .. }
             | Op::Softmax { .. }
             | Op::DynamicQuantizeLinear
             | Op::Gelu { .. } => (1, 1),
@@ -564,7 +570,7 @@ impl Op {
             | Op::CumSum { .. }
             | Op::MatMul => (2, 2),
             Op::Concat { .. } => (1, usize::MAX),
-            Op::Split { .. } => (1, 2),
+            Op::Split { .. } | Op::Reduce { .. } => (1, 2),
             Op::Pad { .. } => (2, 4),
             Op::Slice => (3, 5),
             Op::Gemm { .. } | Op::LayerNorm { .. } | Op::Linear => (2, 3),

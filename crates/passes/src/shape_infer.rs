@@ -742,9 +742,17 @@ fn infer(
             one(dtype(0), s)
         }
         Op::Reduce { axes, keepdims, .. } => {
-            let s = match &ins[0].shape {
-                None => None,
-                Some(s) => {
+            // Axes given as an input: known when that input is a constant by now.
+            let axes = match ins.get(1) {
+                None => Some(axes.clone()),
+                Some(_) => vals[1].and_then(|v| v.as_ints()),
+            };
+            let s = match (&ins[0].shape, axes) {
+                (None, _) => None,
+                // Unknown axes: the rank stays with keepdims, each dim may become 1.
+                (Some(s), None) if *keepdims => Some(s.iter().map(|_| ctx.fresh()).collect()),
+                (Some(_), None) => None,
+                (Some(s), Some(axes)) => {
                     let ax: Vec<usize> = if axes.is_empty() {
                         (0..s.len()).collect()
                     } else {

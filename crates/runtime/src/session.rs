@@ -849,7 +849,19 @@ impl Session {
             Op::CumSum { exclusive, reverse } => {
                 one(so::cumsum(r(0), r(1), *exclusive, *reverse, node)?)
             }
-            Op::Reduce { op, axes, keepdims } => one(so::reduce(r(0), *op, axes, *keepdims, node)?),
+            Op::Reduce { op, axes, keepdims } => match ins.get(1) {
+                None => one(so::reduce(r(0), *op, axes, *keepdims, node)?),
+                Some(a) => {
+                    let axes = a.get().to_i64_vec().map_err(|_| {
+                        Error::op(
+                            node,
+                            op.name(),
+                            format!("axes must be integer, got {}", a.get().dtype()),
+                        )
+                    })?;
+                    one(so::reduce(r(0), *op, &axes, *keepdims, node)?)
+                }
+            },
             Op::QMatMul => one(quant::qdq_matmul(
                 r(0),
                 r(1),
