@@ -316,3 +316,107 @@ fn narrow_graph_inputs_and_outputs_become_f32() {
         );
     }
 }
+
+/// Runs `<dir>/model.onnx` in onnxruntime on the batch of [`feeds`] (the same formula) and
+/// writes each output as raw little-endian f32 to `<dir>/<name>.f32`, its shape on stdout.
+const ORT_SCRIPT: &str = r#"
+import sys, numpy as np, onnxruntime as ort
+d = sys.argv[1]
+s = ort.InferenceSession(d + "/model.onnx", providers=["CPUExecutionProvider"])
+B, S, lens = 2, 7, [7, 3]
+ids = np.array([[5 + (b * 31 + i * 17) % 90 if i < lens[b] else 0 for i in range(S)] for b in range(B)], np.int64)
+mask = np.array([[int(i < lens[b]) for i in range(S)] for b in range(B)], np.int64)
+tt = np.array([[int(i >= 4) for i in range(S)] for b in range(B)], np.int64)
+feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt}
+names = [i.name for i in s.get_inputs()]
+outs = s.run(None, {k: v for k, v in feeds.items() if k in names})
+for o, v in zip(s.get_outputs(), outs):
+    print(o.name, v.dtype, list(v.shape))
+    v.astype(np.float32).tofile(d + "/" + o.name + ".f32")
+"#;
+
+/// A float16 tiny BERT in onnxruntime (which computes in float16) and in encore (which widens
+/// to f32): the same file gives the same outputs within float16's precision. onnxruntime rounds
+/// every intermediate to 11 significant bits, so each output carries a relative error of a few
+/// units of 2^-11 plus an absolute one from the cancellations in LayerNorm; the bound below is
+/// |encore - ort| <= 4e-3 + 2^-8·|ort| per element and a mean under 1e-3, at real positions.
+/// Runs only when `ENCORE_ORT_PYTHON` names a Python with numpy and onnxruntime.
+#[test]
+fn float16_model_matches_onnxruntime() {
+    let Some(python) = std::env::var_os("ENCORE_ORT_PYTHON") else {
+        eprintln!("SKIP: set ENCORE_ORT_PYTHON to a python with numpy and onnxruntime");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("encore-fp16-ort-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let arch = Architecture::Bert;
+    let spec = ModelSpec {
+        layers: 2,
+        weight_std: 0.1,
+        ..ModelSpec::tiny(arch)
+    };
+    let (narrow, _) = narrow_model(&build_model(&spec).unwrap(), Narrow::F16);
+    std::fs::write(dir.join("model.onnx"), narrow.encode_to_vec()).unwrap();
+    let out = std::process::Command::new(&python)
+        .arg("-c")
+        .arg(ORT_SCRIPT)
+        .arg(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("running {python:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "onnxruntime failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = session(&narrow).run(&feeds(arch)).unwrap();
+    let mask: Vec<bool> = (0..2)
+        .flat_map(|b| (0..7).map(move |s| s < [7, 3][b]))
+        .collect();
+    let mut checked = 0;
+    for (name, v) in &got {
+        let line = stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name.as_str()))
+            .unwrap_or_else(|| panic!("onnxruntime gave no {name}: {stdout}"));
+        assert!(
+            line.contains("float16"),
+            "onnxruntime's {name} is not float16: {line}"
+        );
+        let raw = std::fs::read(dir.join(format!("{name}.f32"))).unwrap();
+        let want: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let g = v.as_f32().unwrap();
+        assert_eq!(g.len(), want.len(), "{name}");
+        // Per-token outputs are compared at real tokens only; per-sequence ones everywhere.
+        let row = g.len() / if v.rank() == 3 { mask.len() } else { 2 };
+        let (mut sum, mut n, mut max) = (0f64, 0usize, 0f32);
+        for (i, (&a, &b)) in g.iter().zip(&want).enumerate() {
+            if v.rank() == 3 && !mask[i / row] {
+                continue;
+            }
+            let d = (a - b).abs();
+            assert!(
+                d <= 4e-3 + b.abs() / 256.0,
+                "{name}[{i}]: encore {a}, onnxruntime {b}"
+            );
+            sum += d as f64;
+            n += 1;
+            max = max.max(d);
+        }
+        eprintln!(
+            "{name}: {n} values, max |encore - ort| {max:e}, mean {:e}",
+            sum / n as f64
+        );
+        assert!(
+            sum / (n as f64) < 1e-3,
+            "{name}: mean |diff| {}",
+            sum / n as f64
+        );
+        checked += n;
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(checked > 0);
+}
