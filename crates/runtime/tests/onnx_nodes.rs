@@ -649,7 +649,15 @@ fn eight_bit_integer_arithmetic() {
 #[test]
 fn reduce_axes_as_a_runtime_input() {
     let x = f32s(&[2, 3, 2], &(0..12).map(|v| v as f32).collect::<Vec<_>>());
-    let cases: [(&str, &[i64], i64, &[usize], &[f32]); 6] = [
+    /// Op, axes, keepdims, output shape, output values.
+    type ReduceCase = (
+        &'static str,
+        &'static [i64],
+        i64,
+        &'static [usize],
+        &'static [f32],
+    );
+    let cases: [ReduceCase; 6] = [
         ("ReduceMean", &[1], 1, &[2, 1, 2], &[2.0, 3.0, 8.0, 9.0]),
         ("ReduceMean", &[-1, 0], 0, &[3], &[3.5, 5.5, 7.5]),
         ("ReduceSum", &[], 0, &[], &[66.0]),
