@@ -12,12 +12,16 @@ use crate::proto::{
 use crate::tensor::{self, ExternalData};
 use crate::ImportError;
 
-/// The opsets of the default domain that the importer understands. Opsets 22 and 23 changed
-/// the ops imported here only by admitting more types (bfloat16 for Round, Sin, Cos, Dropout;
-/// 4-bit floats for Cast, Reshape, Shape and the other layout ops) and by two new attributes,
-/// `QuantizeLinear.precision` and `DequantizeLinear.output_dtype`, which `ops.rs` checks. The ops
-/// that opset 23 adds (Attention, RMSNormalization, RotaryEmbedding) are refused by name.
-pub(crate) const OPSETS: std::ops::RangeInclusive<i64> = 11..=23;
+/// The opsets of the default domain that the importer understands. Opsets 22 to 26 changed the
+/// ops imported here only by admitting more types (22: bfloat16 for Round, Sin, Cos, Dropout;
+/// 23: 4-bit floats, 24: float8e8m0, 25: 2-bit integers for Cast, Reshape, Shape, Pad and the
+/// other layout ops; 26: none of them), by Cast's `round_mode` (24), which applies only to
+/// float8e8m0, a type encore refuses, and by two attributes of 23, `QuantizeLinear.precision` and
+/// `DequantizeLinear.output_dtype`, which `ops.rs` checks. The ops that opset 23 adds (Attention,
+/// RMSNormalization, RotaryEmbedding) are refused by name. Opset 27 gives Range a `stash_type`
+/// (its accumulation precision), not handled, so the range stops at 26. (Checked against the
+/// schemas of onnx 1.23.2: `onnx.defs.get_schema(op, v).since_version` for every imported op.)
+pub(crate) const OPSETS: std::ops::RangeInclusive<i64> = 11..=26;
 
 /// The name a node goes by in messages: its own name, else its first output's.
 pub(crate) fn node_label(n: &NodeProto) -> String {

@@ -13,7 +13,7 @@
 //!
 //! # What is imported
 //!
-//! The default ONNX domain (`""` or `ai.onnx`) at opsets 11 to 23. Domains listed in
+//! The default ONNX domain (`""` or `ai.onnx`) at opsets 11 to 26. Domains listed in
 //! `opset_import` that no node uses are ignored. The ops are those a BERT-family encoder exported
 //! by torch or optimum contains:
 //!
@@ -21,7 +21,8 @@
 //!   base's, an integer base with a float exponent is computed in f32 and truncated), Max, Min,
 //!   Sum (variadic ones become chains), Equal, Less, Greater, And, Or, Not, Neg, Abs, Sqrt,
 //!   Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Sin, Cos, Round (half to even),
-//!   Gelu (opset 20+), Where, Cast (to FLOAT16, BFLOAT16 or DOUBLE as to FLOAT, see below);
+//!   Gelu (opset 20+), Where, Cast (to FLOAT16 and BFLOAT16 as a rounding
+//!   to their precision in f32, to DOUBLE as to FLOAT, see below);
 //! - shapes and indexing: Shape, Reshape, Transpose, Unsqueeze, Squeeze, Flatten, Concat, Gather,
 //!   GatherElements, GatherND, Pad (all four modes, axes from opset 18), Slice, Expand, ConstantOfShape, Range, CumSum;
 //! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd (axes as attribute or
@@ -53,8 +54,9 @@
 //! at import (DOUBLE narrowed): weights exactly (a double beyond f32's range becomes ±inf),
 //! graph inputs of those types become f32 inputs (feed f32), values and graph outputs declared
 //! with them are f32 (outputs are not cast back: the caller gets f32, which holds every f16 and
-//! bf16 value exactly), and a `Cast` to them is a `Cast` to f32, which does not round to the
-//! narrower type. A half-precision model therefore computes what its FP32 twin computes on the
+//! bf16 value exactly), and a `Cast` to FLOAT16 or BFLOAT16 rounds each value to that type's
+//! precision (and range: ±inf beyond float16's) but keeps it in f32; a `Cast` to DOUBLE is a
+//! `Cast` to f32. A half-precision model therefore computes what its FP32 twin computes on the
 //! same (rounded) weights, usually closer to the FP32 original than onnxruntime's f16 kernels. Node names are
 //! the ONNX names (the initializer's name for initializers), made unique with a `~N` suffix when
 //! they collide, so that [`ir::text::ConstantSource`] can find constants by name.
@@ -101,7 +103,7 @@ pub enum ImportError {
     Decode { source: prost::DecodeError },
     #[error("the model has no graph")]
     MissingGraph,
-    #[error("opset {version} of domain `{domain}` is not supported (the default domain needs opset 11 to 23)")]
+    #[error("opset {version} of domain `{domain}` is not supported (the default domain needs opset 11 to 26)")]
     UnsupportedOpset { domain: String, version: i64 },
     #[error("opset_import lists domain `{domain}` twice, at opsets {first} and {second}")]
     ConflictingOpsets {

@@ -1,4 +1,4 @@
-//! The mapping of each ONNX op (default domain, opsets 11 to 23) onto IR ops, with the ONNX rule
+//! The mapping of each ONNX op (default domain, opsets 11 to 26) onto IR ops, with the ONNX rule
 //! for each output dtype.
 
 use ir::{BinaryOp, DType, GeluApprox, Op, Outlet, PadMode, ReduceOp, Tensor, UnaryOp};
@@ -423,10 +423,29 @@ impl<'m> Importer<'m> {
                 let to = x
                     .opt_int("to")?
                     .ok_or_else(|| x.bad_attr("to", "missing"))?;
-                let to = tensor::value_dtype(i32::try_from(to).unwrap_or(-1), || {
+                let code = i32::try_from(to).unwrap_or(-1);
+                let to = tensor::value_dtype(code, || {
                     format!("node `{}` (Cast), target type", x.label)
                 })?;
-                self.emit(n, Op::Cast { to }, &[x.input(0)?], &[to])?;
+                // The narrow floats are f32 here; a cast to one rounds to its precision.
+                let round = match crate::proto::DataType::try_from(code) {
+                    Ok(crate::proto::DataType::Float16) => Some(UnaryOp::RoundToF16),
+                    Ok(crate::proto::DataType::Bfloat16) => Some(UnaryOp::RoundToBf16),
+                    _ => None,
+                };
+                match round {
+                    None => {
+                        self.emit(n, Op::Cast { to }, &[x.input(0)?], &[to])?;
+                    }
+                    Some(r) => {
+                        let a = x.input(0)?;
+                        let f = match self.dtype(a) {
+                            DType::F32 => a,
+                            _ => self.emit_aux(n, "to_f32", Op::Cast { to }, &[a], to)?,
+                        };
+                        self.emit(n, Op::Unary(r), &[f], &[to])?;
+                    }
+                }
             }
             "Size" => {
                 // The product of the dims: Shape, then a product over its one axis.

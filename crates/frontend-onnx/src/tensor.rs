@@ -44,8 +44,8 @@ pub fn onnx_dtype_name(data_type: i32) -> &'static str {
 /// FLOAT16, BFLOAT16 and DOUBLE are widened (or, for DOUBLE, narrowed) to f32: encore computes
 /// every float in f32, so a half-precision model runs at f32 precision on its exactly widened
 /// weights, its float16 graph inputs are fed as f32, and its outputs come out as f32 whatever
-/// their declared type. A `Cast` to one of these types is a cast to f32 (it does not round to
-/// the narrower type).
+/// their declared type. A `Cast` to FLOAT16 or BFLOAT16 is imported as a rounding to that
+/// precision in f32 (see `ops.rs`).
 pub(crate) fn value_dtype(
     data_type: i32,
     what: impl FnOnce() -> String,

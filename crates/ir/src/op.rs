@@ -49,6 +49,11 @@ pub enum UnaryOp {
     Cos,
     /// Round half to even (ONNX `Round`), floats only.
     Round,
+    /// Each f32 rounded to the nearest float16 value (±inf beyond its range), kept as f32: what a
+    /// `Cast` to FLOAT16 computes in a model encore widens to f32.
+    RoundToF16,
+    /// Each f32 rounded to the nearest bfloat16 value, kept as f32 (a `Cast` to BFLOAT16).
+    RoundToBf16,
 }
 
 /// Reductions over a set of axes.
@@ -103,7 +108,8 @@ name_table!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", P
     And => "and", Or => "or" });
 name_table!(UnaryOp { Neg => "neg", Abs => "abs", Sqrt => "sqrt", Reciprocal => "reciprocal",
     Exp => "exp", Log => "log", Erf => "erf", Tanh => "tanh", Sigmoid => "sigmoid",
-    Relu => "relu", Not => "not", Sin => "sin", Cos => "cos", Round => "round" });
+    Relu => "relu", Not => "not", Sin => "sin", Cos => "cos", Round => "round",
+    RoundToF16 => "round_to_f16", RoundToBf16 => "round_to_bf16" });
 name_table!(ReduceOp { Mean => "reduce_mean", Sum => "reduce_sum", Max => "reduce_max",
     Min => "reduce_min", Prod => "reduce_prod" });
 name_table!(GeluApprox { Erf => "erf", Tanh => "tanh" });

@@ -199,7 +199,8 @@ output "s2" = %11.2
     );
 }
 
-/// The ops added for issue 8 (sin, cos, round, reduce_prod, gather_nd, pad) print and parse back
+/// The ops added for issue 8 (sin, cos, round, reduce_prod, gather_nd, pad, round_to_f16,
+/// round_to_bf16) print and parse back
 /// unchanged, attributes included.
 #[test]
 fn issue8_ops_round_trip() {
@@ -212,9 +213,11 @@ fn issue8_ops_round_trip() {
 %6 = gather_nd[batch_dims=1](%0, %1) : f32[2,4]  # /gnd
 %7 = const[value=i64[6]{0, 0, 1, 0, 0, 1}] : i64[6]  # pads
 %8 = pad[mode="reflect"](%0, %7) : f32[2,3,6]  # /pad
+%9 = round_to_f16(%8) : f32[2,3,6]  # /to_f16
+%10 = round_to_bf16(%9) : f32[2,3,6]  # /to_bf16
 output "p" = %5
 output "g" = %6
-output "pd" = %8
+output "pd" = %10
 "#;
     let g = text::parse(sample, None).unwrap();
     g.verify().unwrap();

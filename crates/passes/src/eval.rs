@@ -513,6 +513,14 @@ fn unary(u: UnaryOp, d: Data) -> Option<Data> {
             Sin => v.into_iter().map(f32::sin).collect(),
             Cos => v.into_iter().map(f32::cos).collect(),
             Round => v.into_iter().map(f32::round_ties_even).collect(),
+            RoundToF16 => v
+                .into_iter()
+                .map(|x| half::f16::from_f32(x).to_f32())
+                .collect(),
+            RoundToBf16 => v
+                .into_iter()
+                .map(|x| half::bf16::from_f32(x).to_f32())
+                .collect(),
             Erf | Not => return None,
         }),
         Data::I(v) => Data::I(match u {

@@ -700,3 +700,42 @@ fn reduce_axes_as_a_runtime_input() {
         .unwrap_err();
     assert!(e.contains("`n`") && e.contains("3"), "{e}");
 }
+
+/// A Cast to FLOAT16 or BFLOAT16 rounds to that type's precision (and float16's range) in f32,
+/// as the narrow values would be; from integers too.
+#[test]
+fn cast_to_half_precision_rounds() {
+    let xs = [0.1f32, 1.000_732_4, 70000.0, -3.0e-8, 2049.0, 1.0e30];
+    let x = f32s(&[6], &xs);
+    for (to, f) in [
+        (
+            DataType::Float16,
+            (|v| half::f16::from_f32(v).to_f32()) as fn(f32) -> f32,
+        ),
+        (DataType::Bfloat16, |v| half::bf16::from_f32(v).to_f32()),
+    ] {
+        let y = Case::new("Cast", 19, vec![x.clone()])
+            .attr(int_attr("to", to as i64))
+            .run1();
+        assert_eq!(y.dtype(), DType::F32);
+        let want: Vec<f32> = xs.iter().map(|&v| f(v)).collect();
+        assert_eq!(y.as_f32().unwrap(), want, "{to:?}");
+    }
+    // Hand-checked float16 values: 0.1 is 0.0999755859375, 70000 overflows, 2049 is even-rounded.
+    let y = Case::new("Cast", 13, vec![x])
+        .attr(int_attr("to", DataType::Float16 as i64))
+        .run1();
+    let y = y.as_f32().unwrap();
+    assert_eq!(y[0], 0.099_975_586);
+    assert_eq!(y[2], f32::INFINITY);
+    assert_eq!(y[4], 2048.0);
+    let y = Case::new("Cast", 13, vec![i64s(&[2], &[2049, -3])])
+        .attr(int_attr("to", DataType::Float16 as i64))
+        .run1();
+    assert_eq!(y.as_f32().unwrap(), [2048.0, -3.0]);
+    // To DOUBLE: f32, unrounded.
+    let y = Case::new("Cast", 13, vec![f32s(&[1], &[0.1])])
+        .attr(int_attr("to", DataType::Double as i64))
+        .run1();
+    assert_eq!(y.as_f32().unwrap(), [0.1]);
+}

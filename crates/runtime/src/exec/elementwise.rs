@@ -378,6 +378,8 @@ pub(crate) fn unary(
                 UnaryOp::Sin => f32::sin,
                 UnaryOp::Cos => f32::cos,
                 UnaryOp::Round => f32::round_ties_even,
+                UnaryOp::RoundToF16 => |v| half::f16::from_f32(v).to_f32(),
+                UnaryOp::RoundToBf16 => |v| half::bf16::from_f32(v).to_f32(),
                 UnaryOp::Not => return Err(bad()),
             };
             map_f32(x, ctx, f)
