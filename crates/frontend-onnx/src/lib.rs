@@ -28,8 +28,9 @@
 //! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd (axes as attribute or
 //!   input, per opset; an input that is not a constant is read at run time, except with
 //!   `noop_with_empty_axes`), and Size (a product of the Shape);
-//! - linear algebra and normalisation: MatMul, Gemm, Softmax (before opset 13 its 2-D coercion
-//!   is imported exactly: one op on the last axis, else Flatten, Softmax and Reshape),
+//! - linear algebra and normalisation: MatMul, Gemm, Softmax and LogSoftmax (before opset 13
+//!   their 2-D coercion is imported exactly: one op on the last axis, else Flatten, Softmax and
+//!   Reshape; LogSoftmax as `(x - max) - log(sum(exp(x - max)))` by reductions),
 //!   LayerNormalization (opset 17+; its Mean and InvStdDev outputs, when used, by reductions
 //!   beside the op);
 //! - quantization: QuantizeLinear, DequantizeLinear (not blocked), DynamicQuantizeLinear,

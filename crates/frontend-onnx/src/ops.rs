@@ -838,19 +838,16 @@ impl<'m> Importer<'m> {
                 };
                 self.emit(n, op, &ins, &[d])?;
             }
-            "Softmax" => {
+            "Softmax" | "LogSoftmax" => {
                 x.arity(1, 1)?;
                 let a = x.input(0)?;
                 let d = self.dtype(a);
+                let log = x.op_type() == "LogSoftmax";
+                if log {
+                    self.require_dtype(&x, 0, &[DType::F32])?;
+                }
                 if opset >= 13 {
-                    self.emit(
-                        n,
-                        Op::Softmax {
-                            axis: x.int("axis", -1)?,
-                        },
-                        &[a],
-                        &[d],
-                    )?;
+                    self.softmax(&x, log, a, x.int("axis", -1)?, true)?;
                 } else {
                     // Before opset 13 Softmax flattens the input to 2-D at `axis` and normalises
                     // each row, which equals a softmax over one axis only when `axis` is the last.
@@ -858,7 +855,7 @@ impl<'m> Importer<'m> {
                     let rank = self.graph.outlet_type(a).rank();
                     let last = axis == -1 || rank.is_some_and(|r| r > 0 && axis == r as i64 - 1);
                     if last {
-                        self.emit(n, Op::Softmax { axis: -1 }, &[a], &[d])?;
+                        self.softmax(&x, log, a, -1, true)?;
                     } else {
                         let shape = self.emit_aux(
                             n,
@@ -871,8 +868,7 @@ impl<'m> Importer<'m> {
                             DType::I64,
                         )?;
                         let flat = self.emit_aux(n, "flatten", Op::Flatten { axis }, &[a], d)?;
-                        let sm =
-                            self.emit_aux(n, "softmax", Op::Softmax { axis: 1 }, &[flat], d)?;
+                        let sm = self.softmax(&x, log, flat, 1, false)?;
                         self.emit(n, Op::Reshape { allowzero: true }, &[sm, shape], &[d])?;
                     }
                 }
@@ -1048,6 +1044,41 @@ impl<'m> Importer<'m> {
             _ => return Err(unsupported(self)),
         }
         Ok(())
+    }
+
+    /// Softmax over `axis`, or with `log` LogSoftmax as `(x - max) - log(sum(exp(x - max)))`
+    /// over that axis. With `last` it is the node's own output, else a helper whose outlet is
+    /// returned.
+    fn softmax(
+        &mut self,
+        x: &NodeCtx<'m>,
+        log: bool,
+        a: Outlet,
+        axis: i64,
+        last: bool,
+    ) -> Result<Outlet, ImportError> {
+        let n = x.n;
+        let d = self.dtype(a);
+        let (op, ins) = if log {
+            let reduce = |op| Op::Reduce {
+                op,
+                axes: vec![axis],
+                keepdims: true,
+            };
+            let m = self.emit_aux(n, "max", reduce(ReduceOp::Max), &[a], d)?;
+            let shifted = self.emit_aux(n, "shifted", Op::Binary(BinaryOp::Sub), &[a, m], d)?;
+            let e = self.emit_aux(n, "exp", Op::Unary(UnaryOp::Exp), &[shifted], d)?;
+            let s = self.emit_aux(n, "sum", reduce(ReduceOp::Sum), &[e], d)?;
+            let l = self.emit_aux(n, "log_sum", Op::Unary(UnaryOp::Log), &[s], d)?;
+            (Op::Binary(BinaryOp::Sub), vec![shifted, l])
+        } else {
+            (Op::Softmax { axis }, vec![a])
+        };
+        if last {
+            Ok(self.emit(n, op, &ins, &[d])?.into())
+        } else {
+            self.emit_aux(n, if log { "log_softmax" } else { "softmax" }, op, &ins, d)
+        }
     }
 
     /// LayerNormalization's outputs 1 and 2 when used: `Mean` and `InvStdDev` (`1 / sqrt(var +

@@ -739,3 +739,59 @@ fn cast_to_half_precision_rounds() {
         .run1();
     assert_eq!(y.as_f32().unwrap(), [0.1]);
 }
+
+/// LogSoftmax against f64, on one axis (opset 13) and on opset 11's 2-D coercion (axis 0 of a
+/// 2-D input: all elements together); large logits stay finite.
+#[test]
+fn log_softmax() {
+    let xs = [1.0f32, 2.0, 3.0, -1.0, 0.0, 1000.0];
+    let x = f32s(&[2, 3], &xs);
+    let lse = |v: &[f32]| {
+        let m = v.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+        m + v.iter().map(|&b| (b as f64 - m).exp()).sum::<f64>().ln()
+    };
+    let close = |got: &[f32], want: &[f64]| {
+        got.len() == want.len()
+            && got
+                .iter()
+                .zip(want)
+                .all(|(&g, &w)| (g as f64 - w).abs() <= 1e-5 * w.abs().max(1.0))
+    };
+    for (opset, axis) in [(13, -1), (13, 1), (11, 1), (11, -1)] {
+        let y = Case::new("LogSoftmax", opset, vec![x.clone()])
+            .attr(int_attr("axis", axis))
+            .run1();
+        let want: Vec<f64> = xs
+            .chunks(3)
+            .flat_map(|r| {
+                let l = lse(r);
+                r.iter().map(move |&v| v as f64 - l)
+            })
+            .collect();
+        assert_eq!(y.shape(), [2, 3]);
+        assert!(
+            close(y.as_f32().unwrap(), &want),
+            "opset {opset} axis {axis}: {y:?}"
+        );
+    }
+    // Opset 13, axis 0: down the columns.
+    let y = Case::new("LogSoftmax", 13, vec![x.clone()])
+        .attr(int_attr("axis", 0))
+        .run1();
+    let want: Vec<f64> = (0..6)
+        .map(|i| xs[i] as f64 - lse(&[xs[i % 3], xs[i % 3 + 3]]))
+        .collect();
+    assert!(close(y.as_f32().unwrap(), &want), "{y:?}");
+    // Opset 11, axis 0: the whole input is one row.
+    let y = Case::new("LogSoftmax", 11, vec![x])
+        .attr(int_attr("axis", 0))
+        .run1();
+    let l = lse(&xs);
+    let want: Vec<f64> = xs.iter().map(|&v| v as f64 - l).collect();
+    assert!(close(y.as_f32().unwrap(), &want), "{y:?}");
+    // Integers are not a type of LogSoftmax.
+    let e = Case::new("LogSoftmax", 13, vec![i64s(&[2], &[1, 2])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`"), "{e}");
+}
