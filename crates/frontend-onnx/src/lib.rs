@@ -19,7 +19,7 @@
 //!
 //! - elementwise: Add, Sub, Mul, Div, Pow (an exponent of another numeric dtype is cast to the
 //!   base's, an integer base with a float exponent is computed in f32 and truncated), Max, Min,
-//!   Sum (variadic ones become chains), Equal, Less, Greater, And, Or, Not, Neg, Abs, Sqrt,
+//!   Sum (variadic ones become chains), Mod (both `fmod` forms), Equal, Less, Greater, And, Or, Not, Neg, Abs, Sqrt,
 //!   Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Sin, Cos, Round (half to even),
 //!   Gelu (opset 20+), Where, Cast (to FLOAT16 and BFLOAT16 as a rounding
 //!   to their precision in f32, to DOUBLE as to FLOAT, see below);

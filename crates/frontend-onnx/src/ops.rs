@@ -316,6 +316,24 @@ impl<'m> Importer<'m> {
                 };
                 self.emit(n, Op::Binary(op), &[a, b], &[out])?;
             }
+            "Mod" => {
+                x.arity(2, 2)?;
+                let (a, b) = (x.input(0)?, x.input(1)?);
+                let d = self.same_dtypes(&x, &[a, b])?;
+                let op = if x.flag("fmod")? {
+                    BinaryOp::Fmod
+                } else if d.is_float() {
+                    return Err(x.bad_attr("fmod", "must be 1 for floating-point inputs"));
+                } else {
+                    BinaryOp::Mod
+                };
+                self.require_dtype(
+                    &x,
+                    0,
+                    &[DType::F32, DType::I64, DType::I32, DType::I8, DType::U8],
+                )?;
+                self.emit(n, Op::Binary(op), &[a, b], &[d])?;
+            }
             "Max" | "Min" | "Sum" => {
                 x.arity(1, usize::MAX)?;
                 let ins: Vec<Outlet> = (0..x.ins.len())

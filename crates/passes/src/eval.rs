@@ -459,6 +459,8 @@ fn binary(b: BinaryOp, x: &Data, y: &Data) -> Result<Data, String> {
                 Pow => Data::F(z.map(|(a, b)| a.powf(*b)).collect()),
                 Max => Data::F(z.map(|(a, b)| a.max(*b)).collect()),
                 Min => Data::F(z.map(|(a, b)| a.min(*b)).collect()),
+                Fmod => Data::F(z.map(|(a, b)| a % b).collect()),
+                Mod => return Err("mod of floats needs fmod=1".into()),
                 Equal => cmp(z.map(|(a, b)| a == b).collect()),
                 Less => cmp(z.map(|(a, b)| a < b).collect()),
                 Greater => cmp(z.map(|(a, b)| a > b).collect()),
@@ -481,6 +483,19 @@ fn binary(b: BinaryOp, x: &Data, y: &Data) -> Result<Data, String> {
                 Pow => checked(
                     z.map(|(a, b)| u32::try_from(*b).ok().and_then(|e| a.checked_pow(e)))
                         .collect(),
+                )?,
+                Fmod => checked(z.map(|(a, b)| a.checked_rem(*b)).collect())?,
+                Mod => checked(
+                    z.map(|(a, b)| {
+                        a.checked_rem(*b).map(|r| {
+                            if r != 0 && (r < 0) != (*b < 0) {
+                                r + b
+                            } else {
+                                r
+                            }
+                        })
+                    })
+                    .collect(),
                 )?,
                 Max => Data::I(z.map(|(a, b)| *a.max(b)).collect()),
                 Min => Data::I(z.map(|(a, b)| *a.min(b)).collect()),

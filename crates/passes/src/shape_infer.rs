@@ -1197,7 +1197,7 @@ fn infer_value(op: &Op, ins: &[TensorType], vals: &[Option<&SymTensor>]) -> Opti
                             }),
                             _ => SymInt::Unknown,
                         },
-                        BinaryOp::Pow => SymInt::Unknown,
+                        BinaryOp::Pow | BinaryOp::Mod | BinaryOp::Fmod => SymInt::Unknown,
                     }
                 })
                 .collect();

@@ -795,3 +795,59 @@ fn log_softmax() {
         .unwrap_err();
     assert!(e.contains("`n`"), "{e}");
 }
+
+/// Mod on the ONNX spec's mixed-sign example: `fmod=0` takes the divisor's sign (Python's `%`),
+/// `fmod=1` the dividend's (C's fmod); floats need `fmod=1`.
+#[test]
+fn mod_both_forms() {
+    let (a, b) = ([-4i64, 7, 5, 4, -7, 8], [2i64, -3, 8, -2, 3, 5]);
+    let y = Case::new("Mod", 13, vec![i64s(&[6], &a), i64s(&[6], &b)]).run1();
+    assert_eq!(y.as_i64().unwrap(), [0, -2, 5, 0, 2, 3]);
+    let y = Case::new("Mod", 13, vec![i64s(&[6], &a), i64s(&[6], &b)])
+        .attr(int_attr("fmod", 1))
+        .run1();
+    assert_eq!(y.as_i64().unwrap(), [0, 1, 5, 0, -1, 3]);
+    let a8: Vec<i8> = a.iter().map(|&v| v as i8).collect();
+    let b8: Vec<i8> = b.iter().map(|&v| v as i8).collect();
+    let y = Case::new(
+        "Mod",
+        13,
+        vec![
+            TensorValue::from_i8(vec![6], a8).unwrap(),
+            TensorValue::from_i8(vec![6], b8).unwrap(),
+        ],
+    )
+    .run1();
+    assert_eq!(y.as_i8().unwrap(), [0, -2, 5, 0, 2, 3]);
+    let y = Case::new(
+        "Mod",
+        13,
+        vec![
+            TensorValue::from_u8(vec![3], vec![4, 7, 5]).unwrap(),
+            TensorValue::from_u8(vec![1], vec![3]).unwrap(),
+        ],
+    )
+    .run1();
+    assert_eq!(y.as_u8().unwrap(), [1, 1, 2]);
+    let (fa, fb) = (
+        [-4.3f32, 7.2, 5.0, 4.3, -7.2, 8.0],
+        [2.1f32, -3.4, 8.0, -2.1, 3.4, 5.0],
+    );
+    let y = Case::new("Mod", 13, vec![f32s(&[6], &fa), f32s(&[6], &fb)])
+        .attr(int_attr("fmod", 1))
+        .run1();
+    for ((&g, &x), &d) in y.as_f32().unwrap().iter().zip(&fa).zip(&fb) {
+        // f64 fmod of the same f32 values is exact, so f32's must equal it rounded.
+        assert_eq!(g, ((x as f64) % (d as f64)) as f32, "fmod({x}, {d})");
+    }
+    assert_eq!(&y.as_f32().unwrap()[2..4], [5.0, 0.100_000_38]);
+    // Floats without fmod, and a zero divisor: typed errors naming the node.
+    let e = Case::new("Mod", 13, vec![f32s(&[1], &[1.0]), f32s(&[1], &[2.0])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("fmod"), "{e}");
+    let e = Case::new("Mod", 13, vec![i64s(&[1], &[1]), i64s(&[1], &[0])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("zero"), "{e}");
+}

@@ -109,6 +109,8 @@ fn f32_fn(op: BinaryOp) -> Option<fn(f32, f32) -> f32> {
         BinaryOp::Mul => |x, y| x * y,
         BinaryOp::Div => |x, y| x / y,
         BinaryOp::Pow => pow_f32,
+        // Rust's `%` on floats is C's fmod: the sign of the dividend.
+        BinaryOp::Fmod => |x, y| x % y,
         BinaryOp::Max => |x: f32, y: f32| if x.is_nan() || x >= y { x } else { y },
         BinaryOp::Min => |x: f32, y: f32| if x.is_nan() || x <= y { x } else { y },
         _ => return None,
@@ -130,6 +132,24 @@ macro_rules! int_arith {
                 }
                 // Truncating division, as onnxruntime's integer Div.
                 broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.wrapping_div(y))
+            }
+            BinaryOp::Mod | BinaryOp::Fmod => {
+                if b.contains(&0) {
+                    return Err(Error::op($node, $op.name(), "integer modulo by zero"));
+                }
+                if $op == BinaryOp::Fmod {
+                    broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.wrapping_rem(y))
+                } else {
+                    // The remainder takes the divisor's sign, as Python's `%`.
+                    broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| {
+                        let r = x.wrapping_rem(y);
+                        if r != 0 && ((r < 0 as $t) != (y < 0 as $t)) {
+                            r.wrapping_add(y)
+                        } else {
+                            r
+                        }
+                    })
+                }
             }
             BinaryOp::Pow => broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| {
                 if y < 0 as $t {
