@@ -103,6 +103,10 @@ pub(crate) struct Importer<'m> {
     pub(crate) uses: HashMap<&'m str, usize>,
     /// Types the model declares (`value_info`, graph outputs).
     declared: HashMap<&'m str, &'m ValueInfoProto>,
+    /// The ONNX element type of values whose type the IR does not keep (FLOAT16 and BFLOAT16,
+    /// widened to f32): graph inputs, initializers and `Cast` outputs; with `declared`, what
+    /// `CastLike` needs to round as its target would.
+    pub(crate) onnx_types: HashMap<&'m str, i32>,
     names: HashSet<String>,
     dims: DimNamer,
     pub(crate) ext: ExternalData,
@@ -171,6 +175,15 @@ impl<'m> Importer<'m> {
         Ok(TensorType {
             dtype,
             shape: self.convert_shape(t)?,
+        })
+    }
+
+    /// The ONNX element type of value `name` when the model says it (graph input, initializer,
+    /// `Cast` output, declared type), else None.
+    pub(crate) fn onnx_type(&self, name: &str) -> Option<i32> {
+        self.onnx_types.get(name).copied().or_else(|| {
+            let t = tensor_type_of(self.declared.get(name)?)?;
+            (t.elem_type != 0).then_some(t.elem_type)
         })
     }
 
@@ -290,6 +303,7 @@ pub(crate) fn import_model(model: &ModelProto, base: Option<&Path>) -> Result<Gr
         values: HashMap::new(),
         uses,
         declared,
+        onnx_types: HashMap::new(),
         names: HashSet::new(),
         dims: DimNamer::new(g),
         ext: ExternalData::new(base),
@@ -310,12 +324,14 @@ pub(crate) fn import_model(model: &ModelProto, base: Option<&Path>) -> Result<Gr
             dtype: tensor::value_dtype(t.elem_type, what)?,
             shape: imp.convert_shape(t)?,
         };
+        imp.onnx_types.insert(vi.name.as_str(), t.elem_type);
         let name = imp.unique_name(&vi.name);
         let o = imp.graph.add_input(&vi.name, ty);
         imp.graph.node_mut(o.node).name = name;
         imp.values.insert(vi.name.as_str(), o);
     }
     for t in &g.initializer {
+        imp.onnx_types.insert(t.name.as_str(), t.data_type);
         let value = tensor::tensor_from_proto(t, &mut imp.ext)?;
         let name = imp.unique_name(&t.name);
         let o = imp.graph.add_const(&name, value);

@@ -19,12 +19,14 @@
 //!
 //! - elementwise: Add, Sub, Mul, Div, Pow (an exponent of another numeric dtype is cast to the
 //!   base's, an integer base with a float exponent is computed in f32 and truncated), Max, Min,
-//!   Sum (variadic ones become chains), Mod (both `fmod` forms), Equal, Less, Greater, And, Or, Not, Neg, Abs, Sqrt,
-//!   Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Sin, Cos, Round (half to even),
-//!   Gelu (opset 20+), Where, Cast (to FLOAT16 and BFLOAT16 as a rounding
-//!   to their precision in f32, to DOUBLE as to FLOAT, see below);
+//!   Sum (variadic ones become chains), Mod (both `fmod` forms), Equal, Less, Greater, And, Or,
+//!   Not, Neg, Abs, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Sin, Cos, Round (half
+//!   to even), Gelu (opset 20+), Where, Cast and CastLike (whose target is its second input's
+//!   ONNX type where the model states it; to FLOAT16 and BFLOAT16 as a rounding to their
+//!   precision in f32, to DOUBLE as to FLOAT, see below);
 //! - shapes and indexing: Shape, Reshape, Transpose, Unsqueeze, Squeeze, Flatten, Concat, Gather,
-//!   GatherElements, GatherND, Pad (all four modes, axes from opset 18), Slice, Expand, ConstantOfShape, Range, CumSum;
+//!   GatherElements, GatherND, Pad (all four modes, axes from opset 18), Slice, Expand,
+//!   ConstantOfShape, Range, CumSum;
 //! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd (axes as attribute or
 //!   input, per opset; an input that is not a constant is read at run time, except with
 //!   `noop_with_empty_axes`), and Size (a product of the Shape);
@@ -35,7 +37,8 @@
 //!   beside the op);
 //! - quantization: QuantizeLinear, DequantizeLinear (not blocked), DynamicQuantizeLinear,
 //!   MatMulInteger;
-//! - Constant, and Identity and Dropout, which add no node (Dropout's mask must be unused).
+//! - Constant, and Identity and Dropout, which add no node (Dropout's mask must be unused, and
+//!   its training mode a constant false).
 //!
 //! Anything else is an [`ImportError::UnsupportedOp`] naming the node, op, domain and opset, never
 //! a silently different graph. Inputs that the IR keeps as attributes (Unsqueeze and Squeeze

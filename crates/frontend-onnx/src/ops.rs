@@ -436,12 +436,25 @@ impl<'m> Importer<'m> {
                 }
                 self.emit(n, Op::Clip, &ins, &[d])?;
             }
-            "Cast" => {
-                x.arity(1, 1)?;
-                let to = x
-                    .opt_int("to")?
-                    .ok_or_else(|| x.bad_attr("to", "missing"))?;
-                let code = i32::try_from(to).unwrap_or(-1);
+            "Cast" | "CastLike" => {
+                let code = if x.op_type() == "Cast" {
+                    x.arity(1, 1)?;
+                    let to = x
+                        .opt_int("to")?
+                        .ok_or_else(|| x.bad_attr("to", "missing"))?;
+                    i32::try_from(to).unwrap_or(-1)
+                } else {
+                    // The target is the second input's type: its ONNX type where the model
+                    // states it (a narrow float the IR holds as f32), else the IR's.
+                    x.arity(2, 2)?;
+                    let like = x.input(1)?;
+                    let name = x.input_name(1);
+                    self.onnx_type(&name)
+                        .unwrap_or_else(|| tensor::onnx_code(self.dtype(like)))
+                };
+                if let Some(out) = n.output.first() {
+                    self.onnx_types.insert(out.as_str(), code);
+                }
                 let to = tensor::value_dtype(code, || {
                     format!("node `{}` (Cast), target type", x.label)
                 })?;

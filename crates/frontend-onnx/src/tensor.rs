@@ -14,6 +14,7 @@ use crate::ImportError;
 ///
 /// ```
 /// assert_eq!(frontend_onnx::onnx_dtype_name(10), "FLOAT16");
+/// assert_eq!(frontend_onnx::onnx_dtype_name(17), "FLOAT8E4M3FN");
 /// assert_eq!(frontend_onnx::onnx_dtype_name(99), "UNKNOWN");
 /// ```
 pub fn onnx_dtype_name(data_type: i32) -> &'static str {
@@ -35,8 +36,34 @@ pub fn onnx_dtype_name(data_type: i32) -> &'static str {
         Ok(DataType::Complex64) => "COMPLEX64",
         Ok(DataType::Complex128) => "COMPLEX128",
         Ok(DataType::Bfloat16) => "BFLOAT16",
-        Err(_) => "UNKNOWN",
+        // Types of onnx.proto newer than the messages here (IR version 9 and later).
+        Err(_) => match data_type {
+            17 => "FLOAT8E4M3FN",
+            18 => "FLOAT8E4M3FNUZ",
+            19 => "FLOAT8E5M2",
+            20 => "FLOAT8E5M2FNUZ",
+            21 => "UINT4",
+            22 => "INT4",
+            23 => "FLOAT4E2M1",
+            24 => "FLOAT8E8M0",
+            25 => "UINT2",
+            26 => "INT2",
+            _ => "UNKNOWN",
+        },
     }
+}
+
+/// The ONNX `TensorProto.DataType` code of an IR dtype.
+pub(crate) fn onnx_code(d: DType) -> i32 {
+    (match d {
+        DType::F32 => DataType::Float,
+        DType::BF16 => DataType::Bfloat16,
+        DType::I8 => DataType::Int8,
+        DType::U8 => DataType::Uint8,
+        DType::I32 => DataType::Int32,
+        DType::I64 => DataType::Int64,
+        DType::Bool => DataType::Bool,
+    }) as i32
 }
 
 /// The IR dtype of a value (graph input, op output, `Cast` target) of ONNX type `data_type`.

@@ -77,6 +77,8 @@ struct Case {
     /// Inputs that are initializers in both runs (ones encore needs when importing).
     constant: Vec<usize>,
     outputs: Vec<&'static str>,
+    /// A change to the built model (e.g. a declared type the values cannot carry).
+    patch: Option<fn(&mut ModelProto)>,
 }
 
 impl Case {
@@ -88,6 +90,7 @@ impl Case {
             inputs: inputs.into_iter().map(Some).collect(),
             constant: vec![],
             outputs: vec!["y"],
+            patch: None,
         }
     }
 
@@ -134,7 +137,7 @@ impl Case {
                 ..Default::default()
             });
         }
-        ModelProto {
+        let mut m = ModelProto {
             ir_version: 9,
             opset_import: vec![OperatorSetIdProto {
                 domain: String::new(),
@@ -142,7 +145,11 @@ impl Case {
             }],
             graph: Some(g),
             ..Default::default()
+        };
+        if let Some(p) = self.patch {
+            p(&mut m);
         }
+        m
     }
 
     /// Imports and runs the node both ways; the two runs must agree exactly.
@@ -850,4 +857,37 @@ fn mod_both_forms() {
         .run()
         .unwrap_err();
     assert!(e.contains("`n`") && e.contains("zero"), "{e}");
+}
+
+/// CastLike casts to its second input's type; a `like` that the model declares FLOAT16 (or an
+/// initializer of that type) makes it round to float16, though encore holds it as f32.
+#[test]
+fn cast_like() {
+    let x = f32s(&[3], &[0.1, -2.7, 70000.0]);
+    let y = Case::new("CastLike", 15, vec![x.clone(), i64s(&[1], &[0])]).run1();
+    assert_eq!(y.as_i64().unwrap(), [0, -2, 70000]);
+    let y = Case::new("CastLike", 15, vec![i64s(&[2], &[3, -4]), f32s(&[0], &[])]).run1();
+    assert_eq!(y.as_f32().unwrap(), [3.0, -4.0]);
+    // `like` declared FLOAT16 (a graph input; fed as f32), and a FLOAT16 initializer.
+    let mut case = Case::new("CastLike", 19, vec![x.clone(), f32s(&[1], &[0.0])]);
+    case.patch = Some(|m| {
+        let g = m.graph.as_mut().unwrap();
+        for vi in g.input.iter_mut().filter(|vi| vi.name == "in1") {
+            if let Some(type_proto::Value::TensorType(t)) =
+                vi.r#type.as_mut().and_then(|t| t.value.as_mut())
+            {
+                t.elem_type = DataType::Float16 as i32;
+            }
+        }
+        for t in g.initializer.iter_mut().filter(|t| t.name == "in1") {
+            t.data_type = DataType::Float16 as i32;
+            t.raw_data = Bytes::from(half::f16::from_f32(0.0).to_le_bytes().to_vec());
+        }
+    });
+    let y = case.run1();
+    assert_eq!(y.dtype(), DType::F32);
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [0.099_975_586, -2.699_218_8, f32::INFINITY]
+    );
 }
