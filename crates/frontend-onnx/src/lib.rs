@@ -41,8 +41,10 @@
 //!   its training mode a constant false).
 //!
 //! Anything else is an [`ImportError::UnsupportedOp`] naming the node, op, domain and opset, never
-//! a silently different graph. Inputs that the IR keeps as attributes (Unsqueeze and Squeeze
-//! axes) must be constants, else [`ImportError::NonConstantInput`].
+//! a silently different graph. Inputs that the IR needs at import (a Slice's starts when steps
+//! come without axes, Reduce axes with `noop_with_empty_axes`) must be constants, else
+//! [`ImportError::NonConstantInput`]; Unsqueeze, Squeeze and Reduce axes that are not constants
+//! are read at run time.
 //!
 //! Output dtypes are computed per the ONNX rules (and checked against any declared type);
 //! output shapes are taken from the model's `value_info` and graph outputs where present,

@@ -533,6 +533,7 @@ impl<'m> Importer<'m> {
             }
             "Unsqueeze" | "Squeeze" => {
                 let a;
+                let mut dynamic_axes = None;
                 let axes = if opset < 13 {
                     x.arity(1, 1)?;
                     a = x.input(0)?;
@@ -543,9 +544,13 @@ impl<'m> Importer<'m> {
                     a = x.input(0)?;
                     match x.opt(1) {
                         None => None,
-                        Some(_) => {
-                            Some(self.const_ints(&x, 1, "encore needs the axes when importing")?)
+                        Some(o) if self.graph.const_value(o).is_none() => {
+                            // Known only at run time: a second input of the IR op.
+                            self.require_dtype(&x, 1, &[DType::I64])?;
+                            dynamic_axes = Some(o);
+                            Some(vec![])
                         }
+                        Some(_) => Some(self.const_ints(&x, 1, "the axes must be constant")?),
                     }
                 };
                 let d = self.dtype(a);
@@ -558,7 +563,8 @@ impl<'m> Importer<'m> {
                         axes: axes.unwrap_or_default(),
                     }
                 };
-                self.emit(n, op, &[a], &[d])?;
+                let ins: Vec<Outlet> = std::iter::once(a).chain(dynamic_axes).collect();
+                self.emit(n, op, &ins, &[d])?;
             }
             "Concat" => {
                 x.arity(1, usize::MAX)?;

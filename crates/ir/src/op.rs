@@ -298,9 +298,12 @@ pub enum Op {
     Reshape { allowzero: bool },
     /// `(x)` with the axes permuted.
     Transpose { perm: Vec<i64> },
-    /// `(x)` with size-1 axes inserted at `axes` (of the output).
+    /// `(x, axes?)` with size-1 axes inserted at `axes` (of the output). The optional input is
+    /// a 1-D integer tensor of axes known only at run time, used instead of the (then empty)
+    /// attribute.
     Unsqueeze { axes: Vec<i64> },
-    /// `(x)` with the size-1 `axes` removed (all size-1 axes when empty).
+    /// `(x, axes?)` with the size-1 `axes` removed (all size-1 axes when empty); the optional
+    /// input as for `Unsqueeze`.
     Squeeze { axes: Vec<i64> },
     /// `(x…)` concatenated on `axis`.
     Concat { axis: i64 },
@@ -564,8 +567,6 @@ impl Op {
             | Op::Cast { .. }
             | Op::Shape { .. }
             | Op::Transpose { .. }
-            | Op::Unsqueeze { .. }
-            | Op::Squeeze { .. }
             | Op::ConstantOfShape { .. }
             | Op::Flatten { .. }
             | Op::Softmax { .. }
@@ -580,7 +581,9 @@ impl Op {
             | Op::CumSum { .. }
             | Op::MatMul => (2, 2),
             Op::Concat { .. } => (1, usize::MAX),
-            Op::Split { .. } | Op::Reduce { .. } => (1, 2),
+            Op::Split { .. } | Op::Reduce { .. } | Op::Unsqueeze { .. } | Op::Squeeze { .. } => {
+                (1, 2)
+            }
             Op::Pad { .. } => (2, 4),
             Op::Slice => (3, 5),
             Op::Gemm { .. } | Op::LayerNorm { .. } | Op::Linear => (2, 3),

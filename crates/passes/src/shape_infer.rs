@@ -406,6 +406,32 @@ fn infer(
             };
             one(dtype(0), s)
         }
+        Op::Unsqueeze { axes } | Op::Squeeze { axes } if ins.len() == 2 => {
+            // Axes as an input: the shape follows once they are constant; until then only the
+            // rank, when the number of axes is known.
+            if let Some(v) = vals[1].and_then(|v| v.as_ints()) {
+                let op = match op {
+                    Op::Unsqueeze { .. } => Op::Unsqueeze { axes: v },
+                    _ => Op::Squeeze { axes: v },
+                };
+                infer(ctx, &op, &ins[..1], &vals[..1])?.0
+            } else {
+                let k = match ins[1].shape.as_deref() {
+                    Some([d]) => d.as_fixed(),
+                    _ => None,
+                };
+                let rank = match (&ins[0].shape, k, op) {
+                    (Some(s), Some(k), Op::Unsqueeze { .. }) => Some(s.len() + k),
+                    (Some(s), Some(k), _) if k > 0 => s.len().checked_sub(k),
+                    _ => None,
+                };
+                let _ = axes;
+                one(
+                    dtype(0),
+                    rank.map(|r| (0..r).map(|_| ctx.fresh()).collect()),
+                )
+            }
+        }
         Op::Unsqueeze { axes } => {
             let s = match &ins[0].shape {
                 None => None,

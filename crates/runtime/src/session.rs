@@ -811,8 +811,25 @@ impl Session {
                 one(so::reshape(take(ins, 0), &spec, *allowzero, node)?)
             }
             Op::Transpose { perm } => one(so::transpose(r(0), perm, node)?),
-            Op::Unsqueeze { axes } => one(so::unsqueeze(take(ins, 0), axes, node)?),
-            Op::Squeeze { axes } => one(so::squeeze(take(ins, 0), axes, node)?),
+            Op::Unsqueeze { axes } | Op::Squeeze { axes } => {
+                // Axes given as an input (known only at run time) replace the attribute.
+                let axes = match ins.get(1) {
+                    None => axes.clone(),
+                    Some(a) => a.get().to_i64_vec().map_err(|_| {
+                        Error::op(
+                            node,
+                            st.op.name(),
+                            format!("axes must be integer, got {}", a.get().dtype()),
+                        )
+                    })?,
+                };
+                let x = take(ins, 0);
+                one(if matches!(st.op, Op::Unsqueeze { .. }) {
+                    so::unsqueeze(x, &axes, node)?
+                } else {
+                    so::squeeze(x, &axes, node)?
+                })
+            }
             Op::Flatten { axis } => one(so::flatten(take(ins, 0), *axis, node)?),
             Op::Concat { axis } => {
                 let xs: Vec<&TensorValue> = ins.iter().map(|i| i.get()).collect();

@@ -891,3 +891,30 @@ fn cast_like() {
         [0.099_975_586, -2.699_218_8, f32::INFINITY]
     );
 }
+
+/// Unsqueeze and Squeeze with axes fed at run time (and as initializers: the attribute form).
+#[test]
+fn squeeze_and_unsqueeze_axes_as_a_runtime_input() {
+    let x = f32s(&[3, 1, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let y = Case::new("Unsqueeze", 13, vec![x.clone(), i64s(&[2], &[0, -1])]).run1();
+    assert_eq!(y.shape(), [1, 3, 1, 2, 1]);
+    assert_eq!(y.as_f32().unwrap(), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let y = Case::new("Squeeze", 13, vec![x.clone(), i64s(&[1], &[-2])]).run1();
+    assert_eq!(y.shape(), [3, 2]);
+    let y = Case::new(
+        "Squeeze",
+        21,
+        vec![f32s(&[1, 2, 1], &[7.0, 8.0]), i64s(&[2], &[0, 2])],
+    )
+    .run1();
+    assert_eq!(y.shape(), [2]);
+    // Squeezing an axis that is not 1: a typed error naming the node.
+    let e = Case::new("Squeeze", 13, vec![x.clone(), i64s(&[1], &[0])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`"), "{e}");
+    let e = Case::new("Unsqueeze", 13, vec![x, i64s(&[1], &[9])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`"), "{e}");
+}
