@@ -26,7 +26,7 @@
 //!   precision in f32, to DOUBLE as to FLOAT, see below);
 //! - shapes and indexing: Shape, Reshape, Transpose, Unsqueeze, Squeeze, Flatten, Concat, Gather,
 //!   GatherElements, GatherND, Pad (all four modes, axes from opset 18), Slice, Expand,
-//!   ConstantOfShape, Range, CumSum;
+//!   ConstantOfShape, Range, CumSum, Trilu;
 //! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd (axes as attribute or
 //!   input, per opset; an input that is not a constant is read at run time, except with
 //!   `noop_with_empty_axes`), and Size (a product of the Shape);

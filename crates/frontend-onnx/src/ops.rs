@@ -643,6 +643,24 @@ impl<'m> Importer<'m> {
                 let d = self.dtype(a);
                 self.emit(n, op, &[a, idx], &[d])?;
             }
+            "Trilu" => {
+                x.arity(1, 2)?;
+                let a = x.input(0)?;
+                let mut ins = vec![a];
+                if let Some(k) = x.opt(1) {
+                    self.require_dtype(&x, 1, &[DType::I64])?;
+                    ins.push(k);
+                }
+                let d = self.dtype(a);
+                self.emit(
+                    n,
+                    Op::Trilu {
+                        upper: x.int("upper", 1)? != 0,
+                    },
+                    &ins,
+                    &[d],
+                )?;
+            }
             "GatherND" => {
                 x.arity(2, 2)?;
                 let (a, idx) = (x.input(0)?, x.input(1)?);

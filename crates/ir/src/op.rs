@@ -342,6 +342,14 @@ pub enum Op {
     /// %3 = pad[mode="constant"](%0, %1, %2) : f32[B,S+2]    # %1 = i64[4]{0, 1, 0, 1}
     /// ```
     Pad { mode: PadMode },
+    /// `(x, k?)`: the upper (`upper`) or lower triangle of each matrix in the last two axes of
+    /// `x`, the rest zero: element `(i, j)` is kept when `j - i >= k` (upper) or `j - i <= k`
+    /// (lower); `k` is a one-element integer tensor, 0 when absent (ONNX `Trilu`).
+    ///
+    /// ```text
+    /// %2 = trilu[upper=false](%0, %1) : f32[B,S,S]
+    /// ```
+    Trilu { upper: bool },
     /// `(x, repeats)`: `x` repeated `repeats[i]` times along each axis `i`; `repeats` is 1-D
     /// integer with one non-negative count per axis of `x`.
     ///
@@ -501,6 +509,7 @@ impl Op {
             | Op::GatherElements { .. }
             | Op::GatherNd { .. }
             | Op::Pad { .. }
+            | Op::Trilu { .. }
             | Op::Slice
             | Op::Expand
             | Op::Tile
@@ -531,6 +540,7 @@ impl Op {
             Op::GatherElements { .. } => "gather_elements",
             Op::GatherNd { .. } => "gather_nd",
             Op::Pad { .. } => "pad",
+            Op::Trilu { .. } => "trilu",
             Op::Slice => "slice",
             Op::Expand => "expand",
             Op::Tile => "tile",
@@ -581,9 +591,11 @@ impl Op {
             | Op::CumSum { .. }
             | Op::MatMul => (2, 2),
             Op::Concat { .. } => (1, usize::MAX),
-            Op::Split { .. } | Op::Reduce { .. } | Op::Unsqueeze { .. } | Op::Squeeze { .. } => {
-                (1, 2)
-            }
+            Op::Split { .. }
+            | Op::Reduce { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Squeeze { .. }
+            | Op::Trilu { .. } => (1, 2),
             Op::Pad { .. } => (2, 4),
             Op::Slice => (3, 5),
             Op::Gemm { .. } | Op::LayerNorm { .. } | Op::Linear => (2, 3),
@@ -639,6 +651,7 @@ impl Op {
             Op::ConstantOfShape { value } => vec![("value", Tensor(value.clone()))],
             Op::GatherNd { batch_dims } => vec![("batch_dims", Int(*batch_dims))],
             Op::Pad { mode } => vec![("mode", Str(mode.name().to_string()))],
+            Op::Trilu { upper } => vec![("upper", Bool(*upper))],
             Op::Split { axis, num_outputs } => vec![
                 ("axis", Int(*axis)),
                 ("num_outputs", Int(*num_outputs as i64)),
@@ -752,6 +765,9 @@ impl Op {
                         .ok_or_else(|| a.bad("mode", "constant, reflect, edge or wrap"))?,
                 }
             }
+            "trilu" => Op::Trilu {
+                upper: a.bool("upper")?,
+            },
             "gather_nd" => Op::GatherNd {
                 batch_dims: a.int("batch_dims")?,
             },

@@ -200,7 +200,7 @@ output "s2" = %11.2
 }
 
 /// The ops added for issue 8 (sin, cos, round, reduce_prod, gather_nd, pad, round_to_f16,
-/// round_to_bf16) print and parse back
+/// round_to_bf16, trilu) print and parse back
 /// unchanged, attributes included.
 #[test]
 fn issue8_ops_round_trip() {
@@ -215,9 +215,10 @@ fn issue8_ops_round_trip() {
 %8 = pad[mode="reflect"](%0, %7) : f32[2,3,6]  # /pad
 %9 = round_to_f16(%8) : f32[2,3,6]  # /to_f16
 %10 = round_to_bf16(%9) : f32[2,3,6]  # /to_bf16
+%11 = trilu[upper=false](%10) : f32[2,3,6]  # /tril
 output "p" = %5
 output "g" = %6
-output "pd" = %10
+output "pd" = %11
 "#;
     let g = text::parse(sample, None).unwrap();
     g.verify().unwrap();

@@ -850,6 +850,10 @@ impl Session {
                 let opt = |i: usize| ins.get(i).map(|t| t.get());
                 one(so::pad(r(0), r(1), opt(2), opt(3), *mode, node)?)
             }
+            Op::Trilu { upper } => {
+                let k = ins.get(1).map(|i| i.get());
+                one(so::trilu(r(0), k, *upper, node)?)
+            }
             Op::GatherNd { batch_dims } => one(so::gather_nd(r(0), r(1), *batch_dims, node)?),
             Op::Slice => {
                 let args: Vec<&TensorValue> = ins[1..].iter().map(|i| i.get()).collect();

@@ -918,3 +918,43 @@ fn squeeze_and_unsqueeze_axes_as_a_runtime_input() {
         .unwrap_err();
     assert!(e.contains("`n`"), "{e}");
 }
+
+/// Trilu on a 3×4 matrix for both triangles and several diagonals, batched, and bad inputs.
+#[test]
+fn trilu() {
+    let x = i64s(&[3, 4], &(1..=12).collect::<Vec<_>>());
+    let run = |upper: i64, k: Option<i64>| {
+        let mut ins = vec![x.clone()];
+        ins.extend(k.map(|k| i64s(&[], &[k])));
+        Case::new("Trilu", 14, ins)
+            .attr(int_attr("upper", upper))
+            .run1()
+            .as_i64()
+            .unwrap()
+            .to_vec()
+    };
+    assert_eq!(run(1, None), [1, 2, 3, 4, 0, 6, 7, 8, 0, 0, 11, 12]);
+    assert_eq!(run(0, None), [1, 0, 0, 0, 5, 6, 0, 0, 9, 10, 11, 0]);
+    assert_eq!(run(1, Some(1)), [0, 2, 3, 4, 0, 0, 7, 8, 0, 0, 0, 12]);
+    assert_eq!(run(0, Some(-1)), [0, 0, 0, 0, 5, 0, 0, 0, 9, 10, 0, 0]);
+    assert_eq!(run(1, Some(-5)), (1..=12).collect::<Vec<_>>());
+    let y = Case::new(
+        "Trilu",
+        14,
+        vec![f32s(&[2, 2, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])],
+    )
+    .attr(int_attr("upper", 0))
+    .run1();
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [1.0, 0.0, 3.0, 4.0, 5.0, 0.0, 7.0, 8.0]
+    );
+    let e = Case::new("Trilu", 14, vec![x.clone(), i64s(&[2], &[0, 1])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("k"), "{e}");
+    let e = Case::new("Trilu", 14, vec![i64s(&[3], &[1, 2, 3])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("trilu"), "{e}");
+}

@@ -519,6 +519,45 @@ pub(crate) fn gather_nd(
     Ok(TensorValue::raw_data(out_shape, d))
 }
 
+/// ONNX `Trilu`: see [`ir::Op::Trilu`].
+pub(crate) fn trilu(
+    x: &TensorValue,
+    k: Option<&TensorValue>,
+    upper: bool,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let bad = |m: String| Error::op(node, "trilu", m);
+    let s = x.shape();
+    if s.len() < 2 {
+        return Err(bad(format!("the input {s:?} has fewer than 2 dims")));
+    }
+    let k = match k {
+        None => 0,
+        Some(t) => match ints(t, node, "trilu", "k")?.as_slice() {
+            [k] => *k,
+            v => return Err(bad(format!("k must hold one value, holds {}", v.len()))),
+        },
+    };
+    let (rows, cols) = (s[s.len() - 2], s[s.len() - 1]);
+    let keep = |flat: usize| {
+        let (i, j) = ((flat / cols.max(1)) % rows.max(1), flat % cols.max(1));
+        let d = j as i64 - i as i64;
+        if upper {
+            d >= k
+        } else {
+            d <= k
+        }
+    };
+    fn masked<T: Copy + Default>(v: &[T], keep: impl Fn(usize) -> bool) -> Vec<T> {
+        v.iter()
+            .enumerate()
+            .map(|(f, &e)| if keep(f) { e } else { T::default() })
+            .collect()
+    }
+    let d = map_data!(x.data(), v => masked(v, keep));
+    Ok(TensorValue::raw_data(s.to_vec(), d))
+}
+
 /// ONNX `Pad`: see [`ir::Op::Pad`]. Every output element reads the input element its
 /// coordinates map to on each axis, or the fill value.
 pub(crate) fn pad(
