@@ -375,6 +375,26 @@ impl<'m> Importer<'m> {
                 };
                 self.emit(n, Op::Unary(op), &[a], &[d])?;
             }
+            "IsNaN" | "IsInf" => {
+                x.arity(1, 1)?;
+                let a = x.input(0)?;
+                self.require_dtype(&x, 0, &[DType::F32])?;
+                let op = if x.op_type() == "IsNaN" {
+                    UnaryOp::IsNan
+                } else {
+                    let neg = x.int("detect_negative", 1)? != 0;
+                    let pos = x.int("detect_positive", 1)? != 0;
+                    match (neg, pos) {
+                        (true, true) => UnaryOp::IsInf,
+                        (false, true) => UnaryOp::IsPosInf,
+                        (true, false) => UnaryOp::IsNegInf,
+                        (false, false) => {
+                            return Err(x.bad("detects neither infinity (both detect_* are 0)"))
+                        }
+                    }
+                };
+                self.emit(n, Op::Unary(op), &[a], &[DType::Bool])?;
+            }
             "Gelu" if opset >= 20 => {
                 x.arity(1, 1)?;
                 let approx = match x.string("approximate")?.as_deref() {

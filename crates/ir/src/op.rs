@@ -58,6 +58,39 @@ pub enum UnaryOp {
     RoundToF16,
     /// Each f32 rounded to the nearest bfloat16 value, kept as f32 (a `Cast` to BFLOAT16).
     RoundToBf16,
+    /// `x` is NaN → bool (ONNX `IsNaN`).
+    IsNan,
+    /// `x` is ±inf → bool (ONNX `IsInf`).
+    IsInf,
+    /// `x` is +inf → bool (`IsInf` with `detect_negative=0`).
+    IsPosInf,
+    /// `x` is -inf → bool (`IsInf` with `detect_positive=0`).
+    IsNegInf,
+}
+
+impl UnaryOp {
+    /// Whether the op maps each element to a bool.
+    pub fn is_predicate(self) -> bool {
+        matches!(
+            self,
+            UnaryOp::Not | UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsPosInf | UnaryOp::IsNegInf
+        )
+    }
+
+    /// The output dtype for an input of dtype `input`.
+    ///
+    /// ```
+    /// use ir::{DType, UnaryOp};
+    /// assert_eq!(UnaryOp::IsNan.output_dtype(DType::F32), DType::Bool);
+    /// assert_eq!(UnaryOp::Exp.output_dtype(DType::F32), DType::F32);
+    /// ```
+    pub fn output_dtype(self, input: DType) -> DType {
+        if self.is_predicate() {
+            DType::Bool
+        } else {
+            input
+        }
+    }
 }
 
 /// Reductions over a set of axes.
@@ -113,7 +146,8 @@ name_table!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", P
 name_table!(UnaryOp { Neg => "neg", Abs => "abs", Sqrt => "sqrt", Reciprocal => "reciprocal",
     Exp => "exp", Log => "log", Erf => "erf", Tanh => "tanh", Sigmoid => "sigmoid",
     Relu => "relu", Not => "not", Sin => "sin", Cos => "cos", Round => "round",
-    RoundToF16 => "round_to_f16", RoundToBf16 => "round_to_bf16" });
+    RoundToF16 => "round_to_f16", RoundToBf16 => "round_to_bf16", IsNan => "is_nan",
+    IsInf => "is_inf", IsPosInf => "is_pos_inf", IsNegInf => "is_neg_inf" });
 name_table!(ReduceOp { Mean => "reduce_mean", Sum => "reduce_sum", Max => "reduce_max",
     Min => "reduce_min", Prod => "reduce_prod" });
 name_table!(GeluApprox { Erf => "erf", Tanh => "tanh" });

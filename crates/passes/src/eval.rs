@@ -514,7 +514,16 @@ fn binary(b: BinaryOp, x: &Data, y: &Data) -> Result<Data, String> {
 
 fn unary(u: UnaryOp, d: Data) -> Option<Data> {
     use UnaryOp::*;
+    let flags =
+        |v: Vec<f32>, f: fn(f32) -> bool| Data::I(v.into_iter().map(|x| i64::from(f(x))).collect());
     Some(match d {
+        Data::F(v) if u.is_predicate() => match u {
+            IsNan => flags(v, f32::is_nan),
+            IsInf => flags(v, f32::is_infinite),
+            IsPosInf => flags(v, |x| x == f32::INFINITY),
+            IsNegInf => flags(v, |x| x == f32::NEG_INFINITY),
+            _ => return None,
+        },
         Data::F(v) => Data::F(match u {
             Neg => v.into_iter().map(|x| -x).collect(),
             Abs => v.into_iter().map(f32::abs).collect(),
@@ -536,7 +545,7 @@ fn unary(u: UnaryOp, d: Data) -> Option<Data> {
                 .into_iter()
                 .map(|x| half::bf16::from_f32(x).to_f32())
                 .collect(),
-            Erf | Not => return None,
+            Erf | Not | IsNan | IsInf | IsPosInf | IsNegInf => return None,
         }),
         Data::I(v) => Data::I(match u {
             Neg => v.into_iter().map(|x| x.wrapping_neg()).collect(),

@@ -343,14 +343,7 @@ fn infer(
             let s = shapes.map(|s| broadcast(ctx, &s)).transpose()?;
             one(dt, s)
         }
-        Op::Unary(u) => one(
-            if *u == UnaryOp::Not {
-                DType::Bool
-            } else {
-                dtype(0)
-            },
-            ins[0].shape.clone(),
-        ),
+        Op::Unary(u) => one(u.output_dtype(dtype(0)), ins[0].shape.clone()),
         Op::Where => one(dtype(1), shapes.map(|s| broadcast(ctx, &s)).transpose()?),
         Op::Cast { to } => one(*to, ins[0].shape.clone()),
         Op::Clip => {

@@ -958,3 +958,41 @@ fn trilu() {
         .unwrap_err();
     assert!(e.contains("trilu"), "{e}");
 }
+
+/// IsNaN and the three forms of IsInf, to bool.
+#[test]
+fn is_nan_and_is_inf() {
+    let x = f32s(
+        &[5],
+        &[1.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0],
+    );
+    let flags = |op: &'static str, attrs: &[(&str, i64)]| {
+        let mut c = Case::new(op, 20, vec![x.clone()]);
+        for &(a, v) in attrs {
+            c = c.attr(int_attr(a, v));
+        }
+        let y = c.run1();
+        assert_eq!(y.dtype(), DType::Bool);
+        y.as_bool().unwrap().to_vec()
+    };
+    assert_eq!(flags("IsNaN", &[]), [false, true, false, false, false]);
+    assert_eq!(flags("IsInf", &[]), [false, false, true, true, false]);
+    assert_eq!(
+        flags("IsInf", &[("detect_negative", 0)]),
+        [false, false, true, false, false]
+    );
+    assert_eq!(
+        flags("IsInf", &[("detect_positive", 0)]),
+        [false, false, false, true, false]
+    );
+    let e = Case::new("IsInf", 20, vec![x])
+        .attr(int_attr("detect_positive", 0))
+        .attr(int_attr("detect_negative", 0))
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`"), "{e}");
+    let e = Case::new("IsNaN", 20, vec![i64s(&[1], &[1])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("i64"), "{e}");
+}

@@ -382,6 +382,19 @@ pub(crate) fn unary(
 ) -> Result<TensorValue, Error> {
     let dt = x.get().dtype();
     let bad = || Error::op(node, op.name(), format!("not defined on {dt}"));
+    if dt == DType::F32 && op.is_predicate() && op != UnaryOp::Not {
+        let test: fn(f32) -> bool = match op {
+            UnaryOp::IsNan => f32::is_nan,
+            UnaryOp::IsInf => f32::is_infinite,
+            UnaryOp::IsPosInf => |v| v == f32::INFINITY,
+            _ => |v| v == f32::NEG_INFINITY,
+        };
+        let v = x.get().typed::<f32>()?;
+        return Ok(TensorValue::raw(
+            x.get().shape().to_vec(),
+            v.iter().map(|&e| test(e)).collect(),
+        ));
+    }
     match dt {
         DType::F32 => {
             let f: fn(f32) -> f32 = match op {
@@ -400,7 +413,11 @@ pub(crate) fn unary(
                 UnaryOp::Round => f32::round_ties_even,
                 UnaryOp::RoundToF16 => |v| half::f16::from_f32(v).to_f32(),
                 UnaryOp::RoundToBf16 => |v| half::bf16::from_f32(v).to_f32(),
-                UnaryOp::Not => return Err(bad()),
+                UnaryOp::Not
+                | UnaryOp::IsNan
+                | UnaryOp::IsInf
+                | UnaryOp::IsPosInf
+                | UnaryOp::IsNegInf => return Err(bad()),
             };
             map_f32(x, ctx, f)
         }
