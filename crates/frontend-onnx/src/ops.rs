@@ -289,7 +289,7 @@ impl<'m> Importer<'m> {
         let opset = self.opset;
         match x.op_type() {
             "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater" | "And" | "Or"
-            | "LessOrEqual" | "GreaterOrEqual" => {
+            | "Xor" | "LessOrEqual" | "GreaterOrEqual" => {
                 x.arity(2, 2)?;
                 let (a, b) = (x.input(0)?, x.input(1)?);
                 let op = match x.op_type() {
@@ -299,7 +299,7 @@ impl<'m> Importer<'m> {
                 };
                 let out = match op {
                     BinaryOp::Pow => return self.import_pow(&x, a, b),
-                    BinaryOp::And | BinaryOp::Or => {
+                    BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {
                         self.require_dtype(&x, 0, &[DType::Bool])?;
                         self.require_dtype(&x, 1, &[DType::Bool])?;
                         DType::Bool

@@ -27,6 +27,8 @@ pub enum BinaryOp {
     GreaterOrEqual,
     And,
     Or,
+    /// Exclusive or of bools (ONNX `Xor`).
+    Xor,
     /// Integer remainder with the divisor's sign, as Python's `%` (ONNX `Mod`, `fmod=0`).
     Mod,
     /// Remainder with the dividend's sign, as C's `fmod` (ONNX `Mod`, `fmod=1`; floats need it).
@@ -142,7 +144,7 @@ macro_rules! name_table {
 name_table!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", Pow => "pow",
     Max => "max", Min => "min", Equal => "equal", Less => "less", Greater => "greater",
     LessOrEqual => "less_or_equal", GreaterOrEqual => "greater_or_equal",
-    And => "and", Or => "or", Mod => "mod", Fmod => "fmod" });
+    And => "and", Or => "or", Xor => "xor", Mod => "mod", Fmod => "fmod" });
 name_table!(UnaryOp { Neg => "neg", Abs => "abs", Sqrt => "sqrt", Reciprocal => "reciprocal",
     Exp => "exp", Log => "log", Erf => "erf", Tanh => "tanh", Sigmoid => "sigmoid",
     Relu => "relu", Not => "not", Sin => "sin", Cos => "cos", Round => "round",

@@ -466,7 +466,7 @@ fn binary(b: BinaryOp, x: &Data, y: &Data) -> Result<Data, String> {
                 Greater => cmp(z.map(|(a, b)| a > b).collect()),
                 LessOrEqual => cmp(z.map(|(a, b)| a <= b).collect()),
                 GreaterOrEqual => cmp(z.map(|(a, b)| a >= b).collect()),
-                And | Or => return Err(format!("{} on floats", b.name())),
+                And | Or | Xor => return Err(format!("{} on floats", b.name())),
             }
         }
         (Data::I(x), Data::I(y)) => {
@@ -506,6 +506,7 @@ fn binary(b: BinaryOp, x: &Data, y: &Data) -> Result<Data, String> {
                 GreaterOrEqual => cmp(z.map(|(a, b)| a >= b).collect()),
                 And => cmp(z.map(|(a, b)| *a != 0 && *b != 0).collect()),
                 Or => cmp(z.map(|(a, b)| *a != 0 || *b != 0).collect()),
+                Xor => cmp(z.map(|(a, b)| (*a != 0) != (*b != 0)).collect()),
             }
         }
         _ => return Err(format!("{} of a float and an integer", b.name())),

@@ -337,7 +337,8 @@ fn infer(
                 | BinaryOp::LessOrEqual
                 | BinaryOp::GreaterOrEqual
                 | BinaryOp::And
-                | BinaryOp::Or => DType::Bool,
+                | BinaryOp::Or
+                | BinaryOp::Xor => DType::Bool,
                 _ => dtype(0),
             };
             let s = shapes.map(|s| broadcast(ctx, &s)).transpose()?;
@@ -1209,7 +1210,8 @@ fn infer_value(op: &Op, ins: &[TensorType], vals: &[Option<&SymTensor>]) -> Opti
                         | BinaryOp::LessOrEqual
                         | BinaryOp::GreaterOrEqual
                         | BinaryOp::And
-                        | BinaryOp::Or => match (p.as_int(), q.as_int()) {
+                        | BinaryOp::Or
+                        | BinaryOp::Xor => match (p.as_int(), q.as_int()) {
                             (Some(p), Some(q)) => SymInt::Int(match b {
                                 BinaryOp::Max => p.max(q),
                                 BinaryOp::Min => p.min(q),
@@ -1218,6 +1220,7 @@ fn infer_value(op: &Op, ins: &[TensorType], vals: &[Option<&SymTensor>]) -> Opti
                                 BinaryOp::LessOrEqual => i64::from(p <= q),
                                 BinaryOp::GreaterOrEqual => i64::from(p >= q),
                                 BinaryOp::And => i64::from(p != 0 && q != 0),
+                                BinaryOp::Xor => i64::from((p != 0) != (q != 0)),
                                 _ => i64::from(p != 0 || q != 0),
                             }),
                             _ => SymInt::Unknown,

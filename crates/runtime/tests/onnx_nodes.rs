@@ -996,3 +996,16 @@ fn is_nan_and_is_inf() {
         .unwrap_err();
     assert!(e.contains("`n`") && e.contains("i64"), "{e}");
 }
+
+/// Xor of bools, with broadcasting; integers are refused by name.
+#[test]
+fn xor() {
+    let a = TensorValue::from_bool(vec![2, 2], vec![true, true, false, false]).unwrap();
+    let b = TensorValue::from_bool(vec![2], vec![true, false]).unwrap();
+    let y = Case::new("Xor", 11, vec![a, b]).run1();
+    assert_eq!(y.as_bool().unwrap(), [false, true, true, false]);
+    let e = Case::new("Xor", 11, vec![i64s(&[1], &[1]), i64s(&[1], &[0])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("i64"), "{e}");
+}

@@ -213,7 +213,7 @@ pub(crate) fn binary(
             | BinaryOp::LessOrEqual
             | BinaryOp::GreaterOrEqual
     );
-    let is_logic = matches!(op, BinaryOp::And | BinaryOp::Or);
+    let is_logic = matches!(op, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor);
     // In place on an owned f32 operand that already has the output shape.
     if let Some(f) = f32_fn(op) {
         if a.get().dtype() == DType::F32 {
@@ -275,6 +275,9 @@ pub(crate) fn binary(
             }
             BinaryOp::Or => {
                 TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, |p, q| p | q))
+            }
+            BinaryOp::Xor => {
+                TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, |p, q| p ^ q))
             }
             BinaryOp::Equal => {
                 TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, |p, q| p == q))
