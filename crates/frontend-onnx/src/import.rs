@@ -12,8 +12,16 @@ use crate::proto::{
 use crate::tensor::{self, ExternalData};
 use crate::ImportError;
 
-/// The opsets of the default domain that the importer understands.
-pub(crate) const OPSETS: std::ops::RangeInclusive<i64> = 11..=21;
+/// The opsets of the default domain that the importer understands. Opsets 22 to 26 changed the
+/// ops imported here only by admitting more types (22: bfloat16 for Round, Sin, Cos, Dropout;
+/// 23: 4-bit floats, 24: float8e8m0, 25: 2-bit integers for Cast, Reshape, Shape, Pad and the
+/// other layout ops; 26: none of them), by Cast's `round_mode` (24), which applies only to
+/// float8e8m0, a type encore refuses, and by two attributes of 23, `QuantizeLinear.precision` and
+/// `DequantizeLinear.output_dtype`, which `ops.rs` checks. The ops that opset 23 adds (Attention,
+/// RMSNormalization, RotaryEmbedding) are refused by name. Opset 27 gives Range a `stash_type`
+/// (its accumulation precision), not handled, so the range stops at 26. (Checked against the
+/// schemas of onnx 1.23.2: `onnx.defs.get_schema(op, v).since_version` for every imported op.)
+pub(crate) const OPSETS: std::ops::RangeInclusive<i64> = 11..=26;
 
 /// The name a node goes by in messages: its own name, else its first output's.
 pub(crate) fn node_label(n: &NodeProto) -> String {
@@ -95,6 +103,10 @@ pub(crate) struct Importer<'m> {
     pub(crate) uses: HashMap<&'m str, usize>,
     /// Types the model declares (`value_info`, graph outputs).
     declared: HashMap<&'m str, &'m ValueInfoProto>,
+    /// The ONNX element type of values whose type the IR does not keep (FLOAT16 and BFLOAT16,
+    /// widened to f32): graph inputs, initializers and `Cast` outputs; with `declared`, what
+    /// `CastLike` needs to round as its target would.
+    pub(crate) onnx_types: HashMap<&'m str, i32>,
     names: HashSet<String>,
     dims: DimNamer,
     pub(crate) ext: ExternalData,
@@ -166,6 +178,15 @@ impl<'m> Importer<'m> {
         })
     }
 
+    /// The ONNX element type of value `name` when the model says it (graph input, initializer,
+    /// `Cast` output, declared type), else None.
+    pub(crate) fn onnx_type(&self, name: &str) -> Option<i32> {
+        self.onnx_types.get(name).copied().or_else(|| {
+            let t = tensor_type_of(self.declared.get(name)?)?;
+            (t.elem_type != 0).then_some(t.elem_type)
+        })
+    }
+
     /// Whether ONNX value `name` is read by anything (an empty name is an absent output).
     pub(crate) fn is_used(&self, name: &str) -> bool {
         !name.is_empty() && self.uses.get(name).copied().unwrap_or(0) > 0
@@ -180,7 +201,8 @@ impl<'m> Importer<'m> {
         dtypes: &[DType],
     ) -> Result<NodeId, ImportError> {
         for (i, out) in n.output.iter().enumerate().skip(dtypes.len()) {
-            if self.is_used(out) {
+            // An extra output that the import already computed by other nodes is bound.
+            if self.is_used(out) && !self.values.contains_key(out.as_str()) {
                 return Err(ImportError::BadNode {
                     node: node_label(n),
                     op_type: n.op_type.clone(),
@@ -281,6 +303,7 @@ pub(crate) fn import_model(model: &ModelProto, base: Option<&Path>) -> Result<Gr
         values: HashMap::new(),
         uses,
         declared,
+        onnx_types: HashMap::new(),
         names: HashSet::new(),
         dims: DimNamer::new(g),
         ext: ExternalData::new(base),
@@ -301,12 +324,14 @@ pub(crate) fn import_model(model: &ModelProto, base: Option<&Path>) -> Result<Gr
             dtype: tensor::value_dtype(t.elem_type, what)?,
             shape: imp.convert_shape(t)?,
         };
+        imp.onnx_types.insert(vi.name.as_str(), t.elem_type);
         let name = imp.unique_name(&vi.name);
         let o = imp.graph.add_input(&vi.name, ty);
         imp.graph.node_mut(o.node).name = name;
         imp.values.insert(vi.name.as_str(), o);
     }
     for t in &g.initializer {
+        imp.onnx_types.insert(t.name.as_str(), t.data_type);
         let value = tensor::tensor_from_proto(t, &mut imp.ext)?;
         let name = imp.unique_name(&t.name);
         let o = imp.graph.add_const(&name, value);

@@ -13,35 +13,57 @@
 //!
 //! # What is imported
 //!
-//! The default ONNX domain (`""` or `ai.onnx`) at opsets 11 to 21. Domains listed in
+//! The default ONNX domain (`""` or `ai.onnx`) at opsets 11 to 26. Domains listed in
 //! `opset_import` that no node uses are ignored. The ops are those a BERT-family encoder exported
 //! by torch or optimum contains:
 //!
-//! - elementwise: Add, Sub, Mul, Div, Pow, Max, Min, Sum (variadic ones become chains), Equal,
-//!   Less, Greater, And, Or, Not, Neg, Abs, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu,
-//!   Gelu (opset 20+), Where, Cast (not to FLOAT16 or DOUBLE);
+//! - elementwise: Add, Sub, Mul, Div, Pow (an exponent of another numeric dtype is cast to the
+//!   base's, an integer base with a float exponent is computed in f32 and truncated), Max, Min,
+//!   Sum (variadic ones become chains), Mod (both `fmod` forms), Equal, Less, Greater, And, Or,
+//!   Xor, Not, Neg, Abs, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Sin, Cos, Round
+//!   (half to even), IsNaN, IsInf, Gelu (opset 20+), Where, Cast and CastLike (whose target is
+//!   its second input's ONNX type where the model states it; to FLOAT16 and BFLOAT16 as a
+//!   rounding to their precision in f32, to DOUBLE as to FLOAT, see below);
 //! - shapes and indexing: Shape, Reshape, Transpose, Unsqueeze, Squeeze, Flatten, Concat, Gather,
-//!   GatherElements, Slice, Expand, ConstantOfShape, Range, CumSum;
-//! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin (axes as attribute or constant
-//!   input, per opset);
-//! - linear algebra and normalisation: MatMul, Gemm, Softmax (before opset 13 its 2-D coercion
-//!   is imported exactly: one op on the last axis, else Flatten, Softmax and Reshape),
-//!   LayerNormalization (opset 17+, output 0 only);
+//!   GatherElements, GatherND, Pad (all four modes, axes from opset 18), Slice, Expand,
+//!   ConstantOfShape, Range, CumSum, Trilu;
+//! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd (axes as attribute or
+//!   input, per opset; an input that is not a constant is read at run time, except with
+//!   `noop_with_empty_axes`), and Size (a product of the Shape);
+//! - linear algebra and normalisation: MatMul, Gemm, Softmax and LogSoftmax (before opset 13
+//!   their 2-D coercion is imported exactly: one op on the last axis, else Flatten, Softmax and
+//!   Reshape; LogSoftmax as `(x - max) - log(sum(exp(x - max)))` by reductions),
+//!   LayerNormalization (opset 17+; its Mean and InvStdDev outputs, when used, by reductions
+//!   beside the op);
 //! - quantization: QuantizeLinear, DequantizeLinear (not blocked), DynamicQuantizeLinear,
 //!   MatMulInteger;
-//! - Constant, and Identity and Dropout, which add no node (Dropout's mask must be unused).
+//! - Constant, and Identity and Dropout, which add no node (Dropout's mask must be unused, and
+//!   its training mode a constant false).
 //!
 //! Anything else is an [`ImportError::UnsupportedOp`] naming the node, op, domain and opset, never
-//! a silently different graph. Inputs that the IR keeps as attributes (Unsqueeze, Squeeze and
-//! Reduce axes) must be constants, else [`ImportError::NonConstantInput`].
+//! a silently different graph. Inputs that the IR needs at import (a Slice's starts when steps
+//! come without axes, Reduce axes with `noop_with_empty_axes`) must be constants, else
+//! [`ImportError::NonConstantInput`]; Unsqueeze, Squeeze and Reduce axes that are not constants
+//! are read at run time.
 //!
 //! Output dtypes are computed per the ONNX rules (and checked against any declared type);
 //! output shapes are taken from the model's `value_info` and graph outputs where present,
 //! otherwise left unknown for shape inference (a pass) to fill in. Dimensions become symbols:
 //! `dim_param`s sanitized into identifiers, missing dims fresh `unk<N>` symbols.
 //!
-//! Constants: initializers and `Constant` values of FLOAT, UINT8, INT8, INT32, INT64, BOOL and
-//! BFLOAT16 keep their bytes; FLOAT16 and DOUBLE constants are converted to f32. Node names are
+//! Constants: initializers and `Constant` values of FLOAT, UINT8, INT8, INT32, INT64 and BOOL keep
+//! their bytes; FLOAT16, BFLOAT16 and DOUBLE constants are converted to f32.
+//!
+//! # Half precision and double
+//!
+//! encore computes every float in f32. FLOAT16, BFLOAT16 and DOUBLE tensors are widened to f32
+//! at import (DOUBLE narrowed): weights exactly (a double beyond f32's range becomes ±inf),
+//! graph inputs of those types become f32 inputs (feed f32), values and graph outputs declared
+//! with them are f32 (outputs are not cast back: the caller gets f32, which holds every f16 and
+//! bf16 value exactly), and a `Cast` to FLOAT16 or BFLOAT16 rounds each value to that type's
+//! precision (and range: ±inf beyond float16's) but keeps it in f32; a `Cast` to DOUBLE is a
+//! `Cast` to f32. A half-precision model therefore computes what its FP32 twin computes on the
+//! same (rounded) weights, usually closer to the FP32 original than onnxruntime's f16 kernels. Node names are
 //! the ONNX names (the initializer's name for initializers), made unique with a `~N` suffix when
 //! they collide, so that [`ir::text::ConstantSource`] can find constants by name.
 //!
@@ -87,7 +109,7 @@ pub enum ImportError {
     Decode { source: prost::DecodeError },
     #[error("the model has no graph")]
     MissingGraph,
-    #[error("opset {version} of domain `{domain}` is not supported (the default domain needs opset 11 to 21)")]
+    #[error("opset {version} of domain `{domain}` is not supported (the default domain needs opset 11 to 26)")]
     UnsupportedOpset { domain: String, version: i64 },
     #[error("opset_import lists domain `{domain}` twice, at opsets {first} and {second}")]
     ConflictingOpsets {

@@ -1,7 +1,7 @@
-//! The mapping of each ONNX op (default domain, opsets 11 to 21) onto IR ops, with the ONNX rule
+//! The mapping of each ONNX op (default domain, opsets 11 to 26) onto IR ops, with the ONNX rule
 //! for each output dtype.
 
-use ir::{BinaryOp, DType, GeluApprox, Op, Outlet, ReduceOp, Tensor, UnaryOp};
+use ir::{BinaryOp, DType, GeluApprox, Op, Outlet, PadMode, ReduceOp, Tensor, UnaryOp};
 
 use crate::import::{node_label, Importer};
 use crate::proto::{AttributeProto, AttributeType, NodeProto, TensorProto};
@@ -289,7 +289,7 @@ impl<'m> Importer<'m> {
         let opset = self.opset;
         match x.op_type() {
             "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater" | "And" | "Or"
-            | "LessOrEqual" | "GreaterOrEqual" => {
+            | "Xor" | "LessOrEqual" | "GreaterOrEqual" => {
                 x.arity(2, 2)?;
                 let (a, b) = (x.input(0)?, x.input(1)?);
                 let op = match x.op_type() {
@@ -298,8 +298,8 @@ impl<'m> Importer<'m> {
                     t => BinaryOp::from_name(&t.to_lowercase()).expect("listed above"),
                 };
                 let out = match op {
-                    BinaryOp::Pow => self.dtype(a),
-                    BinaryOp::And | BinaryOp::Or => {
+                    BinaryOp::Pow => return self.import_pow(&x, a, b),
+                    BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {
                         self.require_dtype(&x, 0, &[DType::Bool])?;
                         self.require_dtype(&x, 1, &[DType::Bool])?;
                         DType::Bool
@@ -315,6 +315,24 @@ impl<'m> Importer<'m> {
                     _ => self.same_dtypes(&x, &[a, b])?,
                 };
                 self.emit(n, Op::Binary(op), &[a, b], &[out])?;
+            }
+            "Mod" => {
+                x.arity(2, 2)?;
+                let (a, b) = (x.input(0)?, x.input(1)?);
+                let d = self.same_dtypes(&x, &[a, b])?;
+                let op = if x.flag("fmod")? {
+                    BinaryOp::Fmod
+                } else if d.is_float() {
+                    return Err(x.bad_attr("fmod", "must be 1 for floating-point inputs"));
+                } else {
+                    BinaryOp::Mod
+                };
+                self.require_dtype(
+                    &x,
+                    0,
+                    &[DType::F32, DType::I64, DType::I32, DType::I8, DType::U8],
+                )?;
+                self.emit(n, Op::Binary(op), &[a, b], &[d])?;
             }
             "Max" | "Min" | "Sum" => {
                 x.arity(1, usize::MAX)?;
@@ -344,16 +362,38 @@ impl<'m> Importer<'m> {
                 }
             }
             "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Erf" | "Tanh" | "Sigmoid"
-            | "Relu" | "Not" => {
+            | "Relu" | "Not" | "Sin" | "Cos" | "Round" => {
                 x.arity(1, 1)?;
                 let a = x.input(0)?;
                 let op = UnaryOp::from_name(&x.op_type().to_lowercase()).expect("listed above");
-                let d = if op == UnaryOp::Not {
-                    self.require_dtype(&x, 0, &[DType::Bool])?
-                } else {
-                    self.dtype(a)
+                let d = match op {
+                    UnaryOp::Not => self.require_dtype(&x, 0, &[DType::Bool])?,
+                    UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Round => {
+                        self.require_dtype(&x, 0, &[DType::F32])?
+                    }
+                    _ => self.dtype(a),
                 };
                 self.emit(n, Op::Unary(op), &[a], &[d])?;
+            }
+            "IsNaN" | "IsInf" => {
+                x.arity(1, 1)?;
+                let a = x.input(0)?;
+                self.require_dtype(&x, 0, &[DType::F32])?;
+                let op = if x.op_type() == "IsNaN" {
+                    UnaryOp::IsNan
+                } else {
+                    let neg = x.int("detect_negative", 1)? != 0;
+                    let pos = x.int("detect_positive", 1)? != 0;
+                    match (neg, pos) {
+                        (true, true) => UnaryOp::IsInf,
+                        (false, true) => UnaryOp::IsPosInf,
+                        (true, false) => UnaryOp::IsNegInf,
+                        (false, false) => {
+                            return Err(x.bad("detects neither infinity (both detect_* are 0)"))
+                        }
+                    }
+                };
+                self.emit(n, Op::Unary(op), &[a], &[DType::Bool])?;
             }
             "Gelu" if opset >= 20 => {
                 x.arity(1, 1)?;
@@ -416,15 +456,67 @@ impl<'m> Importer<'m> {
                 }
                 self.emit(n, Op::Clip, &ins, &[d])?;
             }
-            "Cast" => {
-                x.arity(1, 1)?;
-                let to = x
-                    .opt_int("to")?
-                    .ok_or_else(|| x.bad_attr("to", "missing"))?;
-                let to = tensor::value_dtype(i32::try_from(to).unwrap_or(-1), || {
+            "Cast" | "CastLike" => {
+                let code = if x.op_type() == "Cast" {
+                    x.arity(1, 1)?;
+                    let to = x
+                        .opt_int("to")?
+                        .ok_or_else(|| x.bad_attr("to", "missing"))?;
+                    i32::try_from(to).unwrap_or(-1)
+                } else {
+                    // The target is the second input's type: its ONNX type where the model
+                    // states it (a narrow float the IR holds as f32), else the IR's.
+                    x.arity(2, 2)?;
+                    let like = x.input(1)?;
+                    let name = x.input_name(1);
+                    self.onnx_type(&name)
+                        .unwrap_or_else(|| tensor::onnx_code(self.dtype(like)))
+                };
+                if let Some(out) = n.output.first() {
+                    self.onnx_types.insert(out.as_str(), code);
+                }
+                let to = tensor::value_dtype(code, || {
                     format!("node `{}` (Cast), target type", x.label)
                 })?;
-                self.emit(n, Op::Cast { to }, &[x.input(0)?], &[to])?;
+                // The narrow floats are f32 here; a cast to one rounds to its precision.
+                let round = match crate::proto::DataType::try_from(code) {
+                    Ok(crate::proto::DataType::Float16) => Some(UnaryOp::RoundToF16),
+                    Ok(crate::proto::DataType::Bfloat16) => Some(UnaryOp::RoundToBf16),
+                    _ => None,
+                };
+                match round {
+                    None => {
+                        self.emit(n, Op::Cast { to }, &[x.input(0)?], &[to])?;
+                    }
+                    Some(r) => {
+                        let a = x.input(0)?;
+                        let f = match self.dtype(a) {
+                            DType::F32 => a,
+                            _ => self.emit_aux(n, "to_f32", Op::Cast { to }, &[a], to)?,
+                        };
+                        self.emit(n, Op::Unary(r), &[f], &[to])?;
+                    }
+                }
+            }
+            "Size" => {
+                // The product of the dims: Shape, then a product over its one axis.
+                x.arity(1, 1)?;
+                let shape = self.emit_aux(
+                    n,
+                    "shape",
+                    Op::Shape {
+                        start: 0,
+                        end: None,
+                    },
+                    &[x.input(0)?],
+                    DType::I64,
+                )?;
+                let op = Op::Reduce {
+                    op: ReduceOp::Prod,
+                    axes: vec![0],
+                    keepdims: false,
+                };
+                self.emit(n, op, &[shape], &[DType::I64])?;
             }
             "Shape" => {
                 x.arity(1, 1)?;
@@ -461,6 +553,7 @@ impl<'m> Importer<'m> {
             }
             "Unsqueeze" | "Squeeze" => {
                 let a;
+                let mut dynamic_axes = None;
                 let axes = if opset < 13 {
                     x.arity(1, 1)?;
                     a = x.input(0)?;
@@ -471,9 +564,13 @@ impl<'m> Importer<'m> {
                     a = x.input(0)?;
                     match x.opt(1) {
                         None => None,
-                        Some(_) => {
-                            Some(self.const_ints(&x, 1, "encore needs the axes when importing")?)
+                        Some(o) if self.graph.const_value(o).is_none() => {
+                            // Known only at run time: a second input of the IR op.
+                            self.require_dtype(&x, 1, &[DType::I64])?;
+                            dynamic_axes = Some(o);
+                            Some(vec![])
                         }
+                        Some(_) => Some(self.const_ints(&x, 1, "the axes must be constant")?),
                     }
                 };
                 let d = self.dtype(a);
@@ -486,7 +583,8 @@ impl<'m> Importer<'m> {
                         axes: axes.unwrap_or_default(),
                     }
                 };
-                self.emit(n, op, &[a], &[d])?;
+                let ins: Vec<Outlet> = std::iter::once(a).chain(dynamic_axes).collect();
+                self.emit(n, op, &ins, &[d])?;
             }
             "Concat" => {
                 x.arity(1, usize::MAX)?;
@@ -564,6 +662,87 @@ impl<'m> Importer<'m> {
                 };
                 let d = self.dtype(a);
                 self.emit(n, op, &[a, idx], &[d])?;
+            }
+            "Trilu" => {
+                x.arity(1, 2)?;
+                let a = x.input(0)?;
+                let mut ins = vec![a];
+                if let Some(k) = x.opt(1) {
+                    self.require_dtype(&x, 1, &[DType::I64])?;
+                    ins.push(k);
+                }
+                let d = self.dtype(a);
+                self.emit(
+                    n,
+                    Op::Trilu {
+                        upper: x.int("upper", 1)? != 0,
+                    },
+                    &ins,
+                    &[d],
+                )?;
+            }
+            "GatherND" => {
+                x.arity(2, 2)?;
+                let (a, idx) = (x.input(0)?, x.input(1)?);
+                self.require_dtype(&x, 1, &[DType::I64])?;
+                // batch_dims came at opset 12; at 11 there is none.
+                let batch_dims = if opset >= 12 {
+                    x.int("batch_dims", 0)?
+                } else {
+                    x.no_attr("batch_dims", "not defined")?;
+                    0
+                };
+                if batch_dims < 0 {
+                    return Err(x.bad_attr("batch_dims", format!("is {batch_dims}, must be >= 0")));
+                }
+                let d = self.dtype(a);
+                self.emit(n, Op::GatherNd { batch_dims }, &[a, idx], &[d])?;
+            }
+            "Pad" => {
+                x.no_attr("pads", "an input")?;
+                x.no_attr("value", "an input")?;
+                x.arity(2, if opset >= 18 { 4 } else { 3 })?;
+                let a = x.input(0)?;
+                let d = self.dtype(a);
+                self.require_dtype(&x, 1, &[DType::I64])?;
+                let mode = match x.string("mode")?.as_deref() {
+                    None | Some("constant") => PadMode::Constant,
+                    Some("reflect") => PadMode::Reflect,
+                    Some("edge") => PadMode::Edge,
+                    Some("wrap") if opset >= 19 => PadMode::Wrap,
+                    Some(other) => {
+                        return Err(x.bad_attr(
+                            "mode",
+                            format!("`{other}` is not a mode of Pad at opset {opset}"),
+                        ))
+                    }
+                };
+                let mut ins = vec![a, x.input(1)?];
+                if x.opt(2).is_some() {
+                    self.require_dtype(&x, 2, &[d])?;
+                }
+                match (x.opt(2), x.opt(3)) {
+                    (Some(v), axes) => {
+                        ins.push(v);
+                        ins.extend(axes);
+                    }
+                    (None, Some(axes)) => {
+                        self.require_dtype(&x, 3, &[DType::I32, DType::I64])?;
+                        // The IR has no gaps in its inputs: an absent value is 0.
+                        let zero = match d {
+                            DType::F32 | DType::BF16 => Tensor::scalar(0f32),
+                            DType::I64 => Tensor::scalar(0i64),
+                            DType::I32 => Tensor::scalar(0i32),
+                            DType::I8 => Tensor::scalar(0i8),
+                            DType::U8 => Tensor::scalar(0u8),
+                            DType::Bool => Tensor::scalar(false),
+                        };
+                        ins.push(self.aux_const(&x, "value", zero));
+                        ins.push(axes);
+                    }
+                    (None, None) => {}
+                }
+                self.emit(n, Op::Pad { mode }, &ins, &[d])?;
             }
             "Slice" => {
                 x.arity(3, 5)?;
@@ -659,24 +838,41 @@ impl<'m> Importer<'m> {
                     &[d],
                 )?;
             }
-            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" => {
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" => {
                 let op = match x.op_type() {
                     "ReduceMean" => ReduceOp::Mean,
                     "ReduceSum" => ReduceOp::Sum,
                     "ReduceMax" => ReduceOp::Max,
+                    "ReduceProd" => ReduceOp::Prod,
                     _ => ReduceOp::Min,
                 };
                 // ReduceSum took its axes as an input from opset 13, the others from opset 18.
                 let axes_as_input = opset >= if op == ReduceOp::Sum { 13 } else { 18 };
                 let a;
+                // Axes only known at run time: a second input of the IR op.
+                let mut dynamic_axes = None;
                 let axes = if axes_as_input {
                     x.no_attr("axes", "an input")?;
                     x.arity(1, 2)?;
                     a = x.input(0)?;
                     match x.opt(1) {
                         None => vec![],
-                        Some(_) => {
-                            self.const_ints(&x, 1, "encore needs the reduced axes when importing")?
+                        Some(o) if self.graph.const_value(o).is_some() => {
+                            self.const_ints(&x, 1, "the axes must be constant")?
+                        }
+                        Some(o) => {
+                            self.require_dtype(&x, 1, &[DType::I64])?;
+                            if x.flag("noop_with_empty_axes")? {
+                                return Err(ImportError::NonConstantInput {
+                                    node: x.label.clone(),
+                                    input: x.input_name(1),
+                                    why: "with noop_with_empty_axes=1 encore needs the axes \
+                                          when importing"
+                                        .into(),
+                                });
+                            }
+                            dynamic_axes = Some(o);
+                            vec![]
                         }
                     }
                 } else {
@@ -685,11 +881,16 @@ impl<'m> Importer<'m> {
                     x.ints("axes")?.unwrap_or_default()
                 };
                 let d = self.dtype(a);
-                if axes.is_empty() && axes_as_input && x.flag("noop_with_empty_axes")? {
+                if axes.is_empty()
+                    && dynamic_axes.is_none()
+                    && axes_as_input
+                    && x.flag("noop_with_empty_axes")?
+                {
                     self.alias(&x, a)?;
                 } else {
                     let keepdims = x.int("keepdims", 1)? != 0;
-                    self.emit(n, Op::Reduce { op, axes, keepdims }, &[a], &[d])?;
+                    let ins: Vec<Outlet> = std::iter::once(a).chain(dynamic_axes).collect();
+                    self.emit(n, Op::Reduce { op, axes, keepdims }, &ins, &[d])?;
                 }
             }
             "MatMul" => {
@@ -712,19 +913,16 @@ impl<'m> Importer<'m> {
                 };
                 self.emit(n, op, &ins, &[d])?;
             }
-            "Softmax" => {
+            "Softmax" | "LogSoftmax" => {
                 x.arity(1, 1)?;
                 let a = x.input(0)?;
                 let d = self.dtype(a);
+                let log = x.op_type() == "LogSoftmax";
+                if log {
+                    self.require_dtype(&x, 0, &[DType::F32])?;
+                }
                 if opset >= 13 {
-                    self.emit(
-                        n,
-                        Op::Softmax {
-                            axis: x.int("axis", -1)?,
-                        },
-                        &[a],
-                        &[d],
-                    )?;
+                    self.softmax(&x, log, a, x.int("axis", -1)?, true)?;
                 } else {
                     // Before opset 13 Softmax flattens the input to 2-D at `axis` and normalises
                     // each row, which equals a softmax over one axis only when `axis` is the last.
@@ -732,7 +930,7 @@ impl<'m> Importer<'m> {
                     let rank = self.graph.outlet_type(a).rank();
                     let last = axis == -1 || rank.is_some_and(|r| r > 0 && axis == r as i64 - 1);
                     if last {
-                        self.emit(n, Op::Softmax { axis: -1 }, &[a], &[d])?;
+                        self.softmax(&x, log, a, -1, true)?;
                     } else {
                         let shape = self.emit_aux(
                             n,
@@ -745,8 +943,7 @@ impl<'m> Importer<'m> {
                             DType::I64,
                         )?;
                         let flat = self.emit_aux(n, "flatten", Op::Flatten { axis }, &[a], d)?;
-                        let sm =
-                            self.emit_aux(n, "softmax", Op::Softmax { axis: 1 }, &[flat], d)?;
+                        let sm = self.softmax(&x, log, flat, 1, false)?;
                         self.emit(n, Op::Reshape { allowzero: true }, &[sm, shape], &[d])?;
                     }
                 }
@@ -757,11 +954,20 @@ impl<'m> Importer<'m> {
                     .map(|i| x.input(i))
                     .collect::<Result<_, _>>()?;
                 let d = self.dtype(ins[0]);
-                let op = Op::LayerNorm {
-                    axis: x.int("axis", -1)?,
-                    epsilon: x.float("epsilon", 1e-5)?,
-                };
-                self.emit(n, op, &ins, &[d])?;
+                let (axis, epsilon) = (x.int("axis", -1)?, x.float("epsilon", 1e-5)?);
+                // stash_type is the precision of the statistics: f32 (1) is what encore computes.
+                if let Some(t) = x.opt_int("stash_type")? {
+                    if t != crate::proto::DataType::Float as i64 {
+                        return Err(x.bad_attr(
+                            "stash_type",
+                            format!("is {t}; encore computes the statistics in FLOAT (1)"),
+                        ));
+                    }
+                }
+                if n.output.iter().skip(1).any(|o| self.is_used(o)) {
+                    self.layer_norm_stats(&x, ins[0], axis, epsilon)?;
+                }
+                self.emit(n, Op::LayerNorm { axis, epsilon }, &ins, &[d])?;
             }
             "QuantizeLinear" => {
                 x.arity(2, 3)?;
@@ -785,6 +991,19 @@ impl<'m> Importer<'m> {
                     to = Some(d);
                 }
                 let to = to.unwrap_or(DType::U8);
+                // Opset 23: the precision of the division (0: that of the scale). encore divides
+                // in f32; a narrower precision would round differently.
+                if let Some(p) = x.opt_int("precision")? {
+                    if p != 0 && p != crate::proto::DataType::Float as i64 {
+                        return Err(x.bad_attr(
+                            "precision",
+                            format!(
+                                "{} (opset {opset}): encore quantizes in FLOAT precision only",
+                                tensor::onnx_dtype_name(i32::try_from(p).unwrap_or(-1))
+                            ),
+                        ));
+                    }
+                }
                 if !matches!(to, DType::U8 | DType::I8) {
                     return Err(x.bad(format!(
                         "quantizing to {to} is not supported, only to u8 and i8"
@@ -810,6 +1029,18 @@ impl<'m> Importer<'m> {
                     .map(|i| x.input(i))
                     .collect::<Result<_, _>>()?;
                 let d = self.dtype(ins[1]);
+                // Opset 23: the output type, which must be the scale's (floats are all f32 here).
+                if let Some(o) = x.opt_int("output_dtype").map(|o| o.filter(|&o| o != 0))? {
+                    let od = tensor::value_dtype(i32::try_from(o).unwrap_or(-1), || {
+                        format!("node `{}` (DequantizeLinear), output_dtype", x.label)
+                    })?;
+                    if od != d {
+                        return Err(x.bad_attr(
+                            "output_dtype",
+                            format!("is {od}, the scale is {d} (opset {opset})"),
+                        ));
+                    }
+                }
                 self.emit(
                     n,
                     Op::DequantizeLinear {
@@ -859,8 +1090,21 @@ impl<'m> Importer<'m> {
                 self.alias(&x, x.input(0)?)?;
             }
             "Dropout" => {
-                // At inference Dropout passes its input through, whatever the ratio.
+                // At inference Dropout passes its input through, whatever the ratio. In training
+                // mode (opset 12's third input, true) it drops at random, which encore does not.
                 x.arity(1, 3)?;
+                if x.opt(2).is_some() {
+                    let training = self.const_ints(
+                        &x,
+                        2,
+                        "encore runs Dropout at inference only, so training_mode must be a known false",
+                    )?;
+                    if training.iter().any(|&t| t != 0) {
+                        return Err(x.bad(
+                            "training_mode is true: random dropout is not supported (inference only)",
+                        ));
+                    }
+                }
                 self.alias(&x, x.input(0)?)?;
             }
             "Constant" => {
@@ -873,6 +1117,111 @@ impl<'m> Importer<'m> {
                 }
             }
             _ => return Err(unsupported(self)),
+        }
+        Ok(())
+    }
+
+    /// Softmax over `axis`, or with `log` LogSoftmax as `(x - max) - log(sum(exp(x - max)))`
+    /// over that axis. With `last` it is the node's own output, else a helper whose outlet is
+    /// returned.
+    fn softmax(
+        &mut self,
+        x: &NodeCtx<'m>,
+        log: bool,
+        a: Outlet,
+        axis: i64,
+        last: bool,
+    ) -> Result<Outlet, ImportError> {
+        let n = x.n;
+        let d = self.dtype(a);
+        let (op, ins) = if log {
+            let reduce = |op| Op::Reduce {
+                op,
+                axes: vec![axis],
+                keepdims: true,
+            };
+            let m = self.emit_aux(n, "max", reduce(ReduceOp::Max), &[a], d)?;
+            let shifted = self.emit_aux(n, "shifted", Op::Binary(BinaryOp::Sub), &[a, m], d)?;
+            let e = self.emit_aux(n, "exp", Op::Unary(UnaryOp::Exp), &[shifted], d)?;
+            let s = self.emit_aux(n, "sum", reduce(ReduceOp::Sum), &[e], d)?;
+            let l = self.emit_aux(n, "log_sum", Op::Unary(UnaryOp::Log), &[s], d)?;
+            (Op::Binary(BinaryOp::Sub), vec![shifted, l])
+        } else {
+            (Op::Softmax { axis }, vec![a])
+        };
+        if last {
+            Ok(self.emit(n, op, &ins, &[d])?.into())
+        } else {
+            self.emit_aux(n, if log { "log_softmax" } else { "softmax" }, op, &ins, d)
+        }
+    }
+
+    /// LayerNormalization's outputs 1 and 2 when used: `Mean` and `InvStdDev` (`1 / sqrt(var +
+    /// epsilon)`, the population variance) over the axes from `axis` on, kept as size-1 dims,
+    /// computed by reductions beside the fused LayerNorm op, which yields output 0.
+    fn layer_norm_stats(
+        &mut self,
+        x: &NodeCtx<'m>,
+        a: Outlet,
+        axis: i64,
+        epsilon: f32,
+    ) -> Result<(), ImportError> {
+        let axes: Vec<i64> = if axis < 0 {
+            (axis..0).collect()
+        } else {
+            let rank = self.graph.outlet_type(a).rank().ok_or_else(|| {
+                x.bad(format!(
+                    "its Mean or InvStdDev output is used with axis {axis}, and the rank of the \
+                     input is not declared"
+                ))
+            })?;
+            (axis..rank as i64).collect()
+        };
+        let d = self.require_dtype(x, 0, &[DType::F32])?;
+        let n = x.n;
+        let mean_op = |axes: &[i64]| Op::Reduce {
+            op: ReduceOp::Mean,
+            axes: axes.to_vec(),
+            keepdims: true,
+        };
+        let mean = self.emit_aux(n, "mean", mean_op(&axes), &[a], d)?;
+        let diff = self.emit_aux(n, "diff", Op::Binary(BinaryOp::Sub), &[a, mean], d)?;
+        let sq = self.emit_aux(n, "sq", Op::Binary(BinaryOp::Mul), &[diff, diff], d)?;
+        let var = self.emit_aux(n, "var", mean_op(&axes), &[sq], d)?;
+        let eps = self.aux_const(x, "epsilon", Tensor::scalar(epsilon));
+        let ve = self.emit_aux(n, "var_eps", Op::Binary(BinaryOp::Add), &[var, eps], d)?;
+        let sd = self.emit_aux(n, "std", Op::Unary(UnaryOp::Sqrt), &[ve], d)?;
+        let inv = self.emit_aux(n, "inv_std", Op::Unary(UnaryOp::Reciprocal), &[sd], d)?;
+        for (slot, o) in [(1, mean), (2, inv)] {
+            if let Some(name) = n.output.get(slot).filter(|s| self.is_used(s)) {
+                let declared = self.output_type(name, d)?;
+                if declared.shape.is_some() {
+                    self.graph.node_mut(o.node).outputs[o.slot] = declared;
+                }
+                self.values.insert(name.as_str(), o);
+            }
+        }
+        Ok(())
+    }
+
+    /// `Pow(a, b)`: the result has `a`'s dtype, and ONNX (from opset 12) lets `b` be of another
+    /// numeric dtype. A float base takes `b` cast to it; an integer base with a float exponent is
+    /// computed in f32 and truncated back (as onnxruntime computes `pow` in double and casts);
+    /// two integer dtypes meet in the base's.
+    fn import_pow(&mut self, x: &NodeCtx<'m>, a: Outlet, b: Outlet) -> Result<(), ImportError> {
+        let numeric = [DType::F32, DType::I64, DType::I32, DType::I8, DType::U8];
+        let da = self.require_dtype(x, 0, &numeric)?;
+        let db = self.require_dtype(x, 1, &numeric)?;
+        let pow = Op::Binary(BinaryOp::Pow);
+        if da == db {
+            self.emit(x.n, pow, &[a, b], &[da])?;
+        } else if da.is_float() || db.is_integer() {
+            let b = self.emit_aux(x.n, "exponent", Op::Cast { to: da }, &[b], da)?;
+            self.emit(x.n, pow, &[a, b], &[da])?;
+        } else {
+            let af = self.emit_aux(x.n, "base", Op::Cast { to: db }, &[a], db)?;
+            let p = self.emit_aux(x.n, "pow", pow, &[af, b], db)?;
+            self.emit(x.n, Op::Cast { to: da }, &[p], &[da])?;
         }
         Ok(())
     }

@@ -14,6 +14,7 @@ use crate::ImportError;
 ///
 /// ```
 /// assert_eq!(frontend_onnx::onnx_dtype_name(10), "FLOAT16");
+/// assert_eq!(frontend_onnx::onnx_dtype_name(17), "FLOAT8E4M3FN");
 /// assert_eq!(frontend_onnx::onnx_dtype_name(99), "UNKNOWN");
 /// ```
 pub fn onnx_dtype_name(data_type: i32) -> &'static str {
@@ -35,12 +36,43 @@ pub fn onnx_dtype_name(data_type: i32) -> &'static str {
         Ok(DataType::Complex64) => "COMPLEX64",
         Ok(DataType::Complex128) => "COMPLEX128",
         Ok(DataType::Bfloat16) => "BFLOAT16",
-        Err(_) => "UNKNOWN",
+        // Types of onnx.proto newer than the messages here (IR version 9 and later).
+        Err(_) => match data_type {
+            17 => "FLOAT8E4M3FN",
+            18 => "FLOAT8E4M3FNUZ",
+            19 => "FLOAT8E5M2",
+            20 => "FLOAT8E5M2FNUZ",
+            21 => "UINT4",
+            22 => "INT4",
+            23 => "FLOAT4E2M1",
+            24 => "FLOAT8E8M0",
+            25 => "UINT2",
+            26 => "INT2",
+            _ => "UNKNOWN",
+        },
     }
 }
 
-/// The IR dtype of a value (graph input, op output) of ONNX type `data_type`. FLOAT16 and DOUBLE
-/// values are not supported: only constants of those types are converted (to f32) on import.
+/// The ONNX `TensorProto.DataType` code of an IR dtype.
+pub(crate) fn onnx_code(d: DType) -> i32 {
+    (match d {
+        DType::F32 => DataType::Float,
+        DType::BF16 => DataType::Bfloat16,
+        DType::I8 => DataType::Int8,
+        DType::U8 => DataType::Uint8,
+        DType::I32 => DataType::Int32,
+        DType::I64 => DataType::Int64,
+        DType::Bool => DataType::Bool,
+    }) as i32
+}
+
+/// The IR dtype of a value (graph input, op output, `Cast` target) of ONNX type `data_type`.
+///
+/// FLOAT16, BFLOAT16 and DOUBLE are widened (or, for DOUBLE, narrowed) to f32: encore computes
+/// every float in f32, so a half-precision model runs at f32 precision on its exactly widened
+/// weights, its float16 graph inputs are fed as f32, and its outputs come out as f32 whatever
+/// their declared type. A `Cast` to FLOAT16 or BFLOAT16 is imported as a rounding to that
+/// precision in f32 (see `ops.rs`).
 pub(crate) fn value_dtype(
     data_type: i32,
     what: impl FnOnce() -> String,
@@ -52,7 +84,7 @@ pub(crate) fn value_dtype(
         Ok(DataType::Int32) => DType::I32,
         Ok(DataType::Int64) => DType::I64,
         Ok(DataType::Bool) => DType::Bool,
-        Ok(DataType::Bfloat16) => DType::BF16,
+        Ok(DataType::Float16 | DataType::Bfloat16 | DataType::Double) => DType::F32,
         _ => {
             return Err(ImportError::UnsupportedDType {
                 what: what(),
@@ -158,8 +190,8 @@ impl ExternalData {
 }
 
 /// Converts a `TensorProto` (an initializer, or a `Constant`'s value) into a tensor. `raw_data`
-/// and external data of a dtype the IR has are shared, not copied; FLOAT16 and DOUBLE become
-/// f32.
+/// and external data of a dtype the IR has are shared, not copied; FLOAT16, BFLOAT16 and DOUBLE
+/// are converted to f32 (exactly, except DOUBLE values that f32 cannot hold, which round).
 pub(crate) fn tensor_from_proto(
     t: &TensorProto,
     ext: &mut ExternalData,
@@ -180,7 +212,7 @@ pub(crate) fn tensor_from_proto(
     }
     let dt = DataType::try_from(t.data_type).ok();
     let (dtype, stored_width) = match dt {
-        Some(DataType::Float16) => (DType::F32, 2),
+        Some(DataType::Float16 | DataType::Bfloat16) => (DType::F32, 2),
         Some(DataType::Double) => (DType::F32, 8),
         _ => {
             let d = value_dtype(t.data_type, || format!("tensor `{}`", t.name))?;
@@ -210,6 +242,10 @@ pub(crate) fn tensor_from_proto(
             Some(DataType::Float16) => Bytes::from(f32_bytes(
                 raw.chunks_exact(2)
                     .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+            )),
+            Some(DataType::Bfloat16) => Bytes::from(f32_bytes(
+                raw.chunks_exact(2)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
             )),
             Some(DataType::Double) => Bytes::from(f32_bytes(raw.chunks_exact(8).map(|c| {
                 f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32
@@ -250,10 +286,11 @@ pub(crate) fn tensor_from_proto(
         }
         Some(DataType::Bfloat16) => {
             check(t.int32_data.len())?;
-            t.int32_data
-                .iter()
-                .flat_map(|&v| (v as u16).to_le_bytes())
-                .collect()
+            f32_bytes(
+                t.int32_data
+                    .iter()
+                    .map(|&v| half::bf16::from_bits(v as u16).to_f32()),
+            )
         }
         Some(DataType::Float16) => {
             check(t.int32_data.len())?;

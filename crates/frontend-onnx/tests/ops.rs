@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use frontend_onnx::proto::{DataType, TensorProto};
+use frontend_onnx::proto::{AttributeProto, DataType, TensorProto};
 use ir::{text, BinaryOp, DType, Dim, Op, ReduceOp, Tensor};
 
 fn first_op<'g>(g: &'g ir::Graph, name: &str) -> &'g Op {
@@ -479,6 +479,64 @@ fn quantize_linear_output_type_comes_from_the_zero_point() {
     );
 }
 
+/// Opset 23's two new quantization attributes: accepted where they mean what encore computes,
+/// refused with the attribute and opset named otherwise.
+#[test]
+fn quantize_precision_and_dequantize_output_dtype_at_opset_23() {
+    let build = |q_attr: Option<AttributeProto>, dq_attr: Option<AttributeProto>| {
+        let mut q = node("QuantizeLinear", "q", &["x", "scale"], &["q"]);
+        if let Some(a) = q_attr {
+            q = with_attr(q, a);
+        }
+        let mut dq = node("DequantizeLinear", "dq", &["q", "scale"], &["y"]);
+        if let Some(a) = dq_attr {
+            dq = with_attr(dq, a);
+        }
+        xy(23)
+            .init(f32_tensor("scale", &[], &[0.1]))
+            .node(q)
+            .node(dq)
+            .import()
+    };
+    build(None, None).unwrap();
+    build(
+        Some(attr_int("precision", 0)),
+        Some(attr_int("output_dtype", 0)),
+    )
+    .unwrap();
+    build(
+        Some(attr_int("precision", DataType::Float as i64)),
+        Some(attr_int("output_dtype", DataType::Float as i64)),
+    )
+    .unwrap();
+    let e = build(Some(attr_int("precision", DataType::Float16 as i64)), None).unwrap_err();
+    assert!(
+        matches!(&e, frontend_onnx::ImportError::BadAttribute { attr, node, .. } if attr == "precision" && node == "q"),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("opset 23"), "{e}");
+    let e = build(None, Some(attr_int("output_dtype", DataType::Int64 as i64))).unwrap_err();
+    assert!(
+        matches!(&e, frontend_onnx::ImportError::BadAttribute { attr, node, .. } if attr == "output_dtype" && node == "dq"),
+        "{e:?}"
+    );
+}
+
+/// The ops new in opset 23 are refused by name, with the opset.
+#[test]
+fn opset_23_new_ops_are_refused_by_name() {
+    for op in ["Attention", "RMSNormalization", "RotaryEmbedding"] {
+        let e = xy(23)
+            .node(node(op, "n", &["x", "x", "x"], &["y"]))
+            .import()
+            .unwrap_err();
+        assert!(
+            matches!(&e, frontend_onnx::ImportError::UnsupportedOp { op_type, opset: 23, .. } if op_type == op),
+            "{e:?}"
+        );
+    }
+}
+
 #[test]
 fn constant_attribute_forms() {
     let g = Model::new(17)
@@ -536,7 +594,8 @@ fn initializer_data_types_and_encodings() {
     );
     let bf: Vec<u8> = half::bf16::from_f32(3.0).to_le_bytes().to_vec();
     let g = init_model(raw_tensor("b", DataType::Bfloat16, &[1], bf));
-    assert_eq!(const_of(&g, "b").dtype(), DType::BF16);
+    // BFLOAT16 is widened to f32 like FLOAT16 (encore computes floats in f32).
+    assert_eq!(const_of(&g, "b").dtype(), DType::F32);
     assert_eq!(const_of(&g, "b").to_f32_vec().unwrap(), [3.0]);
 
     // Typed fields.

@@ -27,6 +27,12 @@ pub enum BinaryOp {
     GreaterOrEqual,
     And,
     Or,
+    /// Exclusive or of bools (ONNX `Xor`).
+    Xor,
+    /// Integer remainder with the divisor's sign, as Python's `%` (ONNX `Mod`, `fmod=0`).
+    Mod,
+    /// Remainder with the dividend's sign, as C's `fmod` (ONNX `Mod`, `fmod=1`; floats need it).
+    Fmod,
 }
 
 /// Elementwise unary operations.
@@ -43,6 +49,50 @@ pub enum UnaryOp {
     Sigmoid,
     Relu,
     Not,
+    /// Sine (ONNX `Sin`), floats only.
+    Sin,
+    /// Cosine (ONNX `Cos`), floats only.
+    Cos,
+    /// Round half to even (ONNX `Round`), floats only.
+    Round,
+    /// Each f32 rounded to the nearest float16 value (±inf beyond its range), kept as f32: what a
+    /// `Cast` to FLOAT16 computes in a model encore widens to f32.
+    RoundToF16,
+    /// Each f32 rounded to the nearest bfloat16 value, kept as f32 (a `Cast` to BFLOAT16).
+    RoundToBf16,
+    /// `x` is NaN → bool (ONNX `IsNaN`).
+    IsNan,
+    /// `x` is ±inf → bool (ONNX `IsInf`).
+    IsInf,
+    /// `x` is +inf → bool (`IsInf` with `detect_negative=0`).
+    IsPosInf,
+    /// `x` is -inf → bool (`IsInf` with `detect_positive=0`).
+    IsNegInf,
+}
+
+impl UnaryOp {
+    /// Whether the op maps each element to a bool.
+    pub fn is_predicate(self) -> bool {
+        matches!(
+            self,
+            UnaryOp::Not | UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsPosInf | UnaryOp::IsNegInf
+        )
+    }
+
+    /// The output dtype for an input of dtype `input`.
+    ///
+    /// ```
+    /// use ir::{DType, UnaryOp};
+    /// assert_eq!(UnaryOp::IsNan.output_dtype(DType::F32), DType::Bool);
+    /// assert_eq!(UnaryOp::Exp.output_dtype(DType::F32), DType::F32);
+    /// ```
+    pub fn output_dtype(self, input: DType) -> DType {
+        if self.is_predicate() {
+            DType::Bool
+        } else {
+            input
+        }
+    }
 }
 
 /// Reductions over a set of axes.
@@ -52,6 +102,8 @@ pub enum ReduceOp {
     Sum,
     Max,
     Min,
+    /// Product (ONNX `ReduceProd`; the empty product is 1).
+    Prod,
 }
 
 /// The two GELU forms found in exports.
@@ -61,6 +113,19 @@ pub enum GeluApprox {
     Erf,
     /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`
     Tanh,
+}
+
+/// How `Pad` fills the border (ONNX `Pad`'s `mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PadMode {
+    /// A constant value.
+    Constant,
+    /// Mirrored without repeating the edge (`[1,2,3]` padded by 2 on the left: `3,2,1,2,3`).
+    Reflect,
+    /// The edge value repeated.
+    Edge,
+    /// Wrapped around (`[1,2,3]` padded by 2 on the left: `2,3,1,2,3`).
+    Wrap,
 }
 
 macro_rules! name_table {
@@ -79,13 +144,17 @@ macro_rules! name_table {
 name_table!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", Pow => "pow",
     Max => "max", Min => "min", Equal => "equal", Less => "less", Greater => "greater",
     LessOrEqual => "less_or_equal", GreaterOrEqual => "greater_or_equal",
-    And => "and", Or => "or" });
+    And => "and", Or => "or", Xor => "xor", Mod => "mod", Fmod => "fmod" });
 name_table!(UnaryOp { Neg => "neg", Abs => "abs", Sqrt => "sqrt", Reciprocal => "reciprocal",
     Exp => "exp", Log => "log", Erf => "erf", Tanh => "tanh", Sigmoid => "sigmoid",
-    Relu => "relu", Not => "not" });
+    Relu => "relu", Not => "not", Sin => "sin", Cos => "cos", Round => "round",
+    RoundToF16 => "round_to_f16", RoundToBf16 => "round_to_bf16", IsNan => "is_nan",
+    IsInf => "is_inf", IsPosInf => "is_pos_inf", IsNegInf => "is_neg_inf" });
 name_table!(ReduceOp { Mean => "reduce_mean", Sum => "reduce_sum", Max => "reduce_max",
-    Min => "reduce_min" });
+    Min => "reduce_min", Prod => "reduce_prod" });
 name_table!(GeluApprox { Erf => "erf", Tanh => "tanh" });
+name_table!(PadMode { Constant => "constant", Reflect => "reflect", Edge => "edge",
+    Wrap => "wrap" });
 
 /// One step of a fused linear's epilogue. The steps run in order on each output element (a whole
 /// row for `LayerNorm`) while the GEMM's output tile is still in registers or cache. A step with
@@ -287,9 +356,12 @@ pub enum Op {
     Reshape { allowzero: bool },
     /// `(x)` with the axes permuted.
     Transpose { perm: Vec<i64> },
-    /// `(x)` with size-1 axes inserted at `axes` (of the output).
+    /// `(x, axes?)` with size-1 axes inserted at `axes` (of the output). The optional input is
+    /// a 1-D integer tensor of axes known only at run time, used instead of the (then empty)
+    /// attribute.
     Unsqueeze { axes: Vec<i64> },
-    /// `(x)` with the size-1 `axes` removed (all size-1 axes when empty).
+    /// `(x, axes?)` with the size-1 `axes` removed (all size-1 axes when empty); the optional
+    /// input as for `Unsqueeze`.
     Squeeze { axes: Vec<i64> },
     /// `(x…)` concatenated on `axis`.
     Concat { axis: i64 },
@@ -307,10 +379,35 @@ pub enum Op {
     Gather { axis: i64 },
     /// `(data, indices)`, same-rank indices, along `axis`.
     GatherElements { axis: i64 },
+    /// `(data, indices)` → `indices.shape[..-1] ++ data.shape[batch_dims + k..]`, where
+    /// `k = indices.shape[-1]`: each innermost row of `indices` picks one slice of `data` by its
+    /// first `k` coordinates after the `batch_dims` leading ones, which `data` and `indices`
+    /// share (ONNX `GatherND`; negative indices count from the end).
+    ///
+    /// ```text
+    /// %2 = gather_nd[batch_dims=0](%0, %1) : f32[B,384]    # %0 : f32[B,S,384], %1 : i64[B,2]
+    /// ```
+    GatherNd { batch_dims: i64 },
     /// `(data, starts, ends, axes?, steps?)`.
     Slice,
     /// `(x, shape)` broadcast to `shape`.
     Expand,
+    /// `(x, pads, value?, axes?)`: `x` padded by `pads` (1-D integer `[begin…, end…]`, one pair
+    /// per padded axis; negative pads crop) on `axes` (all when absent), filled as `mode` says;
+    /// `value` (a one-element tensor of x's dtype, 0 when absent) is the constant mode's fill.
+    ///
+    /// ```text
+    /// %3 = pad[mode="constant"](%0, %1, %2) : f32[B,S+2]    # %1 = i64[4]{0, 1, 0, 1}
+    /// ```
+    Pad { mode: PadMode },
+    /// `(x, k?)`: the upper (`upper`) or lower triangle of each matrix in the last two axes of
+    /// `x`, the rest zero: element `(i, j)` is kept when `j - i >= k` (upper) or `j - i <= k`
+    /// (lower); `k` is a one-element integer tensor, 0 when absent (ONNX `Trilu`).
+    ///
+    /// ```text
+    /// %2 = trilu[upper=false](%0, %1) : f32[B,S,S]
+    /// ```
+    Trilu { upper: bool },
     /// `(x, repeats)`: `x` repeated `repeats[i]` times along each axis `i`; `repeats` is 1-D
     /// integer with one non-negative count per axis of `x`.
     ///
@@ -326,7 +423,14 @@ pub enum Op {
     CumSum { exclusive: bool, reverse: bool },
     /// `(x)` → 2-D `[prod(dims[..axis]), prod(dims[axis..])]`.
     Flatten { axis: i64 },
-    /// `(x)` reduced over `axes` (all when empty).
+    /// `(x, axes?)` reduced over `axes` (all when empty). The optional input is a 1-D integer
+    /// tensor of axes known only at run time (ONNX opset 18's `axes` input when it is not a
+    /// constant); then the attribute is empty, and an empty tensor reduces all axes.
+    ///
+    /// ```text
+    /// %2 = reduce_mean[axes=[-1], keepdims=true](%0) : f32[B,S,1]
+    /// %3 = reduce_sum[axes=[], keepdims=false](%0, %1) : f32[*]    # %1 : i64[K], a graph input
+    /// ```
     Reduce {
         op: ReduceOp,
         axes: Vec<i64>,
@@ -461,6 +565,9 @@ impl Op {
             | Op::Split { .. }
             | Op::Gather { .. }
             | Op::GatherElements { .. }
+            | Op::GatherNd { .. }
+            | Op::Pad { .. }
+            | Op::Trilu { .. }
             | Op::Slice
             | Op::Expand
             | Op::Tile
@@ -489,6 +596,9 @@ impl Op {
             Op::Split { .. } => "split",
             Op::Gather { .. } => "gather",
             Op::GatherElements { .. } => "gather_elements",
+            Op::GatherNd { .. } => "gather_nd",
+            Op::Pad { .. } => "pad",
+            Op::Trilu { .. } => "trilu",
             Op::Slice => "slice",
             Op::Expand => "expand",
             Op::Tile => "tile",
@@ -525,23 +635,26 @@ impl Op {
             | Op::Cast { .. }
             | Op::Shape { .. }
             | Op::Transpose { .. }
-            | Op::Unsqueeze { .. }
-            | Op::Squeeze { .. }
             | Op::ConstantOfShape { .. }
             | Op::Flatten { .. }
-            | Op::Reduce { .. }
             | Op::Softmax { .. }
             | Op::DynamicQuantizeLinear
             | Op::Gelu { .. } => (1, 1),
             Op::Reshape { .. }
             | Op::Gather { .. }
             | Op::GatherElements { .. }
+            | Op::GatherNd { .. }
             | Op::Expand
             | Op::Tile
             | Op::CumSum { .. }
             | Op::MatMul => (2, 2),
             Op::Concat { .. } => (1, usize::MAX),
-            Op::Split { .. } => (1, 2),
+            Op::Split { .. }
+            | Op::Reduce { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Squeeze { .. }
+            | Op::Trilu { .. } => (1, 2),
+            Op::Pad { .. } => (2, 4),
             Op::Slice => (3, 5),
             Op::Gemm { .. } | Op::LayerNorm { .. } | Op::Linear => (2, 3),
             Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => (2, 3),
@@ -594,6 +707,9 @@ impl Op {
             | Op::Softmax { axis }
             | Op::DequantizeLinear { axis } => vec![("axis", Int(*axis))],
             Op::ConstantOfShape { value } => vec![("value", Tensor(value.clone()))],
+            Op::GatherNd { batch_dims } => vec![("batch_dims", Int(*batch_dims))],
+            Op::Pad { mode } => vec![("mode", Str(mode.name().to_string()))],
+            Op::Trilu { upper } => vec![("upper", Bool(*upper))],
             Op::Split { axis, num_outputs } => vec![
                 ("axis", Int(*axis)),
                 ("num_outputs", Int(*num_outputs as i64)),
@@ -699,6 +815,19 @@ impl Op {
             },
             "gather_elements" => Op::GatherElements {
                 axis: a.int("axis")?,
+            },
+            "pad" => {
+                let s = a.str("mode")?;
+                Op::Pad {
+                    mode: PadMode::from_name(&s)
+                        .ok_or_else(|| a.bad("mode", "constant, reflect, edge or wrap"))?,
+                }
+            }
+            "trilu" => Op::Trilu {
+                upper: a.bool("upper")?,
+            },
+            "gather_nd" => Op::GatherNd {
+                batch_dims: a.int("batch_dims")?,
             },
             "slice" => Op::Slice,
             "expand" => Op::Expand,

@@ -240,3 +240,37 @@ output "s2" = %11.2
         "zero outputs must not parse"
     );
 }
+
+/// The ops added for issue 8 (sin, cos, round, reduce_prod, gather_nd, pad, round_to_f16,
+/// round_to_bf16, trilu) print and parse back
+/// unchanged, attributes included.
+#[test]
+fn issue8_ops_round_trip() {
+    let sample = r#"%0 = input[name="a"] : f32[2,3,4]
+%1 = input[name="i"] : i64[2,1]
+%2 = sin(%0) : f32[2,3,4]  # /sin
+%3 = cos(%2) : f32[2,3,4]  # /cos
+%4 = round(%3) : f32[2,3,4]  # /round
+%5 = reduce_prod[axes=[-1], keepdims=false](%4) : f32[2,3]  # /prod
+%6 = gather_nd[batch_dims=1](%0, %1) : f32[2,4]  # /gnd
+%7 = const[value=i64[6]{0, 0, 1, 0, 0, 1}] : i64[6]  # pads
+%8 = pad[mode="reflect"](%0, %7) : f32[2,3,6]  # /pad
+%9 = round_to_f16(%8) : f32[2,3,6]  # /to_f16
+%10 = round_to_bf16(%9) : f32[2,3,6]  # /to_bf16
+%11 = trilu[upper=false](%10) : f32[2,3,6]  # /tril
+output "p" = %5
+output "g" = %6
+output "pd" = %11
+"#;
+    let g = text::parse(sample, None).unwrap();
+    g.verify().unwrap();
+    assert_eq!(text::print(&g).unwrap(), sample);
+    assert!(
+        text::parse(&sample.replace("batch_dims=1", "batch=1"), None).is_err(),
+        "an unknown attribute must not parse"
+    );
+    assert!(
+        text::parse(&sample.replace("reflect", "mirror"), None).is_err(),
+        "an unknown pad mode must not parse"
+    );
+}

@@ -459,12 +459,14 @@ fn binary(b: BinaryOp, x: &Data, y: &Data) -> Result<Data, String> {
                 Pow => Data::F(z.map(|(a, b)| a.powf(*b)).collect()),
                 Max => Data::F(z.map(|(a, b)| a.max(*b)).collect()),
                 Min => Data::F(z.map(|(a, b)| a.min(*b)).collect()),
+                Fmod => Data::F(z.map(|(a, b)| a % b).collect()),
+                Mod => return Err("mod of floats needs fmod=1".into()),
                 Equal => cmp(z.map(|(a, b)| a == b).collect()),
                 Less => cmp(z.map(|(a, b)| a < b).collect()),
                 Greater => cmp(z.map(|(a, b)| a > b).collect()),
                 LessOrEqual => cmp(z.map(|(a, b)| a <= b).collect()),
                 GreaterOrEqual => cmp(z.map(|(a, b)| a >= b).collect()),
-                And | Or => return Err(format!("{} on floats", b.name())),
+                And | Or | Xor => return Err(format!("{} on floats", b.name())),
             }
         }
         (Data::I(x), Data::I(y)) => {
@@ -482,6 +484,19 @@ fn binary(b: BinaryOp, x: &Data, y: &Data) -> Result<Data, String> {
                     z.map(|(a, b)| u32::try_from(*b).ok().and_then(|e| a.checked_pow(e)))
                         .collect(),
                 )?,
+                Fmod => checked(z.map(|(a, b)| a.checked_rem(*b)).collect())?,
+                Mod => checked(
+                    z.map(|(a, b)| {
+                        a.checked_rem(*b).map(|r| {
+                            if r != 0 && (r < 0) != (*b < 0) {
+                                r + b
+                            } else {
+                                r
+                            }
+                        })
+                    })
+                    .collect(),
+                )?,
                 Max => Data::I(z.map(|(a, b)| *a.max(b)).collect()),
                 Min => Data::I(z.map(|(a, b)| *a.min(b)).collect()),
                 Equal => cmp(z.map(|(a, b)| a == b).collect()),
@@ -491,6 +506,7 @@ fn binary(b: BinaryOp, x: &Data, y: &Data) -> Result<Data, String> {
                 GreaterOrEqual => cmp(z.map(|(a, b)| a >= b).collect()),
                 And => cmp(z.map(|(a, b)| *a != 0 && *b != 0).collect()),
                 Or => cmp(z.map(|(a, b)| *a != 0 || *b != 0).collect()),
+                Xor => cmp(z.map(|(a, b)| (*a != 0) != (*b != 0)).collect()),
             }
         }
         _ => return Err(format!("{} of a float and an integer", b.name())),
@@ -499,7 +515,16 @@ fn binary(b: BinaryOp, x: &Data, y: &Data) -> Result<Data, String> {
 
 fn unary(u: UnaryOp, d: Data) -> Option<Data> {
     use UnaryOp::*;
+    let flags =
+        |v: Vec<f32>, f: fn(f32) -> bool| Data::I(v.into_iter().map(|x| i64::from(f(x))).collect());
     Some(match d {
+        Data::F(v) if u.is_predicate() => match u {
+            IsNan => flags(v, f32::is_nan),
+            IsInf => flags(v, f32::is_infinite),
+            IsPosInf => flags(v, |x| x == f32::INFINITY),
+            IsNegInf => flags(v, |x| x == f32::NEG_INFINITY),
+            _ => return None,
+        },
         Data::F(v) => Data::F(match u {
             Neg => v.into_iter().map(|x| -x).collect(),
             Abs => v.into_iter().map(f32::abs).collect(),
@@ -510,7 +535,18 @@ fn unary(u: UnaryOp, d: Data) -> Option<Data> {
             Tanh => v.into_iter().map(f32::tanh).collect(),
             Sigmoid => v.into_iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect(),
             Relu => v.into_iter().map(|x| x.max(0.0)).collect(),
-            Erf | Not => return None,
+            Sin => v.into_iter().map(f32::sin).collect(),
+            Cos => v.into_iter().map(f32::cos).collect(),
+            Round => v.into_iter().map(f32::round_ties_even).collect(),
+            RoundToF16 => v
+                .into_iter()
+                .map(|x| half::f16::from_f32(x).to_f32())
+                .collect(),
+            RoundToBf16 => v
+                .into_iter()
+                .map(|x| half::bf16::from_f32(x).to_f32())
+                .collect(),
+            Erf | Not | IsNan | IsInf | IsPosInf | IsNegInf => return None,
         }),
         Data::I(v) => Data::I(match u {
             Neg => v.into_iter().map(|x| x.wrapping_neg()).collect(),

@@ -337,20 +337,14 @@ fn infer(
                 | BinaryOp::LessOrEqual
                 | BinaryOp::GreaterOrEqual
                 | BinaryOp::And
-                | BinaryOp::Or => DType::Bool,
+                | BinaryOp::Or
+                | BinaryOp::Xor => DType::Bool,
                 _ => dtype(0),
             };
             let s = shapes.map(|s| broadcast(ctx, &s)).transpose()?;
             one(dt, s)
         }
-        Op::Unary(u) => one(
-            if *u == UnaryOp::Not {
-                DType::Bool
-            } else {
-                dtype(0)
-            },
-            ins[0].shape.clone(),
-        ),
+        Op::Unary(u) => one(u.output_dtype(dtype(0)), ins[0].shape.clone()),
         Op::Where => one(dtype(1), shapes.map(|s| broadcast(ctx, &s)).transpose()?),
         Op::Cast { to } => one(*to, ins[0].shape.clone()),
         Op::Clip => {
@@ -405,6 +399,32 @@ fn infer(
                 }
             };
             one(dtype(0), s)
+        }
+        Op::Unsqueeze { axes } | Op::Squeeze { axes } if ins.len() == 2 => {
+            // Axes as an input: the shape follows once they are constant; until then only the
+            // rank, when the number of axes is known.
+            if let Some(v) = vals[1].and_then(|v| v.as_ints()) {
+                let op = match op {
+                    Op::Unsqueeze { .. } => Op::Unsqueeze { axes: v },
+                    _ => Op::Squeeze { axes: v },
+                };
+                infer(ctx, &op, &ins[..1], &vals[..1])?.0
+            } else {
+                let k = match ins[1].shape.as_deref() {
+                    Some([d]) => d.as_fixed(),
+                    _ => None,
+                };
+                let rank = match (&ins[0].shape, k, op) {
+                    (Some(s), Some(k), Op::Unsqueeze { .. }) => Some(s.len() + k),
+                    (Some(s), Some(k), _) if k > 0 => s.len().checked_sub(k),
+                    _ => None,
+                };
+                let _ = axes;
+                one(
+                    dtype(0),
+                    rank.map(|r| (0..r).map(|_| ctx.fresh()).collect()),
+                )
+            }
         }
         Op::Unsqueeze { axes } => {
             let s = match &ins[0].shape {
@@ -567,6 +587,47 @@ fn infer(
             one(dtype(0), s)
         }
         Op::GatherElements { .. } => one(dtype(0), ins[1].shape.clone()),
+        Op::Trilu { .. } => {
+            if ins[0].shape.as_ref().is_some_and(|s| s.len() < 2) {
+                return Err("trilu: the input has fewer than 2 dims".into());
+            }
+            one(dtype(0), ins[0].shape.clone())
+        }
+        Op::GatherNd { batch_dims } => {
+            let s = match shapes {
+                Some(ss) => {
+                    let (data, idx) = (ss[0], ss[1]);
+                    let b = usize::try_from(*batch_dims)
+                        .ok()
+                        .filter(|&b| b < data.len().min(idx.len()))
+                        .ok_or_else(|| {
+                            format!(
+                                "gather_nd: batch_dims {batch_dims} for data rank {} and \
+                                 indices rank {}",
+                                data.len(),
+                                idx.len()
+                            )
+                        })?;
+                    match idx.last().and_then(|d| d.as_fixed()) {
+                        Some(k) if b + k > data.len() => {
+                            return Err(format!(
+                                "gather_nd: indices rows of {k} for data rank {} after {b} \
+                                 batch dims",
+                                data.len()
+                            ))
+                        }
+                        Some(k) => {
+                            let mut out = idx[..idx.len() - 1].to_vec();
+                            out.extend(data[b + k..].iter().cloned());
+                            Some(out)
+                        }
+                        None => None,
+                    }
+                }
+                None => None,
+            };
+            one(dtype(0), s)
+        }
         Op::Slice => one(dtype(0), slice_shape(ctx, ins, vals)?),
         Op::Expand => {
             let s = match (&ins[0].shape, shape_operand(&ins[1], vals[1])?) {
@@ -589,6 +650,55 @@ fn infer(
                     Some(out)
                 }
                 _ => None,
+            };
+            one(dtype(0), s)
+        }
+        Op::Pad { .. } => {
+            let pads = vals[1].and_then(|v| v.as_ints());
+            let axes = match ins.get(3) {
+                None => Some(None),
+                Some(_) => vals[3].and_then(|v| v.as_ints()).map(Some),
+            };
+            let s = match (&ins[0].shape, pads, axes) {
+                (Some(s), Some(p), Some(axes)) => {
+                    let r = s.len();
+                    let axes: Vec<usize> = match axes {
+                        None => (0..r).collect(),
+                        Some(a) => a
+                            .iter()
+                            .map(|&a| norm_axis(a, r))
+                            .collect::<Result<_, _>>()?,
+                    };
+                    if p.len() != 2 * axes.len() {
+                        return Err(format!(
+                            "pad: {} pads for {} axes, expected two per axis",
+                            p.len(),
+                            axes.len()
+                        ));
+                    }
+                    let mut out = s.clone();
+                    for (j, &a) in axes.iter().enumerate() {
+                        let total = p[j] + p[j + axes.len()];
+                        out[a] = match (s[a].as_fixed(), total) {
+                            (_, 0) => s[a].clone(),
+                            (Some(d), t) => {
+                                let n = d as i64 + t;
+                                if n < 0 {
+                                    return Err(format!(
+                                        "pad: pads {p:?} crop axis {a} of size {d} below 0"
+                                    ));
+                                }
+                                Dim::fixed(n as usize)
+                            }
+                            (None, t) if t > 0 => dim_add(&s[a], &Dim::fixed(t as usize))
+                                .unwrap_or_else(|| ctx.fresh()),
+                            _ => ctx.fresh(),
+                        };
+                    }
+                    Some(out)
+                }
+                (Some(s), _, _) => Some(s.iter().map(|_| ctx.fresh()).collect()),
+                (None, _, _) => None,
             };
             one(dtype(0), s)
         }
@@ -658,9 +768,17 @@ fn infer(
             one(dtype(0), s)
         }
         Op::Reduce { axes, keepdims, .. } => {
-            let s = match &ins[0].shape {
-                None => None,
-                Some(s) => {
+            // Axes given as an input: known when that input is a constant by now.
+            let axes = match ins.get(1) {
+                None => Some(axes.clone()),
+                Some(_) => vals[1].and_then(|v| v.as_ints()),
+            };
+            let s = match (&ins[0].shape, axes) {
+                (None, _) => None,
+                // Unknown axes: the rank stays with keepdims, each dim may become 1.
+                (Some(s), None) if *keepdims => Some(s.iter().map(|_| ctx.fresh()).collect()),
+                (Some(_), None) => None,
+                (Some(s), Some(axes)) => {
                     let ax: Vec<usize> = if axes.is_empty() {
                         (0..s.len()).collect()
                     } else {
@@ -1092,7 +1210,8 @@ fn infer_value(op: &Op, ins: &[TensorType], vals: &[Option<&SymTensor>]) -> Opti
                         | BinaryOp::LessOrEqual
                         | BinaryOp::GreaterOrEqual
                         | BinaryOp::And
-                        | BinaryOp::Or => match (p.as_int(), q.as_int()) {
+                        | BinaryOp::Or
+                        | BinaryOp::Xor => match (p.as_int(), q.as_int()) {
                             (Some(p), Some(q)) => SymInt::Int(match b {
                                 BinaryOp::Max => p.max(q),
                                 BinaryOp::Min => p.min(q),
@@ -1101,11 +1220,12 @@ fn infer_value(op: &Op, ins: &[TensorType], vals: &[Option<&SymTensor>]) -> Opti
                                 BinaryOp::LessOrEqual => i64::from(p <= q),
                                 BinaryOp::GreaterOrEqual => i64::from(p >= q),
                                 BinaryOp::And => i64::from(p != 0 && q != 0),
+                                BinaryOp::Xor => i64::from((p != 0) != (q != 0)),
                                 _ => i64::from(p != 0 || q != 0),
                             }),
                             _ => SymInt::Unknown,
                         },
-                        BinaryOp::Pow => SymInt::Unknown,
+                        BinaryOp::Pow | BinaryOp::Mod | BinaryOp::Fmod => SymInt::Unknown,
                     }
                 })
                 .collect();

@@ -80,25 +80,31 @@ pub(crate) fn parse_npy(bytes: &[u8], path: &Path) -> Result<TensorValue, Error>
                 .map_err(|_| npy_err(path, format!("bad shape `({shape_s})`")))
         })
         .collect::<Result<Vec<usize>, _>>()?;
-    let n: usize = shape.iter().product();
     let body = &bytes[data_start..];
     let width = match descr {
         "<f4" | "<i4" => 4,
-        "<i8" => 8,
+        "<i8" | "<f8" => 8,
+        "<f2" => 2,
         "|u1" | "|i1" | "|b1" | "<u1" | "<i1" => 1,
         other => {
             return Err(npy_err(
                 path,
-                format!("unsupported dtype `{other}` (supported: <f4 <i8 <i4 |u1 |i1 |b1)"),
+                format!(
+                    "unsupported dtype `{other}` (supported: <f4 <f2 <f8 <i8 <i4 |u1 |i1 |b1; \
+                     <f2 and <f8 are read as f32, as encore imports FLOAT16 and DOUBLE models)"
+                ),
             ))
         }
     };
-    if body.len() != n * width {
+    let need = shape
+        .iter()
+        .try_fold(width, |a: usize, &d| a.checked_mul(d))
+        .ok_or_else(|| npy_err(path, format!("shape {shape:?} is too large")))?;
+    if body.len() != need {
         return Err(npy_err(
             path,
             format!(
-                "shape {shape:?} of `{descr}` needs {} data bytes, file has {}",
-                n * width,
+                "shape {shape:?} of `{descr}` needs {need} data bytes, file has {}",
                 body.len()
             ),
         ));
@@ -107,6 +113,16 @@ pub(crate) fn parse_npy(bytes: &[u8], path: &Path) -> Result<TensorValue, Error>
         "<f4" => TensorData::F32(
             body.chunks_exact(4)
                 .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        ),
+        "<f2" => TensorData::F32(
+            body.chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+        ),
+        "<f8" => TensorData::F32(
+            body.chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32)
                 .collect(),
         ),
         "<i4" => TensorData::I32(
@@ -237,7 +253,47 @@ mod tests {
         assert!(matches!(parse_npy(&b, p), Err(Error::Npy { .. })));
         let mut f = to_npy_bytes(&TensorValue::from_f32(vec![1], vec![1.0]).unwrap());
         let at = f.windows(3).position(|w| w == b"<f4").unwrap();
-        f[at + 2] = b'8';
+        f[at + 1] = b'c';
         assert!(matches!(parse_npy(&f, p), Err(Error::Npy { .. })));
+        // A shape whose byte count overflows is an error, not a panic.
+        let big = npy_with("<f4", &format!("({}, {})", usize::MAX / 2, 3), &[0; 4]);
+        assert!(matches!(parse_npy(&big, p), Err(Error::Npy { .. })));
+    }
+
+    /// A version 1.0 `.npy` with `descr`, `shape` (the tuple's text) and raw `data`.
+    fn npy_with(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
+        let mut header =
+            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend((header.len() as u16).to_le_bytes());
+        b.extend(header.as_bytes());
+        b.extend(data);
+        b
+    }
+
+    /// Float16 and float64 arrays (what numpy writes for a half-precision or double model's
+    /// inputs) are read as f32, exactly for f16.
+    #[test]
+    fn half_and_double_are_read_as_f32() {
+        let p = Path::new("h.npy");
+        let h: Vec<u8> = [1.5f32, -0.000061035156, 65504.0]
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect();
+        let t = parse_npy(&npy_with("<f2", "(3,)", &h), p).unwrap();
+        assert_eq!(t.as_f32().unwrap(), [1.5, -0.000061035156, 65504.0]);
+        let d: Vec<u8> = [0.1f64, -2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let t = parse_npy(&npy_with("<f8", "(1, 2)", &d), p).unwrap();
+        assert_eq!(t.shape(), [1, 2]);
+        assert_eq!(t.as_f32().unwrap(), [0.1f32, -2.0]);
+        // The byte count follows the stored width.
+        assert!(parse_npy(&npy_with("<f2", "(3,)", &h[..4]), p).is_err());
     }
 }

@@ -818,8 +818,25 @@ impl Session {
                 one(so::reshape(take(ins, 0), &spec, *allowzero, node)?)
             }
             Op::Transpose { perm } => one(so::transpose(r(0), perm, node)?),
-            Op::Unsqueeze { axes } => one(so::unsqueeze(take(ins, 0), axes, node)?),
-            Op::Squeeze { axes } => one(so::squeeze(take(ins, 0), axes, node)?),
+            Op::Unsqueeze { axes } | Op::Squeeze { axes } => {
+                // Axes given as an input (known only at run time) replace the attribute.
+                let axes = match ins.get(1) {
+                    None => axes.clone(),
+                    Some(a) => a.get().to_i64_vec().map_err(|_| {
+                        Error::op(
+                            node,
+                            st.op.name(),
+                            format!("axes must be integer, got {}", a.get().dtype()),
+                        )
+                    })?,
+                };
+                let x = take(ins, 0);
+                one(if matches!(st.op, Op::Unsqueeze { .. }) {
+                    so::unsqueeze(x, &axes, node)?
+                } else {
+                    so::squeeze(x, &axes, node)?
+                })
+            }
             Op::Flatten { axis } => one(so::flatten(take(ins, 0), *axis, node)?),
             Op::Concat { axis } => {
                 let xs: Vec<&TensorValue> = ins.iter().map(|i| i.get()).collect();
@@ -836,6 +853,15 @@ impl Session {
                 }
             }
             Op::GatherElements { axis } => one(so::gather_elements(r(0), r(1), *axis, node)?),
+            Op::Pad { mode } => {
+                let opt = |i: usize| ins.get(i).map(|t| t.get());
+                one(so::pad(r(0), r(1), opt(2), opt(3), *mode, node)?)
+            }
+            Op::Trilu { upper } => {
+                let k = ins.get(1).map(|i| i.get());
+                one(so::trilu(r(0), k, *upper, node)?)
+            }
+            Op::GatherNd { batch_dims } => one(so::gather_nd(r(0), r(1), *batch_dims, node)?),
             Op::Slice => {
                 let args: Vec<&TensorValue> = ins[1..].iter().map(|i| i.get()).collect();
                 one(so::slice(r(0), &args, node)?)
@@ -851,7 +877,19 @@ impl Session {
             Op::CumSum { exclusive, reverse } => {
                 one(so::cumsum(r(0), r(1), *exclusive, *reverse, node)?)
             }
-            Op::Reduce { op, axes, keepdims } => one(so::reduce(r(0), *op, axes, *keepdims, node)?),
+            Op::Reduce { op, axes, keepdims } => match ins.get(1) {
+                None => one(so::reduce(r(0), *op, axes, *keepdims, node)?),
+                Some(a) => {
+                    let axes = a.get().to_i64_vec().map_err(|_| {
+                        Error::op(
+                            node,
+                            op.name(),
+                            format!("axes must be integer, got {}", a.get().dtype()),
+                        )
+                    })?;
+                    one(so::reduce(r(0), *op, &axes, *keepdims, node)?)
+                }
+            },
             Op::QMatMul => one(quant::qdq_matmul(
                 r(0),
                 r(1),

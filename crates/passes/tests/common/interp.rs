@@ -210,6 +210,7 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
                 match op {
                     ReduceOp::Max => f32::NEG_INFINITY,
                     ReduceOp::Min => f32::INFINITY,
+                    ReduceOp::Prod => 1.0,
                     _ => 0.0,
                 };
                 n_out
@@ -227,6 +228,7 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
                 acc[o] = match op {
                     ReduceOp::Max => acc[o].max(*v),
                     ReduceOp::Min => acc[o].min(*v),
+                    ReduceOp::Prod => acc[o] * v,
                     _ => acc[o] + v,
                 };
             }

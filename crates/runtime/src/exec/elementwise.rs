@@ -109,6 +109,8 @@ fn f32_fn(op: BinaryOp) -> Option<fn(f32, f32) -> f32> {
         BinaryOp::Mul => |x, y| x * y,
         BinaryOp::Div => |x, y| x / y,
         BinaryOp::Pow => pow_f32,
+        // Rust's `%` on floats is C's fmod: the sign of the dividend.
+        BinaryOp::Fmod => |x, y| x % y,
         BinaryOp::Max => |x: f32, y: f32| if x.is_nan() || x >= y { x } else { y },
         BinaryOp::Min => |x: f32, y: f32| if x.is_nan() || x <= y { x } else { y },
         _ => return None,
@@ -130,6 +132,24 @@ macro_rules! int_arith {
                 }
                 // Truncating division, as onnxruntime's integer Div.
                 broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.wrapping_div(y))
+            }
+            BinaryOp::Mod | BinaryOp::Fmod => {
+                if b.contains(&0) {
+                    return Err(Error::op($node, $op.name(), "integer modulo by zero"));
+                }
+                if $op == BinaryOp::Fmod {
+                    broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.wrapping_rem(y))
+                } else {
+                    // The remainder takes the divisor's sign, as Python's `%`.
+                    broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| {
+                        let r = x.wrapping_rem(y);
+                        if r != 0 && ((r < 0 as $t) != (y < 0 as $t)) {
+                            r.wrapping_add(y)
+                        } else {
+                            r
+                        }
+                    })
+                }
             }
             BinaryOp::Pow => broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| {
                 if y < 0 as $t {
@@ -193,7 +213,7 @@ pub(crate) fn binary(
             | BinaryOp::LessOrEqual
             | BinaryOp::GreaterOrEqual
     );
-    let is_logic = matches!(op, BinaryOp::And | BinaryOp::Or);
+    let is_logic = matches!(op, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor);
     // In place on an owned f32 operand that already has the output shape.
     if let Some(f) = f32_fn(op) {
         if a.get().dtype() == DType::F32 {
@@ -256,16 +276,31 @@ pub(crate) fn binary(
             BinaryOp::Or => {
                 TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, |p, q| p | q))
             }
+            BinaryOp::Xor => {
+                TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, |p, q| p ^ q))
+            }
             BinaryOp::Equal => {
                 TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, |p, q| p == q))
             }
             _ => return Err(bad_dtype(op, DType::Bool, node)),
         },
-        (TensorData::U8(x), TensorData::U8(y)) if is_cmp => {
-            TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+        (TensorData::U8(x), TensorData::U8(y)) => {
+            if is_cmp {
+                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+            } else if is_logic {
+                return Err(bad_dtype(op, DType::U8, node));
+            } else {
+                TensorData::U8(int_arith!(op, x, &ash, y, &bsh, &out_shape, u8, node))
+            }
         }
-        (TensorData::I8(x), TensorData::I8(y)) if is_cmp => {
-            TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+        (TensorData::I8(x), TensorData::I8(y)) => {
+            if is_cmp {
+                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+            } else if is_logic {
+                return Err(bad_dtype(op, DType::I8, node));
+            } else {
+                TensorData::I8(int_arith!(op, x, &ash, y, &bsh, &out_shape, i8, node))
+            }
         }
         (d, _) => return Err(bad_dtype(op, d.dtype(), node)),
     };
@@ -350,6 +385,19 @@ pub(crate) fn unary(
 ) -> Result<TensorValue, Error> {
     let dt = x.get().dtype();
     let bad = || Error::op(node, op.name(), format!("not defined on {dt}"));
+    if dt == DType::F32 && op.is_predicate() && op != UnaryOp::Not {
+        let test: fn(f32) -> bool = match op {
+            UnaryOp::IsNan => f32::is_nan,
+            UnaryOp::IsInf => f32::is_infinite,
+            UnaryOp::IsPosInf => |v| v == f32::INFINITY,
+            _ => |v| v == f32::NEG_INFINITY,
+        };
+        let v = x.get().typed::<f32>()?;
+        return Ok(TensorValue::raw(
+            x.get().shape().to_vec(),
+            v.iter().map(|&e| test(e)).collect(),
+        ));
+    }
     match dt {
         DType::F32 => {
             let f: fn(f32) -> f32 = match op {
@@ -363,7 +411,16 @@ pub(crate) fn unary(
                 UnaryOp::Tanh => f32::tanh,
                 UnaryOp::Sigmoid => sigmoid,
                 UnaryOp::Relu => |v| v.max(0.0),
-                UnaryOp::Not => return Err(bad()),
+                UnaryOp::Sin => f32::sin,
+                UnaryOp::Cos => f32::cos,
+                UnaryOp::Round => f32::round_ties_even,
+                UnaryOp::RoundToF16 => |v| half::f16::from_f32(v).to_f32(),
+                UnaryOp::RoundToBf16 => |v| half::bf16::from_f32(v).to_f32(),
+                UnaryOp::Not
+                | UnaryOp::IsNan
+                | UnaryOp::IsInf
+                | UnaryOp::IsPosInf
+                | UnaryOp::IsNegInf => return Err(bad()),
             };
             map_f32(x, ctx, f)
         }

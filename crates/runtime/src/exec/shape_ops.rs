@@ -1,7 +1,7 @@
 //! Ops that move data without arithmetic (shape, reshape, transpose, gather, slice, …) plus the
 //! small integer ops of shape subgraphs (range, cumsum) and reductions.
 
-use ir::{DType, ReduceOp};
+use ir::{DType, PadMode, ReduceOp};
 
 use super::{broadcast_shape, broadcast_strides, for_each_row, norm_axis, strides_of, Input};
 use crate::map_data;
@@ -455,6 +455,240 @@ pub(crate) fn gather_elements(
     Ok(TensorValue::raw_data(is.to_vec(), d))
 }
 
+/// ONNX `GatherND`: each innermost row of `indices` (length `k`) addresses a slice of `data`
+/// after the `batch_dims` leading dims that both share; see [`ir::Op::GatherNd`].
+pub(crate) fn gather_nd(
+    data: &TensorValue,
+    indices: &TensorValue,
+    batch_dims: i64,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let bad = |m: String| Error::op(node, "gather_nd", m);
+    let (ds, is) = (data.shape(), indices.shape());
+    let b = usize::try_from(batch_dims)
+        .ok()
+        .filter(|&b| b < ds.len().min(is.len()))
+        .ok_or_else(|| {
+            bad(format!(
+                "batch_dims {batch_dims} for data {ds:?} and indices {is:?}"
+            ))
+        })?;
+    let k = is[is.len() - 1];
+    if b + k > ds.len() || ds[..b] != is[..b] {
+        return Err(bad(format!(
+            "indices {is:?} do not address data {ds:?} with {b} batch dims"
+        )));
+    }
+    let idx = ints(indices, node, "gather_nd", "indices")?;
+    // Elements per picked slice, slices per batch, and the strides of the addressed dims.
+    let inner: usize = ds[b + k..].iter().product();
+    let batch_size: usize = ds[b..].iter().product();
+    let rows_per_batch: usize = is[b..is.len() - 1].iter().product();
+    let st = strides_of(ds);
+    let rows = idx.len() / k.max(1);
+    let n_rows = if k == 0 {
+        is[..is.len() - 1].iter().product()
+    } else {
+        rows
+    };
+    let mut starts = Vec::with_capacity(n_rows);
+    for r in 0..n_rows {
+        let batch = r / rows_per_batch.max(1);
+        let mut off = batch * batch_size;
+        for j in 0..k {
+            let dim = ds[b + j] as i64;
+            let i = idx[r * k + j];
+            let i = if i < 0 { i + dim } else { i };
+            if i < 0 || i >= dim {
+                return Err(bad(format!(
+                    "index {} out of range for axis {} of {ds:?}",
+                    idx[r * k + j],
+                    b + j
+                )));
+            }
+            off += i as usize * st[b + j];
+        }
+        starts.push(off);
+    }
+    let mut out_shape = is[..is.len() - 1].to_vec();
+    out_shape.extend_from_slice(&ds[b + k..]);
+    let d = map_data!(data.data(), v => starts
+        .iter()
+        .flat_map(|&s| v[s..s + inner].iter().copied())
+        .collect());
+    Ok(TensorValue::raw_data(out_shape, d))
+}
+
+/// ONNX `Trilu`: see [`ir::Op::Trilu`].
+pub(crate) fn trilu(
+    x: &TensorValue,
+    k: Option<&TensorValue>,
+    upper: bool,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let bad = |m: String| Error::op(node, "trilu", m);
+    let s = x.shape();
+    if s.len() < 2 {
+        return Err(bad(format!("the input {s:?} has fewer than 2 dims")));
+    }
+    let k = match k {
+        None => 0,
+        Some(t) => match ints(t, node, "trilu", "k")?.as_slice() {
+            [k] => *k,
+            v => return Err(bad(format!("k must hold one value, holds {}", v.len()))),
+        },
+    };
+    let (rows, cols) = (s[s.len() - 2], s[s.len() - 1]);
+    let keep = |flat: usize| {
+        let (i, j) = ((flat / cols.max(1)) % rows.max(1), flat % cols.max(1));
+        let d = j as i64 - i as i64;
+        if upper {
+            d >= k
+        } else {
+            d <= k
+        }
+    };
+    fn masked<T: Copy + Default>(v: &[T], keep: impl Fn(usize) -> bool) -> Vec<T> {
+        v.iter()
+            .enumerate()
+            .map(|(f, &e)| if keep(f) { e } else { T::default() })
+            .collect()
+    }
+    let d = map_data!(x.data(), v => masked(v, keep));
+    Ok(TensorValue::raw_data(s.to_vec(), d))
+}
+
+/// ONNX `Pad`: see [`ir::Op::Pad`]. Every output element reads the input element its
+/// coordinates map to on each axis, or the fill value.
+pub(crate) fn pad(
+    x: &TensorValue,
+    pads: &TensorValue,
+    value: Option<&TensorValue>,
+    axes: Option<&TensorValue>,
+    mode: PadMode,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let bad = |m: String| Error::op(node, "pad", m);
+    let xs = x.shape();
+    let r = xs.len();
+    let p = ints(pads, node, "pad", "pads")?;
+    let axes: Vec<usize> = match axes {
+        None => (0..r).collect(),
+        Some(a) => ints(a, node, "pad", "axes")?
+            .into_iter()
+            .map(|a| norm_axis(a, r, node, "pad"))
+            .collect::<Result<_, _>>()?,
+    };
+    if p.len() != 2 * axes.len() {
+        return Err(bad(format!(
+            "{} pads for {} axes, expected two per axis",
+            p.len(),
+            axes.len()
+        )));
+    }
+    let mut begin = vec![0i64; r];
+    let mut out_shape = xs.to_vec();
+    for (j, &a) in axes.iter().enumerate() {
+        let (b, e) = (p[j], p[j + axes.len()]);
+        let n = (xs[a] as i64).checked_add(b).and_then(|n| n.checked_add(e));
+        match n {
+            Some(n) if n >= 0 => out_shape[a] = n as usize,
+            _ => {
+                return Err(bad(format!(
+                    "pads {b}, {e} of axis {a} leave no valid size for dim {}",
+                    xs[a]
+                )))
+            }
+        }
+        if mode != PadMode::Constant && xs[a] == 0 && out_shape[a] > 0 {
+            return Err(bad(format!(
+                "{} padding of the empty axis {a}",
+                mode.name()
+            )));
+        }
+        begin[a] = b;
+    }
+    if let Some(v) = value {
+        if v.dtype() != x.dtype() || v.len() != 1 {
+            return Err(bad(format!(
+                "the constant value is {}{:?}, expected one {} element",
+                v.dtype(),
+                v.shape(),
+                x.dtype()
+            )));
+        }
+    }
+    // Per axis, the input coordinate of each output coordinate (None: the fill value).
+    let maps: Vec<Vec<Option<usize>>> = (0..r)
+        .map(|a| {
+            let d = xs[a] as i64;
+            (0..out_shape[a] as i64)
+                .map(|o| {
+                    let i = o - begin[a];
+                    let j = if (0..d).contains(&i) {
+                        i
+                    } else {
+                        match mode {
+                            PadMode::Constant => return None,
+                            PadMode::Edge => i.clamp(0, d - 1),
+                            PadMode::Wrap => i.rem_euclid(d),
+                            PadMode::Reflect if d == 1 => 0,
+                            PadMode::Reflect => {
+                                let period = 2 * (d - 1);
+                                let m = i.rem_euclid(period);
+                                if m >= d {
+                                    period - m
+                                } else {
+                                    m
+                                }
+                            }
+                        }
+                    };
+                    Some(j as usize)
+                })
+                .collect()
+        })
+        .collect();
+    let in_strides = strides_of(xs);
+    let n = out_shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| bad(format!("the padded shape {out_shape:?} is too large")))?;
+    // Flat input index of each output element, or None for the fill.
+    let mut src: Vec<Option<usize>> = Vec::with_capacity(n);
+    let mut coord = vec![0usize; r];
+    for _ in 0..n {
+        let mut off = Some(0usize);
+        for a in 0..r {
+            off = match (off, maps[a][coord[a]]) {
+                (Some(o), Some(i)) => Some(o + i * in_strides[a]),
+                _ => None,
+            };
+        }
+        src.push(off);
+        for a in (0..r).rev() {
+            coord[a] += 1;
+            if coord[a] < out_shape[a] {
+                break;
+            }
+            coord[a] = 0;
+        }
+    }
+    fn fill<T: crate::value::ValueElement + Default>(
+        v: &[T],
+        src: &[Option<usize>],
+        value: Option<&TensorValue>,
+    ) -> Vec<T> {
+        let c = value
+            .and_then(|t| t.as_slice::<T>())
+            .and_then(|s| s.first().copied())
+            .unwrap_or_default();
+        src.iter().map(|s| s.map_or(c, |i| v[i])).collect()
+    }
+    let d = map_data!(x.data(), v => fill(v, &src, value));
+    Ok(TensorValue::raw_data(out_shape, d))
+}
+
 fn slice_typed<T: Copy>(
     v: &[T],
     shape: &[usize],
@@ -871,6 +1105,7 @@ pub(crate) fn reduce(
             let v: &[$t] = $v;
             let init = match op {
                 ReduceOp::Sum | ReduceOp::Mean => $zero,
+                ReduceOp::Prod => $zero + 1 as $t,
                 ReduceOp::Max => $min,
                 ReduceOp::Min => $max,
             };
@@ -885,6 +1120,7 @@ pub(crate) fn reduce(
                         let (dst, s) = (&mut out[o + k * lo], v[i + k]);
                         *dst = match op {
                             ReduceOp::Sum | ReduceOp::Mean => *dst + s,
+                            ReduceOp::Prod => *dst * s,
                             ReduceOp::Max => {
                                 if s > *dst {
                                     s

@@ -1,0 +1,1011 @@
+//! Single ONNX nodes imported and run, against exact (hand-computed) values: the ops of real
+//! transformer exports that issue 8 lists. Each case runs twice: with its inputs as graph inputs
+//! (the runtime kernels) and as initializers (what constant folding makes of them).
+
+use bytes::Bytes;
+use frontend_onnx::proto::{
+    type_proto, AttributeProto, AttributeType, DataType, GraphProto, ModelProto, NodeProto,
+    OperatorSetIdProto, TensorProto, TypeProto, ValueInfoProto,
+};
+use ir::DType;
+use prost::Message;
+use runtime::{CompileOptions, Model, Session, TensorValue};
+
+fn onnx_type(d: DType) -> DataType {
+    match d {
+        DType::F32 => DataType::Float,
+        DType::I64 => DataType::Int64,
+        DType::I32 => DataType::Int32,
+        DType::I8 => DataType::Int8,
+        DType::U8 => DataType::Uint8,
+        DType::Bool => DataType::Bool,
+        DType::BF16 => DataType::Bfloat16,
+    }
+}
+
+fn tensor_proto(name: &str, v: &TensorValue) -> TensorProto {
+    let t = v.to_ir();
+    TensorProto {
+        name: name.into(),
+        dims: v.shape().iter().map(|&d| d as i64).collect(),
+        data_type: onnx_type(v.dtype()) as i32,
+        raw_data: t.bytes().cloned().unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+fn typed_input(name: &str, v: &TensorValue) -> ValueInfoProto {
+    use frontend_onnx::proto::{tensor_shape_proto, TensorShapeProto};
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: onnx_type(v.dtype()) as i32,
+                shape: Some(TensorShapeProto {
+                    dim: v
+                        .shape()
+                        .iter()
+                        .map(|&d| tensor_shape_proto::Dimension {
+                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d as i64)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn int_attr(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Int as i32,
+        i: v,
+        ..Default::default()
+    }
+}
+
+/// One node `op` at `opset` reading `inputs` (named `in0`, `in1`, …; an empty name is an absent
+/// input) and producing `outputs`.
+struct Case {
+    op: &'static str,
+    opset: i64,
+    attrs: Vec<AttributeProto>,
+    inputs: Vec<Option<TensorValue>>,
+    /// Inputs that are initializers in both runs (ones encore needs when importing).
+    constant: Vec<usize>,
+    outputs: Vec<&'static str>,
+    /// A change to the built model (e.g. a declared type the values cannot carry).
+    patch: Option<fn(&mut ModelProto)>,
+}
+
+impl Case {
+    fn new(op: &'static str, opset: i64, inputs: Vec<TensorValue>) -> Case {
+        Case {
+            op,
+            opset,
+            attrs: vec![],
+            inputs: inputs.into_iter().map(Some).collect(),
+            constant: vec![],
+            outputs: vec!["y"],
+            patch: None,
+        }
+    }
+
+    fn constant(mut self, i: usize) -> Case {
+        self.constant.push(i);
+        self
+    }
+
+    fn attr(mut self, a: AttributeProto) -> Case {
+        self.attrs.push(a);
+        self
+    }
+
+    fn model(&self, as_initializers: bool) -> ModelProto {
+        let mut g = GraphProto {
+            name: "node".into(),
+            ..Default::default()
+        };
+        let mut names = Vec::new();
+        for (i, v) in self.inputs.iter().enumerate() {
+            let Some(v) = v else {
+                names.push(String::new());
+                continue;
+            };
+            let name = format!("in{i}");
+            if as_initializers || self.constant.contains(&i) {
+                g.initializer.push(tensor_proto(&name, v));
+            } else {
+                g.input.push(typed_input(&name, v));
+            }
+            names.push(name);
+        }
+        g.node.push(NodeProto {
+            op_type: self.op.into(),
+            name: "n".into(),
+            input: names,
+            output: self.outputs.iter().map(|s| s.to_string()).collect(),
+            attribute: self.attrs.clone(),
+            ..Default::default()
+        });
+        for o in &self.outputs {
+            g.output.push(ValueInfoProto {
+                name: o.to_string(),
+                ..Default::default()
+            });
+        }
+        let mut m = ModelProto {
+            ir_version: 9,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: self.opset,
+            }],
+            graph: Some(g),
+            ..Default::default()
+        };
+        if let Some(p) = self.patch {
+            p(&mut m);
+        }
+        m
+    }
+
+    /// Imports and runs the node both ways; the two runs must agree exactly.
+    fn run(&self) -> Result<Vec<TensorValue>, String> {
+        let mut results = Vec::new();
+        for as_init in [false, true] {
+            let bytes = Bytes::from(self.model(as_init).encode_to_vec());
+            let g = frontend_onnx::import_bytes(bytes, None).map_err(|e| e.to_string())?;
+            let m = Model::from_graph(g).map_err(|e| e.to_string())?;
+            let s = Session::new(&m, CompileOptions::default()).map_err(|e| e.to_string())?;
+            let feeds: Vec<(String, TensorValue)> = if as_init {
+                vec![]
+            } else {
+                self.inputs
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !self.constant.contains(i))
+                    .filter_map(|(i, v)| v.clone().map(|v| (format!("in{i}"), v)))
+                    .collect()
+            };
+            let feeds: Vec<(&str, TensorValue)> =
+                feeds.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
+            let out = s.run(&feeds).map_err(|e| e.to_string())?;
+            results.push(out.into_iter().map(|(_, v)| v).collect::<Vec<_>>());
+        }
+        let init = results.pop().unwrap();
+        let fed = results.pop().unwrap();
+        for (a, b) in fed.iter().zip(&init) {
+            assert_eq!(a.shape(), b.shape(), "{}: fed and folded shapes", self.op);
+            assert_eq!(a.dtype(), b.dtype(), "{}: fed and folded dtypes", self.op);
+            let same = match (a.as_f32(), b.as_f32()) {
+                (Some(x), Some(y)) => x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                _ => a.data() == b.data(),
+            };
+            assert!(same, "{}: fed {:?} but folded {:?}", self.op, a, b);
+        }
+        Ok(fed)
+    }
+
+    fn run1(&self) -> TensorValue {
+        self.run()
+            .unwrap_or_else(|e| panic!("{}: {e}", self.op))
+            .remove(0)
+    }
+}
+
+fn f32s(shape: &[usize], v: &[f32]) -> TensorValue {
+    TensorValue::from_f32(shape.to_vec(), v.to_vec()).unwrap()
+}
+
+fn i64s(shape: &[usize], v: &[i64]) -> TensorValue {
+    TensorValue::from_i64(shape.to_vec(), v.to_vec()).unwrap()
+}
+
+#[test]
+fn round_is_half_to_even() {
+    let x = f32s(&[8], &[0.5, 1.5, 2.5, -0.5, -1.5, 2.4, 2.6, -2.6]);
+    for opset in [11, 22] {
+        let y = Case::new("Round", opset, vec![x.clone()]).run1();
+        assert_eq!(
+            y.as_f32().unwrap(),
+            [0.0, 2.0, 2.0, -0.0, -2.0, 2.0, 3.0, -3.0]
+        );
+        // -0.5 rounds to -0: the sign is kept, as in numpy.
+        assert!(y.as_f32().unwrap()[3].is_sign_negative());
+    }
+}
+
+#[test]
+fn sin_and_cos_match_f64_within_an_ulp() {
+    let xs = [0.0f32, 0.5, -1.0, std::f32::consts::FRAC_PI_2, 3.0, 100.0];
+    let x = f32s(&[2, 3], &xs);
+    for (op, f) in [("Sin", f64::sin as fn(f64) -> f64), ("Cos", f64::cos)] {
+        for opset in [7, 22] {
+            let opset = opset.max(11);
+            let y = Case::new(op, opset, vec![x.clone()]).run1();
+            assert_eq!(y.shape(), [2, 3]);
+            for (&got, &xi) in y.as_f32().unwrap().iter().zip(&xs) {
+                let want = f(xi as f64) as f32;
+                let ulp = (want.abs() * f32::EPSILON).max(f32::MIN_POSITIVE);
+                assert!((got - want).abs() <= ulp, "{op}({xi}) = {got}, want {want}");
+            }
+        }
+    }
+    assert_eq!(
+        Case::new("Sin", 17, vec![f32s(&[1], &[0.0])])
+            .run1()
+            .as_f32()
+            .unwrap(),
+        [0.0]
+    );
+    // Integers are not a type of Sin: a typed error naming the node, not a panic.
+    let e = Case::new("Cos", 17, vec![i64s(&[1], &[1])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("i64"), "{e}");
+}
+
+#[test]
+fn size_is_the_element_count() {
+    let y = Case::new("Size", 13, vec![f32s(&[2, 3, 4], &[0.0; 24])]).run1();
+    assert_eq!(y.shape(), [] as [usize; 0]);
+    assert_eq!(y.as_i64().unwrap(), [24]);
+    let y = Case::new("Size", 23, vec![i64s(&[0, 5], &[])]).run1();
+    assert_eq!(y.as_i64().unwrap(), [0]);
+    let y = Case::new("Size", 19, vec![f32s(&[], &[7.0])]).run1();
+    assert_eq!(y.as_i64().unwrap(), [1]);
+}
+
+#[test]
+fn reduce_prod() {
+    let x = f32s(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let axes = i64s(&[1], &[1]);
+    let y = Case::new("ReduceProd", 18, vec![x.clone(), axes.clone()])
+        .attr(int_attr("keepdims", 0))
+        .run1();
+    assert_eq!(y.shape(), [2]);
+    assert_eq!(y.as_f32().unwrap(), [6.0, 120.0]);
+    let y = Case::new("ReduceProd", 13, vec![x])
+        .attr(AttributeProto {
+            name: "axes".into(),
+            r#type: AttributeType::Ints as i32,
+            ints: vec![0],
+            ..Default::default()
+        })
+        .run1();
+    assert_eq!(y.shape(), [1, 3]);
+    assert_eq!(y.as_f32().unwrap(), [4.0, 10.0, 18.0]);
+    let y = Case::new("ReduceProd", 18, vec![i64s(&[3], &[2, -3, 7])]).run1();
+    assert_eq!(y.as_i64().unwrap(), [-42]);
+}
+
+#[test]
+fn pow_with_mixed_dtypes() {
+    let base = f32s(&[3], &[2.0, -3.0, 0.5]);
+    // Float base, integer exponent: the exponent is cast to f32.
+    for e in [
+        i64s(&[3], &[3, 2, -1]),
+        TensorValue::from_i32(vec![3], vec![3, 2, -1]).unwrap(),
+    ] {
+        let y = Case::new("Pow", 15, vec![base.clone(), e]).run1();
+        assert_eq!(y.dtype(), DType::F32);
+        assert_eq!(y.as_f32().unwrap(), [8.0, 9.0, 2.0]);
+    }
+    // Integer base, float exponent: computed in float, truncated to the base's type.
+    let y = Case::new(
+        "Pow",
+        15,
+        vec![i64s(&[3], &[3, 4, 2]), f32s(&[3], &[1.5, 0.5, 3.0])],
+    )
+    .run1();
+    assert_eq!(y.dtype(), DType::I64);
+    assert_eq!(y.as_i64().unwrap(), [5, 2, 8]);
+    // Two integer types: the exponent takes the base's.
+    let y = Case::new(
+        "Pow",
+        15,
+        vec![
+            TensorValue::from_i32(vec![2], vec![3, -2]).unwrap(),
+            i64s(&[1], &[3]),
+        ],
+    )
+    .run1();
+    assert_eq!(y.dtype(), DType::I32);
+    assert_eq!(y.as_i32().unwrap(), [27, -8]);
+    // Bool is not a numeric type.
+    let e = Case::new(
+        "Pow",
+        15,
+        vec![base, TensorValue::from_bool(vec![1], vec![true]).unwrap()],
+    )
+    .run()
+    .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("bool"), "{e}");
+}
+
+#[test]
+fn gather_nd_examples_of_the_onnx_spec() {
+    // Whole elements.
+    let data = TensorValue::from_i32(vec![2, 2], vec![0, 1, 2, 3]).unwrap();
+    let y = Case::new("GatherND", 12, vec![data, i64s(&[2, 2], &[0, 0, 1, 1])]).run1();
+    assert_eq!(y.shape(), [2]);
+    assert_eq!(y.as_i32().unwrap(), [0, 3]);
+    // Rows, from a rank-3 index.
+    let data = f32s(&[2, 2, 2], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+    let y = Case::new(
+        "GatherND",
+        13,
+        vec![data.clone(), i64s(&[2, 1, 2], &[0, 1, 1, 0])],
+    )
+    .run1();
+    assert_eq!(y.shape(), [2, 1, 2]);
+    assert_eq!(y.as_f32().unwrap(), [2.0, 3.0, 4.0, 5.0]);
+    // One batch dim: each batch picks its own row; a negative index counts from the end.
+    let y = Case::new("GatherND", 13, vec![data.clone(), i64s(&[2, 1], &[-1, 0])])
+        .attr(int_attr("batch_dims", 1))
+        .run1();
+    assert_eq!(y.shape(), [2, 2]);
+    assert_eq!(y.as_f32().unwrap(), [2.0, 3.0, 4.0, 5.0]);
+    // An empty index row picks the whole slice.
+    let y = Case::new("GatherND", 13, vec![data, i64s(&[2, 0], &[])])
+        .attr(int_attr("batch_dims", 1))
+        .run1();
+    assert_eq!(y.shape(), [2, 2, 2]);
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    );
+}
+
+/// The pooling a sentence-embedding export does with GatherND: one token's hidden state per
+/// sequence, `hidden[b, pos[b]]`.
+#[test]
+fn gather_nd_picks_one_token_per_sequence() {
+    let (b, s, h) = (3usize, 4usize, 5usize);
+    let hidden: Vec<f32> = (0..b * s * h).map(|i| i as f32 * 0.5).collect();
+    let pos = [3i64, 0, 2];
+    let idx: Vec<i64> = pos
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &p)| [i as i64, p])
+        .collect();
+    let y = Case::new(
+        "GatherND",
+        17,
+        vec![f32s(&[b, s, h], &hidden), i64s(&[b, 2], &idx)],
+    )
+    .run1();
+    assert_eq!(y.shape(), [b, h]);
+    let want: Vec<f32> = (0..b)
+        .flat_map(|i| {
+            let p = pos[i] as usize;
+            hidden[(i * s + p) * h..(i * s + p + 1) * h].to_vec()
+        })
+        .collect();
+    assert_eq!(y.as_f32().unwrap(), want);
+}
+
+#[test]
+fn gather_nd_bad_input_is_a_typed_error() {
+    let data = f32s(&[2, 2], &[0.0, 1.0, 2.0, 3.0]);
+    // An index out of range, at run time: the node and the index are named.
+    let e = Case::new("GatherND", 13, vec![data.clone(), i64s(&[1, 2], &[0, 2])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("index 2"), "{e}");
+    // Rows longer than the data's rank.
+    let e = Case::new(
+        "GatherND",
+        13,
+        vec![data.clone(), i64s(&[1, 3], &[0, 0, 0])],
+    )
+    .run()
+    .unwrap_err();
+    assert!(e.contains("gather_nd"), "{e}");
+    // Batch dims the indices do not share.
+    let e = Case::new(
+        "GatherND",
+        13,
+        vec![data.clone(), i64s(&[3, 1], &[0, 0, 0])],
+    )
+    .attr(int_attr("batch_dims", 1))
+    .run()
+    .unwrap_err();
+    assert!(e.contains("gather_nd"), "{e}");
+    let e = Case::new("GatherND", 13, vec![data.clone(), i64s(&[1, 1], &[0])])
+        .attr(int_attr("batch_dims", -1))
+        .run()
+        .unwrap_err();
+    assert!(e.contains("batch_dims") && e.contains("`n`"), "{e}");
+    // Indices must be int64 in ONNX.
+    let e = Case::new(
+        "GatherND",
+        13,
+        vec![data, TensorValue::from_i32(vec![1, 2], vec![0, 0]).unwrap()],
+    )
+    .run()
+    .unwrap_err();
+    assert!(e.contains("i32") && e.contains("`n`"), "{e}");
+}
+
+/// LayerNormalization's three outputs, against values computed in f64 by hand's formula:
+/// `mean`, `inv_std = 1/sqrt(mean((x-mean)²) + eps)`, `y = (x-mean)·inv_std·gamma + beta`.
+#[test]
+fn layer_norm_with_mean_and_inv_std_dev() {
+    let xs = [
+        1.0f32, 2.0, 3.0, 2.0, 4.0, 9.0, -1.0, 0.5, 0.25, 7.0, -3.0, 2.0,
+    ];
+    let x = f32s(&[2, 2, 3], &xs);
+    let eps = 1e-5f32;
+    for (axis, group) in [(-1i64, 3usize), (2, 3), (1, 6), (-2, 6)] {
+        let (gamma, beta): (Vec<f32>, Vec<f32>) = (
+            (0..group).map(|i| 0.5 + i as f32).collect(),
+            (0..group).map(|i| i as f32 * -0.25).collect(),
+        );
+        let gshape = if group == 3 { vec![3] } else { vec![2, 3] };
+        let mut case = Case::new(
+            "LayerNormalization",
+            17,
+            vec![x.clone(), f32s(&gshape, &gamma), f32s(&gshape, &beta)],
+        )
+        .attr(int_attr("axis", axis))
+        .attr(AttributeProto {
+            name: "epsilon".into(),
+            r#type: AttributeType::Float as i32,
+            f: eps,
+            ..Default::default()
+        });
+        case.outputs = vec!["y", "mean", "inv_std"];
+        let out = case.run().unwrap_or_else(|e| panic!("axis {axis}: {e}"));
+        let stat_shape = if group == 3 {
+            vec![2, 2, 1]
+        } else {
+            vec![2, 1, 1]
+        };
+        assert_eq!(out[1].shape(), stat_shape, "axis {axis}");
+        assert_eq!(out[2].shape(), stat_shape, "axis {axis}");
+        assert_eq!(out[0].shape(), [2, 2, 3], "axis {axis}");
+        let (y, mean, inv) = (
+            out[0].as_f32().unwrap(),
+            out[1].as_f32().unwrap(),
+            out[2].as_f32().unwrap(),
+        );
+        for (gi, chunk) in xs.chunks(group).enumerate() {
+            let m = chunk.iter().map(|&v| v as f64).sum::<f64>() / group as f64;
+            let var = chunk.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / group as f64;
+            let is = 1.0 / (var + eps as f64).sqrt();
+            let close =
+                |got: f32, want: f64| (got as f64 - want).abs() <= 2e-6 * want.abs().max(1.0);
+            assert!(close(mean[gi], m), "axis {axis}: mean {} vs {m}", mean[gi]);
+            assert!(
+                close(inv[gi], is),
+                "axis {axis}: inv_std {} vs {is}",
+                inv[gi]
+            );
+            for (j, &v) in chunk.iter().enumerate() {
+                let want = (v as f64 - m) * is * gamma[j] as f64 + beta[j] as f64;
+                let got = y[gi * group + j];
+                assert!(close(got, want), "axis {axis}: y {got} vs {want}");
+            }
+        }
+    }
+}
+
+fn mode(m: &str) -> AttributeProto {
+    AttributeProto {
+        name: "mode".into(),
+        r#type: AttributeType::String as i32,
+        s: Bytes::from(m.to_string()),
+        ..Default::default()
+    }
+}
+
+/// The modes on the ONNX spec's 3×2 example (expected values from `numpy.pad`).
+#[test]
+fn pad_modes() {
+    let x = f32s(&[3, 2], &[1.0, 1.2, 2.3, 3.4, 4.5, 5.7]);
+    let left2 = i64s(&[4], &[0, 2, 0, 0]);
+    let y = Case::new(
+        "Pad",
+        11,
+        vec![x.clone(), left2.clone(), TensorValue::scalar(0.5f32)],
+    )
+    .run1();
+    assert_eq!(y.shape(), [3, 4]);
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [0.5, 0.5, 1.0, 1.2, 0.5, 0.5, 2.3, 3.4, 0.5, 0.5, 4.5, 5.7]
+    );
+    // No value: zeros.
+    let y = Case::new("Pad", 13, vec![x.clone(), left2.clone()]).run1();
+    assert_eq!(&y.as_f32().unwrap()[..4], [0.0, 0.0, 1.0, 1.2]);
+    let y = Case::new("Pad", 13, vec![x.clone(), left2.clone()])
+        .attr(mode("reflect"))
+        .run1();
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [1.0, 1.2, 1.0, 1.2, 2.3, 3.4, 2.3, 3.4, 4.5, 5.7, 4.5, 5.7]
+    );
+    let y = Case::new("Pad", 13, vec![x.clone(), left2])
+        .attr(mode("edge"))
+        .run1();
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [1.0, 1.0, 1.0, 1.2, 2.3, 2.3, 2.3, 3.4, 4.5, 4.5, 4.5, 5.7]
+    );
+    let y = Case::new("Pad", 19, vec![x.clone(), i64s(&[4], &[2, 1, 1, 1])])
+        .attr(mode("wrap"))
+        .run1();
+    assert_eq!(y.shape(), [6, 4]);
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [
+            3.4, 2.3, 3.4, 2.3, 5.7, 4.5, 5.7, 4.5, 1.2, 1.0, 1.2, 1.0, 3.4, 2.3, 3.4, 2.3, 5.7,
+            4.5, 5.7, 4.5, 1.2, 1.0, 1.2, 1.0
+        ]
+    );
+    // Reflection further than the axis is long keeps mirroring, as numpy does.
+    let y = Case::new("Pad", 13, vec![i64s(&[3], &[1, 2, 3]), i64s(&[2], &[4, 3])])
+        .attr(mode("reflect"))
+        .run1();
+    assert_eq!(y.as_i64().unwrap(), [1, 2, 3, 2, 1, 2, 3, 2, 1, 2]);
+}
+
+/// Opset 18's axes input (negative axes too), negative pads that crop, integer data.
+#[test]
+fn pad_axes_and_cropping() {
+    let x = i64s(&[3, 4], &(0..12).collect::<Vec<_>>());
+    // Crop one row at the top and a column at the right, add a row of -7 at the bottom.
+    let y = Case::new(
+        "Pad",
+        18,
+        vec![
+            x.clone(),
+            i64s(&[4], &[-1, 0, 1, -1]),
+            TensorValue::scalar(-7i64),
+        ],
+    )
+    .run1();
+    assert_eq!(y.shape(), [3, 3]);
+    assert_eq!(y.as_i64().unwrap(), [4, 5, 6, 8, 9, 10, -7, -7, -7]);
+    // Only the last axis, named -1; the absent value is 0.
+    let mut case = Case::new("Pad", 18, vec![x.clone(), i64s(&[2], &[1, 0])]);
+    case.inputs.push(None);
+    case.inputs.push(Some(i64s(&[1], &[-1])));
+    let y = case.run1();
+    assert_eq!(y.shape(), [3, 5]);
+    assert_eq!(
+        y.as_i64().unwrap(),
+        [0, 0, 1, 2, 3, 0, 4, 5, 6, 7, 0, 8, 9, 10, 11]
+    );
+}
+
+#[test]
+fn pad_bad_input_is_a_typed_error() {
+    let x = f32s(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    // Wrap came at opset 19.
+    let e = Case::new("Pad", 18, vec![x.clone(), i64s(&[4], &[0, 1, 0, 1])])
+        .attr(mode("wrap"))
+        .run()
+        .unwrap_err();
+    assert!(e.contains("mode") && e.contains("opset 18"), "{e}");
+    // Three pads for two axes.
+    let e = Case::new("Pad", 13, vec![x.clone(), i64s(&[3], &[0, 1, 0])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("pad"), "{e}");
+    // Cropping below nothing.
+    let e = Case::new("Pad", 13, vec![x.clone(), i64s(&[4], &[0, -2, 0, -1])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("pad"), "{e}");
+    // A value of another dtype.
+    let e = Case::new(
+        "Pad",
+        13,
+        vec![x, i64s(&[4], &[0; 4]), TensorValue::scalar(1i64)],
+    )
+    .run()
+    .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("i64"), "{e}");
+}
+
+/// Arithmetic on 8-bit integers wraps, as onnxruntime's; Div truncates; Max and Min compare.
+#[test]
+fn eight_bit_integer_arithmetic() {
+    let a = TensorValue::from_i8(vec![4], vec![100, -128, 7, -7]).unwrap();
+    let b = TensorValue::from_i8(vec![4], vec![100, 1, 2, 2]).unwrap();
+    for (op, want) in [
+        ("Add", [-56i8, -127, 9, -5]),
+        ("Sub", [0, 127, 5, -9]),
+        ("Mul", [16, -128, 14, -14]),
+        ("Div", [1, -128, 3, -3]),
+        ("Max", [100, 1, 7, 2]),
+        ("Min", [100, -128, 2, -7]),
+    ] {
+        let y = Case::new(op, 14, vec![a.clone(), b.clone()]).run1();
+        assert_eq!(y.as_i8().unwrap(), want, "{op} i8");
+    }
+    let a = TensorValue::from_u8(vec![3], vec![200, 3, 255]).unwrap();
+    let b = TensorValue::from_u8(vec![3], vec![100, 2, 1]).unwrap();
+    for (op, want) in [
+        ("Add", [44u8, 5, 0]),
+        ("Sub", [100, 1, 254]),
+        ("Mul", [32, 6, 255]),
+        ("Div", [2, 1, 255]),
+        ("Max", [200, 3, 255]),
+        ("Min", [100, 2, 1]),
+    ] {
+        let y = Case::new(op, 14, vec![a.clone(), b.clone()]).run1();
+        assert_eq!(y.as_u8().unwrap(), want, "{op} u8");
+    }
+    // Division by zero is an error naming the node, not a panic.
+    let zero = TensorValue::from_u8(vec![1], vec![0]).unwrap();
+    let e = Case::new("Div", 14, vec![a, zero]).run().unwrap_err();
+    assert!(e.contains("`n`") && e.contains("zero"), "{e}");
+    // And/Or are not defined on integers.
+    let e = Case::new("And", 14, vec![b.clone(), b]).run().unwrap_err();
+    assert!(e.contains("`n`"), "{e}");
+}
+
+/// Opset 18's axes input when it is a graph input (read at run time) and when it is an
+/// initializer (an attribute at import): the same values.
+#[test]
+fn reduce_axes_as_a_runtime_input() {
+    let x = f32s(&[2, 3, 2], &(0..12).map(|v| v as f32).collect::<Vec<_>>());
+    /// Op, axes, keepdims, output shape, output values.
+    type ReduceCase = (
+        &'static str,
+        &'static [i64],
+        i64,
+        &'static [usize],
+        &'static [f32],
+    );
+    let cases: [ReduceCase; 6] = [
+        ("ReduceMean", &[1], 1, &[2, 1, 2], &[2.0, 3.0, 8.0, 9.0]),
+        ("ReduceMean", &[-1, 0], 0, &[3], &[3.5, 5.5, 7.5]),
+        ("ReduceSum", &[], 0, &[], &[66.0]),
+        (
+            "ReduceMax",
+            &[2],
+            0,
+            &[2, 3],
+            &[1.0, 3.0, 5.0, 7.0, 9.0, 11.0],
+        ),
+        ("ReduceMin", &[0, 2], 1, &[1, 3, 1], &[0.0, 2.0, 4.0]),
+        (
+            "ReduceProd",
+            &[0],
+            0,
+            &[3, 2],
+            &[0.0, 7.0, 16.0, 27.0, 40.0, 55.0],
+        ),
+    ];
+    for (op, axes, keep, shape, want) in cases {
+        let y = Case::new(op, 18, vec![x.clone(), i64s(&[axes.len()], axes)])
+            .attr(int_attr("keepdims", keep))
+            .run1();
+        assert_eq!(y.shape(), shape, "{op} {axes:?}");
+        assert_eq!(y.as_f32().unwrap(), want, "{op} {axes:?}");
+    }
+    // noop_with_empty_axes needs the axes at import: a graph input is refused by name...
+    let noop = || {
+        Case::new("ReduceSum", 18, vec![x.clone(), i64s(&[0], &[])])
+            .attr(int_attr("noop_with_empty_axes", 1))
+    };
+    let e = noop().run().unwrap_err();
+    assert!(e.contains("`n`") && e.contains("in1"), "{e}");
+    // ...and a constant empty list passes the input through.
+    let y = noop().constant(1).run1();
+    assert_eq!(y.shape(), [2, 3, 2]);
+    // Axes out of range at run time: a typed error.
+    let e = Case::new("ReduceSum", 18, vec![x, i64s(&[1], &[3])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("3"), "{e}");
+}
+
+/// A Cast to FLOAT16 or BFLOAT16 rounds to that type's precision (and float16's range) in f32,
+/// as the narrow values would be; from integers too.
+#[test]
+fn cast_to_half_precision_rounds() {
+    let xs = [0.1f32, 1.000_732_4, 70000.0, -3.0e-8, 2049.0, 1.0e30];
+    let x = f32s(&[6], &xs);
+    for (to, f) in [
+        (
+            DataType::Float16,
+            (|v| half::f16::from_f32(v).to_f32()) as fn(f32) -> f32,
+        ),
+        (DataType::Bfloat16, |v| half::bf16::from_f32(v).to_f32()),
+    ] {
+        let y = Case::new("Cast", 19, vec![x.clone()])
+            .attr(int_attr("to", to as i64))
+            .run1();
+        assert_eq!(y.dtype(), DType::F32);
+        let want: Vec<f32> = xs.iter().map(|&v| f(v)).collect();
+        assert_eq!(y.as_f32().unwrap(), want, "{to:?}");
+    }
+    // Hand-checked float16 values: 0.1 is 0.0999755859375, 70000 overflows, 2049 is even-rounded.
+    let y = Case::new("Cast", 13, vec![x])
+        .attr(int_attr("to", DataType::Float16 as i64))
+        .run1();
+    let y = y.as_f32().unwrap();
+    assert_eq!(y[0], 0.099_975_586);
+    assert_eq!(y[2], f32::INFINITY);
+    assert_eq!(y[4], 2048.0);
+    let y = Case::new("Cast", 13, vec![i64s(&[2], &[2049, -3])])
+        .attr(int_attr("to", DataType::Float16 as i64))
+        .run1();
+    assert_eq!(y.as_f32().unwrap(), [2048.0, -3.0]);
+    // To DOUBLE: f32, unrounded.
+    let y = Case::new("Cast", 13, vec![f32s(&[1], &[0.1])])
+        .attr(int_attr("to", DataType::Double as i64))
+        .run1();
+    assert_eq!(y.as_f32().unwrap(), [0.1]);
+}
+
+/// LogSoftmax against f64, on one axis (opset 13) and on opset 11's 2-D coercion (axis 0 of a
+/// 2-D input: all elements together); large logits stay finite.
+#[test]
+fn log_softmax() {
+    let xs = [1.0f32, 2.0, 3.0, -1.0, 0.0, 1000.0];
+    let x = f32s(&[2, 3], &xs);
+    let lse = |v: &[f32]| {
+        let m = v.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+        m + v.iter().map(|&b| (b as f64 - m).exp()).sum::<f64>().ln()
+    };
+    let close = |got: &[f32], want: &[f64]| {
+        got.len() == want.len()
+            && got
+                .iter()
+                .zip(want)
+                .all(|(&g, &w)| (g as f64 - w).abs() <= 1e-5 * w.abs().max(1.0))
+    };
+    for (opset, axis) in [(13, -1), (13, 1), (11, 1), (11, -1)] {
+        let y = Case::new("LogSoftmax", opset, vec![x.clone()])
+            .attr(int_attr("axis", axis))
+            .run1();
+        let want: Vec<f64> = xs
+            .chunks(3)
+            .flat_map(|r| {
+                let l = lse(r);
+                r.iter().map(move |&v| v as f64 - l)
+            })
+            .collect();
+        assert_eq!(y.shape(), [2, 3]);
+        assert!(
+            close(y.as_f32().unwrap(), &want),
+            "opset {opset} axis {axis}: {y:?}"
+        );
+    }
+    // Opset 13, axis 0: down the columns.
+    let y = Case::new("LogSoftmax", 13, vec![x.clone()])
+        .attr(int_attr("axis", 0))
+        .run1();
+    let want: Vec<f64> = (0..6)
+        .map(|i| xs[i] as f64 - lse(&[xs[i % 3], xs[i % 3 + 3]]))
+        .collect();
+    assert!(close(y.as_f32().unwrap(), &want), "{y:?}");
+    // Opset 11, axis 0: the whole input is one row.
+    let y = Case::new("LogSoftmax", 11, vec![x])
+        .attr(int_attr("axis", 0))
+        .run1();
+    let l = lse(&xs);
+    let want: Vec<f64> = xs.iter().map(|&v| v as f64 - l).collect();
+    assert!(close(y.as_f32().unwrap(), &want), "{y:?}");
+    // Integers are not a type of LogSoftmax.
+    let e = Case::new("LogSoftmax", 13, vec![i64s(&[2], &[1, 2])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`"), "{e}");
+}
+
+/// Mod on the ONNX spec's mixed-sign example: `fmod=0` takes the divisor's sign (Python's `%`),
+/// `fmod=1` the dividend's (C's fmod); floats need `fmod=1`.
+#[test]
+fn mod_both_forms() {
+    let (a, b) = ([-4i64, 7, 5, 4, -7, 8], [2i64, -3, 8, -2, 3, 5]);
+    let y = Case::new("Mod", 13, vec![i64s(&[6], &a), i64s(&[6], &b)]).run1();
+    assert_eq!(y.as_i64().unwrap(), [0, -2, 5, 0, 2, 3]);
+    let y = Case::new("Mod", 13, vec![i64s(&[6], &a), i64s(&[6], &b)])
+        .attr(int_attr("fmod", 1))
+        .run1();
+    assert_eq!(y.as_i64().unwrap(), [0, 1, 5, 0, -1, 3]);
+    let a8: Vec<i8> = a.iter().map(|&v| v as i8).collect();
+    let b8: Vec<i8> = b.iter().map(|&v| v as i8).collect();
+    let y = Case::new(
+        "Mod",
+        13,
+        vec![
+            TensorValue::from_i8(vec![6], a8).unwrap(),
+            TensorValue::from_i8(vec![6], b8).unwrap(),
+        ],
+    )
+    .run1();
+    assert_eq!(y.as_i8().unwrap(), [0, -2, 5, 0, 2, 3]);
+    let y = Case::new(
+        "Mod",
+        13,
+        vec![
+            TensorValue::from_u8(vec![3], vec![4, 7, 5]).unwrap(),
+            TensorValue::from_u8(vec![1], vec![3]).unwrap(),
+        ],
+    )
+    .run1();
+    assert_eq!(y.as_u8().unwrap(), [1, 1, 2]);
+    let (fa, fb) = (
+        [-4.3f32, 7.2, 5.0, 4.3, -7.2, 8.0],
+        [2.1f32, -3.4, 8.0, -2.1, 3.4, 5.0],
+    );
+    let y = Case::new("Mod", 13, vec![f32s(&[6], &fa), f32s(&[6], &fb)])
+        .attr(int_attr("fmod", 1))
+        .run1();
+    for ((&g, &x), &d) in y.as_f32().unwrap().iter().zip(&fa).zip(&fb) {
+        // f64 fmod of the same f32 values is exact, so f32's must equal it rounded.
+        assert_eq!(g, ((x as f64) % (d as f64)) as f32, "fmod({x}, {d})");
+    }
+    assert_eq!(&y.as_f32().unwrap()[2..4], [5.0, 0.100_000_38]);
+    // Floats without fmod, and a zero divisor: typed errors naming the node.
+    let e = Case::new("Mod", 13, vec![f32s(&[1], &[1.0]), f32s(&[1], &[2.0])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("fmod"), "{e}");
+    let e = Case::new("Mod", 13, vec![i64s(&[1], &[1]), i64s(&[1], &[0])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("zero"), "{e}");
+}
+
+/// CastLike casts to its second input's type; a `like` that the model declares FLOAT16 (or an
+/// initializer of that type) makes it round to float16, though encore holds it as f32.
+#[test]
+fn cast_like() {
+    let x = f32s(&[3], &[0.1, -2.7, 70000.0]);
+    let y = Case::new("CastLike", 15, vec![x.clone(), i64s(&[1], &[0])]).run1();
+    assert_eq!(y.as_i64().unwrap(), [0, -2, 70000]);
+    let y = Case::new("CastLike", 15, vec![i64s(&[2], &[3, -4]), f32s(&[0], &[])]).run1();
+    assert_eq!(y.as_f32().unwrap(), [3.0, -4.0]);
+    // `like` declared FLOAT16 (a graph input; fed as f32), and a FLOAT16 initializer.
+    let mut case = Case::new("CastLike", 19, vec![x.clone(), f32s(&[1], &[0.0])]);
+    case.patch = Some(|m| {
+        let g = m.graph.as_mut().unwrap();
+        for vi in g.input.iter_mut().filter(|vi| vi.name == "in1") {
+            if let Some(type_proto::Value::TensorType(t)) =
+                vi.r#type.as_mut().and_then(|t| t.value.as_mut())
+            {
+                t.elem_type = DataType::Float16 as i32;
+            }
+        }
+        for t in g.initializer.iter_mut().filter(|t| t.name == "in1") {
+            t.data_type = DataType::Float16 as i32;
+            t.raw_data = Bytes::from(half::f16::from_f32(0.0).to_le_bytes().to_vec());
+        }
+    });
+    let y = case.run1();
+    assert_eq!(y.dtype(), DType::F32);
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [0.099_975_586, -2.699_218_8, f32::INFINITY]
+    );
+}
+
+/// Unsqueeze and Squeeze with axes fed at run time (and as initializers: the attribute form).
+#[test]
+fn squeeze_and_unsqueeze_axes_as_a_runtime_input() {
+    let x = f32s(&[3, 1, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let y = Case::new("Unsqueeze", 13, vec![x.clone(), i64s(&[2], &[0, -1])]).run1();
+    assert_eq!(y.shape(), [1, 3, 1, 2, 1]);
+    assert_eq!(y.as_f32().unwrap(), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let y = Case::new("Squeeze", 13, vec![x.clone(), i64s(&[1], &[-2])]).run1();
+    assert_eq!(y.shape(), [3, 2]);
+    let y = Case::new(
+        "Squeeze",
+        21,
+        vec![f32s(&[1, 2, 1], &[7.0, 8.0]), i64s(&[2], &[0, 2])],
+    )
+    .run1();
+    assert_eq!(y.shape(), [2]);
+    // Squeezing an axis that is not 1: a typed error naming the node.
+    let e = Case::new("Squeeze", 13, vec![x.clone(), i64s(&[1], &[0])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`"), "{e}");
+    let e = Case::new("Unsqueeze", 13, vec![x, i64s(&[1], &[9])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`"), "{e}");
+}
+
+/// Trilu on a 3×4 matrix for both triangles and several diagonals, batched, and bad inputs.
+#[test]
+fn trilu() {
+    let x = i64s(&[3, 4], &(1..=12).collect::<Vec<_>>());
+    let run = |upper: i64, k: Option<i64>| {
+        let mut ins = vec![x.clone()];
+        ins.extend(k.map(|k| i64s(&[], &[k])));
+        Case::new("Trilu", 14, ins)
+            .attr(int_attr("upper", upper))
+            .run1()
+            .as_i64()
+            .unwrap()
+            .to_vec()
+    };
+    assert_eq!(run(1, None), [1, 2, 3, 4, 0, 6, 7, 8, 0, 0, 11, 12]);
+    assert_eq!(run(0, None), [1, 0, 0, 0, 5, 6, 0, 0, 9, 10, 11, 0]);
+    assert_eq!(run(1, Some(1)), [0, 2, 3, 4, 0, 0, 7, 8, 0, 0, 0, 12]);
+    assert_eq!(run(0, Some(-1)), [0, 0, 0, 0, 5, 0, 0, 0, 9, 10, 0, 0]);
+    assert_eq!(run(1, Some(-5)), (1..=12).collect::<Vec<_>>());
+    let y = Case::new(
+        "Trilu",
+        14,
+        vec![f32s(&[2, 2, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])],
+    )
+    .attr(int_attr("upper", 0))
+    .run1();
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [1.0, 0.0, 3.0, 4.0, 5.0, 0.0, 7.0, 8.0]
+    );
+    let e = Case::new("Trilu", 14, vec![x.clone(), i64s(&[2], &[0, 1])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("k"), "{e}");
+    let e = Case::new("Trilu", 14, vec![i64s(&[3], &[1, 2, 3])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("trilu"), "{e}");
+}
+
+/// IsNaN and the three forms of IsInf, to bool.
+#[test]
+fn is_nan_and_is_inf() {
+    let x = f32s(
+        &[5],
+        &[1.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0],
+    );
+    let flags = |op: &'static str, attrs: &[(&str, i64)]| {
+        let mut c = Case::new(op, 20, vec![x.clone()]);
+        for &(a, v) in attrs {
+            c = c.attr(int_attr(a, v));
+        }
+        let y = c.run1();
+        assert_eq!(y.dtype(), DType::Bool);
+        y.as_bool().unwrap().to_vec()
+    };
+    assert_eq!(flags("IsNaN", &[]), [false, true, false, false, false]);
+    assert_eq!(flags("IsInf", &[]), [false, false, true, true, false]);
+    assert_eq!(
+        flags("IsInf", &[("detect_negative", 0)]),
+        [false, false, true, false, false]
+    );
+    assert_eq!(
+        flags("IsInf", &[("detect_positive", 0)]),
+        [false, false, false, true, false]
+    );
+    let e = Case::new("IsInf", 20, vec![x])
+        .attr(int_attr("detect_positive", 0))
+        .attr(int_attr("detect_negative", 0))
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`"), "{e}");
+    let e = Case::new("IsNaN", 20, vec![i64s(&[1], &[1])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("i64"), "{e}");
+}
+
+/// Xor of bools, with broadcasting; integers are refused by name.
+#[test]
+fn xor() {
+    let a = TensorValue::from_bool(vec![2, 2], vec![true, true, false, false]).unwrap();
+    let b = TensorValue::from_bool(vec![2], vec![true, false]).unwrap();
+    let y = Case::new("Xor", 11, vec![a, b]).run1();
+    assert_eq!(y.as_bool().unwrap(), [false, true, true, false]);
+    let e = Case::new("Xor", 11, vec![i64s(&[1], &[1]), i64s(&[1], &[0])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("i64"), "{e}");
+}
