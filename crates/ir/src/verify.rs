@@ -124,7 +124,12 @@ impl Graph {
         );
         if keeps_type {
             let x = input(0)?;
-            if x.dtype != out.dtype || !same_shape(x, out) {
+            // Predicates (is_nan, is_inf, …) keep the shape and give bool.
+            let dtype = match node.op {
+                Op::Unary(u) => u.output_dtype(x.dtype),
+                _ => x.dtype,
+            };
+            if dtype != out.dtype || !same_shape(x, out) {
                 return Some(format!(
                     "{} keeps its input's type: input {x}, output declared {out}",
                     node.op.name()
