@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use runtime::text::{Padding, Tokenizer, TokenizerOptions};
-use runtime::{CompileOptions, Model, Session, TensorValue};
+use runtime::{Model, Session, TensorValue};
 
 use super::texts::{io_err, Texts};
 use crate::error::CliError;
@@ -226,16 +226,7 @@ pub fn run(args: EmbedArgs) -> Result<(), CliError> {
         },
     )?;
     let model = Model::load(&args.model)?;
-    let session = Session::new(
-        &model,
-        CompileOptions {
-            threads: args
-                .threads
-                .unwrap_or_else(|| CompileOptions::default().threads)
-                .max(1),
-            ..Default::default()
-        },
-    )?;
+    let session = Session::new(&model, super::compile_options(args.threads))?;
     let output = runtime::text::hidden_state_output(&session);
     let embedder = Embedder {
         session,

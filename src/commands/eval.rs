@@ -9,7 +9,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use runtime::eval::{compare_embeddings, encoder_fn, EmbeddingAgreement, EvalData, Evaluation};
 use runtime::text::{SentenceEncoder, Tokenizer};
-use runtime::{CompileOptions, Model, Session};
+use runtime::{Model, Session};
 use serde_json::json;
 
 use crate::error::CliError;
@@ -77,16 +77,7 @@ fn figures(e: &Evaluation) -> [f64; 4] {
 fn score(path: &Path, args: &EvalArgs, data: &EvalData, quiet: bool) -> Result<Scored, CliError> {
     let tokenizer = Tokenizer::from_file(&args.tokenizer, runtime::eval::TOKENIZER_OPTIONS)?;
     let model = Model::load(path)?;
-    let session = Session::new(
-        &model,
-        CompileOptions {
-            threads: args
-                .threads
-                .unwrap_or_else(|| CompileOptions::default().threads)
-                .max(1),
-            ..Default::default()
-        },
-    )?;
+    let session = Session::new(&model, super::compile_options(args.threads))?;
     let encoder = SentenceEncoder::new(session, tokenizer);
     let bar = if quiet {
         ProgressBar::hidden()
@@ -180,17 +171,9 @@ fn per_layer_errors(args: &EvalArgs, data: &EvalData) -> Result<Vec<(String, f64
         ));
     }
     let fp32 = Model::load(baseline)?;
-    let threads = args
-        .threads
-        .unwrap_or_else(|| CompileOptions::default().threads)
-        .max(1);
-    let session = Session::new(
-        &fp32,
-        CompileOptions {
-            threads,
-            ..Default::default()
-        },
-    )?;
+    let options = super::compile_options(args.threads);
+    let threads = options.threads;
+    let session = Session::new(&fp32, options)?;
     let tokenizer = Tokenizer::from_file(&args.tokenizer, runtime::eval::TOKENIZER_OPTIONS)?;
     let texts: Vec<String> = data
         .sentiment
