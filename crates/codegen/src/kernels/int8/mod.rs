@@ -302,7 +302,7 @@ thread_local! {
     static ACC: RefCell<AlignedBuf<i32>> = RefCell::new(AlignedBuf::zeroed(0));
     static EPI_TMP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The caller's f32 intermediate of a two-phase epilogue (kept between calls).
-    static MID: RefCell<AlignedBuf<f32>> = RefCell::new(AlignedBuf::zeroed(0));
+    static MID: RefCell<Option<AlignedBuf<f32>>> = const { RefCell::new(None) };
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -380,114 +380,118 @@ fn drive(
     let spans_row = (parts == 1 || !split_n) && blk.nc_panels >= panels;
     let two_phase = !spans_row && row_ops;
     let final_out = out.ptr();
-    MID.with_borrow_mut(|mid| {
-        if two_phase {
-            mid.ensure(m * n);
-        }
-        let (tile_ops, tile_out): (&[EpilogueOp<'_>], OutPtr) = if two_phase {
-            (&ops[..split], OutPtr::F32(mid.as_mut_ptr(), n))
-        } else {
-            (ops, final_out)
-        };
-        let ctx = Int8Ctx {
-            colsum: &b.colsum,
-            shift,
-        };
-        let part_of = |t: usize| {
-            if split_n {
-                (0..m, split_range(panels, parts, t))
-            } else {
-                let r = split_range(m.div_ceil(d.mr), parts, t);
-                (r.start * d.mr..(r.end * d.mr).min(m), 0..panels)
-            }
-        };
-        let works: Vec<PartWork> = (0..parts)
-            .map(|t| {
-                let (rows, pans) = part_of(t);
-                PartWork::new(rows, pans, d.mr, blk.mc, blk.nc_panels)
-            })
-            .collect();
-        let mc_max = blk.mc.min(m.div_ceil(d.mr) * d.mr);
-        let eager = super::pool::eager_steal();
-        let body = |t: usize| {
-            APACK.with_borrow_mut(|ap| {
-                ACC.with_borrow_mut(|acc| {
-                    EPI_TMP.with_borrow_mut(|tmp| {
-                        ap.ensure(mc_max * b.k_pad);
-                        acc.ensure(d.mr * blk.nc_panels * d.nr);
-                        let mut packed: Option<(usize, usize)> = None;
-                        let mut run = |w: &PartWork, u: usize| {
-                            let (rows, pans) = w.unit(u);
-                            // SAFETY: units are disjoint output blocks, each claimed exactly once; A
-                            // and B sizes were checked; the kernel matches the packing; the buffers
-                            // were sized for the largest block.
-                            unsafe {
-                                compute_unit(
-                                    kern,
-                                    &d,
-                                    &blk,
-                                    a_bytes,
-                                    lda,
-                                    xor,
-                                    b,
-                                    rows,
-                                    pans,
-                                    tile_ops,
-                                    ctx,
-                                    tile_out,
-                                    ap,
-                                    &mut packed,
-                                    acc,
-                                    tmp,
-                                )
-                            }
-                        };
-                        kern.begin();
-                        if eager && parts > 1 {
-                            let w = &works[(t + 1) % parts];
-                            if let Some(u) = w.claim_back() {
-                                run(w, u);
-                            }
-                        }
-                        // Own units first (weight-stationary), then help whoever is behind.
-                        while let Some(u) = works[t].claim_front() {
-                            run(&works[t], u);
-                        }
-                        for i in 1..parts {
-                            let w = &works[(t + i) % parts];
-                            while let Some(u) = w.claim_back() {
-                                run(w, u);
-                            }
-                        }
-                        kern.end();
-                    })
-                })
-            });
-        };
-        parallel_for(parts, &body);
-        if two_phase {
-            let row_ops = &ops[split..];
-            let parts = threads.min(m);
-            let mid_ptr = MidPtr(mid.as_ptr());
-            parallel_chunks(m, parts, |rows| {
-                let mp = mid_ptr;
-                EPI_TMP.with_borrow_mut(|tmp| {
-                    // SAFETY: `mid` holds all m×n phase-one values; each part writes whole rows.
-                    unsafe {
-                        run_block(
-                            row_ops,
-                            None,
-                            Src::F32(mp.0.add(rows.start * n), n),
-                            rows,
-                            0..n,
-                            final_out,
-                            tmp,
-                        )
-                    }
-                });
-            });
-        }
+    // Taken out of the thread-local for this call (and put back after), so a nested GEMM on
+    // this thread would find none and make its own rather than contend for the borrow.
+    let mut mid = two_phase.then(|| {
+        let mut buf = MID.take().unwrap_or_else(|| AlignedBuf::zeroed(0));
+        buf.ensure(m * n);
+        buf
     });
+    let (tile_ops, tile_out): (&[EpilogueOp<'_>], OutPtr) = match mid.as_mut() {
+        Some(mid) => (&ops[..split], OutPtr::F32(mid.as_mut_ptr(), n)),
+        None => (ops, final_out),
+    };
+    let ctx = Int8Ctx {
+        colsum: &b.colsum,
+        shift,
+    };
+    let part_of = |t: usize| {
+        if split_n {
+            (0..m, split_range(panels, parts, t))
+        } else {
+            let r = split_range(m.div_ceil(d.mr), parts, t);
+            (r.start * d.mr..(r.end * d.mr).min(m), 0..panels)
+        }
+    };
+    let works: Vec<PartWork> = (0..parts)
+        .map(|t| {
+            let (rows, pans) = part_of(t);
+            PartWork::new(rows, pans, d.mr, blk.mc, blk.nc_panels)
+        })
+        .collect();
+    let mc_max = blk.mc.min(m.div_ceil(d.mr) * d.mr);
+    let eager = super::pool::eager_steal();
+    let body = |t: usize| {
+        APACK.with_borrow_mut(|ap| {
+            ACC.with_borrow_mut(|acc| {
+                EPI_TMP.with_borrow_mut(|tmp| {
+                    ap.ensure(mc_max * b.k_pad);
+                    acc.ensure(d.mr * blk.nc_panels * d.nr);
+                    let mut packed: Option<(usize, usize)> = None;
+                    let mut run = |w: &PartWork, u: usize| {
+                        let (rows, pans) = w.unit(u);
+                        // SAFETY: units are disjoint output blocks, each claimed exactly once; A
+                        // and B sizes were checked; the kernel matches the packing; the buffers
+                        // were sized for the largest block.
+                        unsafe {
+                            compute_unit(
+                                kern,
+                                &d,
+                                &blk,
+                                a_bytes,
+                                lda,
+                                xor,
+                                b,
+                                rows,
+                                pans,
+                                tile_ops,
+                                ctx,
+                                tile_out,
+                                ap,
+                                &mut packed,
+                                acc,
+                                tmp,
+                            )
+                        }
+                    };
+                    kern.begin();
+                    if eager && parts > 1 {
+                        let w = &works[(t + 1) % parts];
+                        if let Some(u) = w.claim_back() {
+                            run(w, u);
+                        }
+                    }
+                    // Own units first (weight-stationary), then help whoever is behind.
+                    while let Some(u) = works[t].claim_front() {
+                        run(&works[t], u);
+                    }
+                    for i in 1..parts {
+                        let w = &works[(t + i) % parts];
+                        while let Some(u) = w.claim_back() {
+                            run(w, u);
+                        }
+                    }
+                    kern.end();
+                })
+            })
+        });
+    };
+    parallel_for(parts, &body);
+    if two_phase {
+        let row_ops = &ops[split..];
+        let parts = threads.min(m);
+        let mid_ptr = MidPtr(mid.as_ref().expect("two-phase has its buffer").as_ptr());
+        parallel_chunks(m, parts, |rows| {
+            let mp = mid_ptr;
+            EPI_TMP.with_borrow_mut(|tmp| {
+                // SAFETY: `mid` holds all m×n phase-one values; each part writes whole rows.
+                unsafe {
+                    run_block(
+                        row_ops,
+                        None,
+                        Src::F32(mp.0.add(rows.start * n), n),
+                        rows,
+                        0..n,
+                        final_out,
+                        tmp,
+                    )
+                }
+            });
+        });
+    }
+    if mid.is_some() {
+        MID.set(mid);
+    }
     Ok(())
 }
 
