@@ -31,7 +31,7 @@ fn requant_row(m: usize, n: usize, k: usize, threads: usize, vnni_peak: f64) -> 
             w_scale: &ws,
         },
         EpilogueOp::Requant {
-            inv_scale: 0.5,
+            scale: 2.0,
             zero_point: 128,
             ty: QType::U8,
         },
@@ -80,7 +80,7 @@ fn epilogue_costs() {
         w_scale: &ws,
     };
     let rq = EpilogueOp::Requant {
-        inv_scale: 20.0,
+        scale: 0.05,
         zero_point: 128,
         ty: QType::U8,
     };

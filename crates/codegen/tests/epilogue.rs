@@ -153,7 +153,7 @@ fn validation_errors() {
         "u8 output without Requant",
     );
     let rq = EpilogueOp::Requant {
-        inv_scale: 1.0,
+        scale: 1.0,
         zero_point: 0,
         ty: QType::S8,
     };
@@ -301,7 +301,7 @@ fn programs(d: &Data) -> Vec<(Vec<EpilogueOp<'_>>, OutKind, &'static str)> {
                 dq_r,
                 ln,
                 EpilogueOp::Requant {
-                    inv_scale: 20.0,
+                    scale: 0.05,
                     zero_point: 3,
                     ty: QType::S8,
                 },
@@ -316,7 +316,7 @@ fn programs(d: &Data) -> Vec<(Vec<EpilogueOp<'_>>, OutKind, &'static str)> {
                 EpilogueOp::Relu,
                 EpilogueOp::Scale(3.0),
                 EpilogueOp::Requant {
-                    inv_scale: 40.0,
+                    scale: 0.025,
                     zero_point: 7,
                     ty: QType::U8,
                 },
@@ -329,7 +329,7 @@ fn programs(d: &Data) -> Vec<(Vec<EpilogueOp<'_>>, OutKind, &'static str)> {
                 dq_r,
                 EpilogueOp::Bias(&d.bias),
                 EpilogueOp::Requant {
-                    inv_scale: 10.0,
+                    scale: 0.1,
                     zero_point: -2,
                     ty: QType::S8,
                 },

@@ -202,7 +202,7 @@ fn f32_rejects_requant_epilogue() {
     let packed = PackedF32::pack(&[1.0; 4], 2, 2, false);
     let mut c = [0f32; 4];
     let ep = Epilogue::new(vec![EpilogueOp::Requant {
-        inv_scale: 1.0,
+        scale: 1.0,
         zero_point: 0,
         ty: codegen::kernels::QType::U8,
     }]);

@@ -160,7 +160,8 @@ name_table!(PadMode { Constant => "constant", Reflect => "reflect", Edge => "edg
 /// row for `LayerNorm`) while the GEMM's output tile is still in registers or cache. A step with
 /// operands takes the next inputs of its node, in order.
 ///
-/// Text form: `bias`, `mul_col`, `gelu_erf`, `gelu_tanh`, `residual`, `layer_norm 1e-12`.
+/// Text form: `bias`, `mul_col`, `gelu_erf`, `gelu_tanh`, `residual`, `layer_norm 1e-12`,
+/// `requant_u8 0.05 128`.
 ///
 /// ```
 /// use ir::EpilogueStep;
@@ -181,6 +182,11 @@ pub enum EpilogueStep {
     Residual,
     /// LayerNorm of each row over the last axis (operands: gamma `[n]`, beta `[n]`).
     LayerNorm { epsilon: f32 },
+    /// Last step only: `y = clamp(round_half_even(y / scale) + zero_point, 0, 255)` (NaN as 0),
+    /// stored as u8. The static activation quantization of the one linear that reads this
+    /// output, moved into its producer so that the f32 value is never written; the op's output
+    /// is then `u8` and the reader takes it as already quantized.
+    RequantU8 { scale: f32, zero_point: i32 },
 }
 
 impl EpilogueStep {
@@ -188,7 +194,7 @@ impl EpilogueStep {
     pub fn operands(&self) -> usize {
         match self {
             EpilogueStep::Bias | EpilogueStep::MulCol | EpilogueStep::Residual => 1,
-            EpilogueStep::Gelu(_) => 0,
+            EpilogueStep::Gelu(_) | EpilogueStep::RequantU8 { .. } => 0,
             EpilogueStep::LayerNorm { .. } => 2,
         }
     }
@@ -196,6 +202,22 @@ impl EpilogueStep {
     /// Total operands of a step list.
     pub fn count_operands(steps: &[EpilogueStep]) -> usize {
         steps.iter().map(|s| s.operands()).sum()
+    }
+
+    /// The element type a linear with this epilogue produces: u8 after a final `requant_u8`,
+    /// else f32.
+    ///
+    /// ```
+    /// use ir::{DType, EpilogueStep};
+    /// let q = EpilogueStep::RequantU8 { scale: 0.5, zero_point: 3 };
+    /// assert_eq!(EpilogueStep::output_dtype(&[EpilogueStep::Bias, q]), DType::U8);
+    /// assert_eq!(EpilogueStep::output_dtype(&[EpilogueStep::Bias]), DType::F32);
+    /// ```
+    pub fn output_dtype(steps: &[EpilogueStep]) -> DType {
+        match steps.last() {
+            Some(EpilogueStep::RequantU8 { .. }) => DType::U8,
+            _ => DType::F32,
+        }
     }
 }
 
@@ -207,6 +229,9 @@ impl fmt::Display for EpilogueStep {
             EpilogueStep::Gelu(a) => write!(f, "gelu_{}", a.name()),
             EpilogueStep::Residual => f.write_str("residual"),
             EpilogueStep::LayerNorm { epsilon } => write!(f, "layer_norm {epsilon:e}"),
+            EpilogueStep::RequantU8 { scale, zero_point } => {
+                write!(f, "requant_u8 {scale:?} {zero_point}")
+            }
         }
     }
 }
@@ -229,6 +254,10 @@ impl std::str::FromStr for EpilogueStep {
             "gelu_tanh" => EpilogueStep::Gelu(GeluApprox::Tanh),
             "layer_norm" => EpilogueStep::LayerNorm {
                 epsilon: words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?,
+            },
+            "requant_u8" => EpilogueStep::RequantU8 {
+                scale: words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?,
+                zero_point: words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?,
             },
             _ => return Err(bad()),
         };
@@ -476,7 +505,9 @@ pub enum Op {
     /// `(x: f32, w: i8[k, n], w_scale: f32[n] or [1], inv_smooth: f32[k] when smooth, operands…)`:
     /// `x` (times `inv_smooth`, the SmoothQuant factor) quantized to u8 as `act` says, an exact
     /// u8×s8→i32 GEMM, dequantized (`acc · a_scale · w_scale[n]`, zero point compensated), then
-    /// the `epilogue` steps; f32 out.
+    /// the `epilogue` steps; f32 out, or u8 after a final `requant_u8`. With `act` static, `x`
+    /// may instead be u8 already quantized with `a_scale` and `a_zero` (its producer ended in
+    /// `requant_u8`); then `smooth` is false.
     ///
     /// ```text
     /// %7 = qlinear[act="token", smooth=true, epilogue=(bias, gelu_erf)](%0, %1, %2, %3, %4) : f32[B,S,1536]

@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use crate::{DType, EpilogueStep, Graph, IrError, NodeId, Op, TensorType};
+use crate::{ActQuant, DType, EpilogueStep, Graph, IrError, NodeId, Op, TensorType};
 
 impl Graph {
     /// Checks that the graph is well formed: acyclic; every node's inputs are contiguous, in
@@ -174,8 +174,52 @@ impl Graph {
             } => (DType::I8, 3 + usize::from(*smooth), epilogue),
             _ => return None,
         };
-        if ty(0).dtype != DType::F32 {
-            return Some(format!("{}: x must be f32, is {}", node.op.name(), ty(0)));
+        let prequantized = matches!(
+            node.op,
+            Op::QLinear {
+                act: ActQuant::Static { .. },
+                smooth: false,
+                ..
+            }
+        );
+        if ty(0).dtype != DType::F32 && !(prequantized && ty(0).dtype == DType::U8) {
+            return Some(format!(
+                "{}: x must be f32{}, is {}",
+                node.op.name(),
+                if prequantized { " or u8" } else { "" },
+                ty(0)
+            ));
+        }
+        let out_dtype = EpilogueStep::output_dtype(epilogue);
+        if node.outputs[0].dtype != out_dtype {
+            return Some(format!(
+                "{}: with epilogue ({}) the output is {out_dtype}, declared {}",
+                node.op.name(),
+                epilogue
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                node.outputs[0]
+            ));
+        }
+        if let Some(i) = epilogue
+            .iter()
+            .position(|s| matches!(s, EpilogueStep::RequantU8 { .. }))
+        {
+            if matches!(node.op, Op::FusedLinear { .. }) {
+                return Some(
+                    "fused_linear: the f32 GEMM writes f32 only; `requant_u8` needs a qlinear"
+                        .to_string(),
+                );
+            }
+            if i + 1 != epilogue.len() {
+                return Some(format!(
+                    "{}: `{}` must be the last epilogue step",
+                    node.op.name(),
+                    epilogue[i]
+                ));
+            }
         }
         if ty(1).dtype != w_dtype || ty(1).rank() != Some(2) {
             return Some(format!(
@@ -224,6 +268,13 @@ impl Graph {
                     }
                 }
                 EpilogueStep::Gelu(_) => {}
+                EpilogueStep::RequantU8 { scale, zero_point } => {
+                    if !(scale.is_finite() && *scale > 0.0 && (0..=255).contains(zero_point)) {
+                        return Some(format!(
+                            "epilogue `{step}`: the scale must be finite and positive and the zero point in 0..=255"
+                        ));
+                    }
+                }
             }
             at += step.operands();
         }

@@ -16,7 +16,7 @@
 
 use ir::{ActQuant, BinaryOp, DType, EpilogueStep, Graph, NodeId, Op, Outlet, Tensor, TensorType};
 
-use crate::rewrite::{sole_consumer, visit_to_fixpoint};
+use crate::rewrite::{replace_with, sole_consumer, visit_to_fixpoint};
 use crate::{Pass, PassContext, PassError, Report};
 
 /// Applies `rule` to every node in topological order until it fires nowhere, removing what a
@@ -425,7 +425,8 @@ impl Pass for FuseEpilogue {
     fn run(&self, graph: &mut Graph, ctx: &mut PassContext<'_>) -> Result<bool, PassError> {
         let a = apply(graph, FUSE, &mut ctx.report, linear_to_fused)?;
         let b = apply(graph, FUSE, &mut ctx.report, grow_epilogue)?;
-        Ok(a || b)
+        let c = apply(graph, FUSE, &mut ctx.report, requant_into_producer)?;
+        Ok(a || b || c)
     }
 }
 
@@ -442,11 +443,7 @@ fn linear_to_fused(g: &mut Graph, id: NodeId, _report: &mut Report) -> Result<bo
     };
     let node = g.node(id);
     let (name, ty) = (node.name.clone(), node.outputs[0].clone());
-    let new = g
-        .add_node(Op::FusedLinear { epilogue }, &name, &ins, vec![ty])
-        .map_err(|e| e.to_string())?;
-    g.replace_uses(id.into(), new.into())
-        .map_err(|e| e.to_string())?;
+    replace_with(g, id.into(), Op::FusedLinear { epilogue }, &name, &ins, ty)?;
     Ok(true)
 }
 
@@ -515,6 +512,9 @@ fn grow_epilogue(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool,
         .any(|s| matches!(s, EpilogueStep::LayerNorm { .. }))
     {
         return Ok(false); // nothing is fused after a LayerNorm
+    }
+    if EpilogueStep::output_dtype(&epilogue) != DType::F32 {
+        return Ok(false); // the output is already quantized
     }
     let reader_name = g.node(reader).name.clone();
     let (step, operands): (EpilogueStep, Vec<Outlet>) = match g.node(reader).op.clone() {
@@ -595,11 +595,78 @@ fn grow_epilogue(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool,
     let mut inputs = g.node_inputs(id);
     inputs.extend(operands);
     let ty = g.node(reader).outputs[0].clone();
-    let new = g
-        .add_node(new_op, &name, &inputs, vec![ty])
-        .map_err(|e| e.to_string())?;
-    g.replace_uses(reader.into(), new.into())
-        .map_err(|e| e.to_string())?;
+    replace_with(g, reader.into(), new_op, &name, &inputs, ty)?;
     report.fired(FUSE, &name, format!("`{reader_name}` → epilogue `{step}`"));
+    Ok(true)
+}
+
+/// A static `QLinear` whose input is the only use of another `QLinear`'s output takes its
+/// activation quantization out of itself and into that producer's epilogue: the producer ends
+/// with `mul_col` (the reader's SmoothQuant factor, when it has one) and `requant_u8` with the
+/// reader's scale and zero point, writes u8, and the reader runs on those bytes. The f32 value
+/// between the two GEMMs is never written, and the bytes are the ones the reader made itself.
+fn requant_into_producer(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, String> {
+    let Op::QLinear {
+        act: act @ ActQuant::Static { scale, zero_point },
+        smooth,
+        epilogue,
+    } = g.node(id).op.clone()
+    else {
+        return Ok(false);
+    };
+    let ins = g.node_inputs(id);
+    let x = ins[0];
+    if g.outlet_type(x).dtype != DType::F32 {
+        return Ok(false);
+    }
+    let name = g.node(id).name.clone();
+    let producer = g.node(x.node).name.clone();
+    let mut producer_op = match &g.node(x.node).op {
+        op @ Op::QLinear { .. } => op.clone(),
+        Op::FusedLinear { .. } => {
+            report.declined(
+                FUSE,
+                &name,
+                format!("quantization not moved into `{producer}`: the f32 GEMM writes f32 only"),
+            );
+            return Ok(false);
+        }
+        _ => return Ok(false),
+    };
+    if sole_consumer(g, x) != Some(id) {
+        report.declined(
+            FUSE,
+            &name,
+            format!("quantization not moved into `{producer}`: its output has other readers",),
+        );
+        return Ok(false);
+    }
+    let mut producer_inputs = g.node_inputs(x.node);
+    if let Op::QLinear { epilogue: p, .. } = &mut producer_op {
+        if smooth {
+            p.push(EpilogueStep::MulCol);
+            producer_inputs.push(ins[3]);
+        }
+        p.push(EpilogueStep::RequantU8 { scale, zero_point });
+    }
+    let mut producer_ty = g.node(x.node).outputs[0].clone();
+    producer_ty.dtype = DType::U8;
+    let new_producer = g
+        .add_node(producer_op, &producer, &producer_inputs, vec![producer_ty])
+        .map_err(|e| e.to_string())?;
+    let mut inputs = vec![new_producer.into(), ins[1], ins[2]];
+    inputs.extend(&ins[3 + usize::from(smooth)..]);
+    let ty = g.node(id).outputs[0].clone();
+    let op = Op::QLinear {
+        act,
+        smooth: false,
+        epilogue,
+    };
+    replace_with(g, id.into(), op, &name, &inputs, ty)?;
+    report.fired(
+        FUSE,
+        &producer,
+        format!("quantization of `{name}` → epilogue `requant_u8`"),
+    );
     Ok(true)
 }

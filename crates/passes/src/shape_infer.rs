@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use ir::{BinaryOp, DType, Dim, Graph, Op, Outlet, Shape, TensorType, UnaryOp};
+use ir::{BinaryOp, DType, Dim, EpilogueStep, Graph, Op, Outlet, Shape, TensorType, UnaryOp};
 
 use crate::sym::{dim_add, dim_mul, SymInt, SymTensor, SMALL};
 use crate::{Pass, PassError};
@@ -828,7 +828,13 @@ fn infer(
                     Some(out)
                 }
             };
-            one(DType::F32, s)
+            let dtype = match op {
+                Op::FusedLinear { epilogue } | Op::QLinear { epilogue, .. } => {
+                    EpilogueStep::output_dtype(epilogue)
+                }
+                _ => DType::F32,
+            };
+            one(dtype, s)
         }
         Op::MatMulInteger => one(
             DType::I32,

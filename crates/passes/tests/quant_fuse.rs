@@ -936,3 +936,85 @@ fn quantize_pipeline_twice_is_a_no_op() {
     );
     insta::assert_snapshot!(snap);
 }
+
+/// Two chained static quantized linears (FFN1 → FFN2): FFN2's activation quantization (its
+/// SmoothQuant factor, scale and zero point) moves into FFN1's epilogue, FFN1 writes u8 and
+/// FFN2 reads it as is. The bytes are the ones FFN2 made itself, so the outputs are equal bit
+/// for bit.
+#[test]
+fn fuse_epilogue_requant_into_producer() {
+    let text = "\
+%0 = input[name=\"x\"] : f32[B,4]
+%1 = const[value=i8[4,3]{127, -64, 3, -127, 20, 90, 45, -100, -7, 0, 127, 60}] : i8[4,3]  # ffn1/weight_s8
+%2 = const[value=f32[3]{0.01, 0.02, 0.015}] : f32[3]  # ffn1/weight_scale
+%3 = const[value=f32[3]{0.5, -0.25, 1.0}] : f32[3]  # ffn1/bias
+%4 = qlinear[act=\"static\", a_scale=0.02, a_zero=120, smooth=false, epilogue=(bias, gelu_erf)](%0, %1, %2, %3) : f32[B,3]  # ffn1
+%5 = const[value=i8[3,2]{100, -3, 7, -127, 64, 9}] : i8[3,2]  # ffn2/weight_s8
+%6 = const[value=f32[2]{0.03, 0.01}] : f32[2]  # ffn2/weight_scale
+%7 = const[value=f32[3]{2.0, 0.5, 1.25}] : f32[3]  # ffn2/inv_smooth
+%8 = const[value=f32[2]{0.1, 0.2}] : f32[2]  # ffn2/bias
+%9 = qlinear[act=\"static\", a_scale=0.01, a_zero=7, smooth=true, epilogue=(bias)](%4, %5, %6, %7, %8) : f32[B,2]  # ffn2
+output \"y\" = %9
+";
+    let (snap, changed, before, after, report) = one_pass(&FuseEpilogue, text);
+    assert!(changed);
+    let t = print(&after);
+    assert!(
+        t.contains("epilogue=(bias, gelu_erf, mul_col, requant_u8 0.01 7)](%0, %1, %2, %3, %6) : u8[B,3]  # ffn1"),
+        "{t}"
+    );
+    assert!(
+        t.contains("a_scale=0.01, a_zero=7, smooth=false, epilogue=(bias)]"),
+        "{t}"
+    );
+    assert!(has_note(&report, NoteKind::Fired, "ffn1", "requant_u8"));
+    for seed in [21, 22, 23] {
+        let f = feeds(&before, seed, None);
+        assert_eq!(run(&before, &f), run(&after, &f), "seed {seed}\n{t}");
+    }
+    insta::assert_snapshot!(snap);
+}
+
+/// The quantization stays in the reader when the producer's output has another reader, or when
+/// the producer is an f32 GEMM; the report says why.
+#[test]
+fn fuse_epilogue_requant_declines() {
+    let text = "\
+%0 = input[name=\"x\"] : f32[B,4]
+%1 = const[value=i8[4,3]{127, -64, 3, -127, 20, 90, 45, -100, -7, 0, 127, 60}] : i8[4,3]  # a/weight_s8
+%2 = const[value=f32[3]{0.01, 0.02, 0.015}] : f32[3]  # a/weight_scale
+%3 = qlinear[act=\"static\", a_scale=0.02, a_zero=120, smooth=false, epilogue=()](%0, %1, %2) : f32[B,3]  # a
+%4 = const[value=i8[3,2]{100, -3, 7, -127, 64, 9}] : i8[3,2]  # b/weight_s8
+%5 = const[value=f32[2]{0.03, 0.01}] : f32[2]  # b/weight_scale
+%6 = qlinear[act=\"static\", a_scale=0.01, a_zero=7, smooth=false, epilogue=()](%3, %4, %5) : f32[B,2]  # b
+%7 = const[value=f32[4,3]{1, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1}] : f32[4,3]  # c/weight
+%8 = fused_linear[epilogue=()](%0, %7) : f32[B,3]  # c
+%9 = qlinear[act=\"static\", a_scale=0.01, a_zero=7, smooth=false, epilogue=()](%8, %4, %5) : f32[B,2]  # d
+output \"a\" = %3
+output \"b\" = %6
+output \"d\" = %9
+";
+    let (snap, changed, _, after, report) = one_pass(&FuseEpilogue, text);
+    assert!(!changed, "{}", print(&after));
+    assert!(
+        has_note(
+            &report,
+            NoteKind::Declined,
+            "b",
+            "its output has other readers"
+        ),
+        "{}",
+        notes(&report)
+    );
+    assert!(
+        has_note(
+            &report,
+            NoteKind::Declined,
+            "d",
+            "the f32 GEMM writes f32 only"
+        ),
+        "{}",
+        notes(&report)
+    );
+    insta::assert_snapshot!(snap);
+}

@@ -105,11 +105,13 @@ pub enum EpilogueOp<'a> {
         /// Variance epsilon.
         eps: f32,
     },
-    /// Last op: `y = clamp(round_half_even(y · inv_scale) + zero_point, qmin, qmax)`; the output
-    /// must be of type `ty`.
+    /// Last op: `y = clamp(round_half_even(y / scale) + zero_point, qmin, qmax)`, NaN as 0 (ONNX
+    /// `QuantizeLinear`'s formula, with its IEEE division, so that a quantization moved into a
+    /// producer's epilogue gives the bytes the standalone one gave); the output must be of type
+    /// `ty`.
     Requant {
-        /// 1 / output scale.
-        inv_scale: f32,
+        /// Output scale.
+        scale: f32,
         /// Output zero point.
         zero_point: i32,
         /// Output type.
@@ -509,14 +511,17 @@ fn apply_op(op: &EpilogueOp<'_>, r: usize, c0: usize, y: &mut [f32]) {
             }
         }
         EpilogueOp::Requant {
-            inv_scale,
+            scale,
             zero_point,
             ty,
         } => {
             let (lo, hi) = ty.range();
             let zp = zero_point as f32;
-            y.iter_mut()
-                .for_each(|v| *v = ((*v * inv_scale).round_ties_even() + zp).clamp(lo, hi));
+            y.iter_mut().for_each(|v| {
+                let q = (*v / scale).round_ties_even();
+                let q = if q.is_nan() { 0.0 } else { q };
+                *v = (q + zp).clamp(lo, hi)
+            });
         }
     }
 }
@@ -638,13 +643,14 @@ pub fn reference_eval(
                 (y - mean) / (var + eps as f64).sqrt() * gamma[col] as f64 + beta[col] as f64
             }
             EpilogueOp::Requant {
-                inv_scale,
+                scale,
                 zero_point,
                 ty,
             } => {
                 let (lo, hi) = ty.range();
-                ((y as f32 * inv_scale).round_ties_even() as f64 + zero_point as f64)
-                    .clamp(lo as f64, hi as f64)
+                let q = (y as f32 / scale).round_ties_even();
+                let q = if q.is_nan() { 0.0 } else { q };
+                (q as f64 + zero_point as f64).clamp(lo as f64, hi as f64)
             }
         };
     }

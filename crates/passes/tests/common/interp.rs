@@ -499,6 +499,8 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
             let (k, n) = (w[0], w[1]);
             let wq = ins[1].to_i64_vec().map_err(|e| e.to_string())?;
             let ws = f32s(ins[2]);
+            // Already quantized by its producer (`requant_u8`): the bytes are the q values.
+            let prequantized = ins[0].dtype() == DType::U8;
             let mut x = f32s(ins[0]);
             if *smooth {
                 let inv = f32s(ins[3]);
@@ -518,7 +520,13 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
                 let (s, z) = params[i];
                 let q: Vec<i64> = x[i * k..(i + 1) * k]
                     .iter()
-                    .map(|v| ((v / s).round_ties_even() + z as f32).clamp(0.0, 255.0) as i64)
+                    .map(|&v| {
+                        if prequantized {
+                            v as i64
+                        } else {
+                            ((v / s).round_ties_even() + z as f32).clamp(0.0, 255.0) as i64
+                        }
+                    })
                     .collect();
                 for c in 0..n {
                     let acc: i64 = (0..k).map(|p| (q[p] - z) * wq[p * n + c]).sum();
@@ -528,6 +536,10 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
             }
             let first = 3 + usize::from(*smooth);
             apply_epilogue(&mut y, n, epilogue, &ins[first..])?;
+            if EpilogueStep::output_dtype(epilogue) == DType::U8 {
+                let bytes = y.iter().map(|&v| v as u8).collect();
+                return Ok(vec![Tensor::from_vec(out.clone(), bytes)]);
+            }
             f(y)
         }
         Op::QMatMul => {
@@ -624,6 +636,13 @@ fn apply_epilogue(
                         *v = (*v - mean) * inv * g[i] + b[i];
                     }
                 }
+            }
+            EpilogueStep::RequantU8 { scale, zero_point } => {
+                y.iter_mut().for_each(|v| {
+                    let q = (*v / scale).round_ties_even();
+                    let q = if q.is_nan() { 0.0 } else { q };
+                    *v = (q + *zero_point as f32).clamp(0.0, 255.0);
+                });
             }
         }
     }

@@ -1,7 +1,7 @@
 //! The fused linears the `fuse` pipeline makes: `fused_linear` (f32 GEMM) and `qlinear` (u8×s8
 //! GEMM), each with its epilogue program run by the kernel on every output tile, and `qmatmul`.
 
-use codegen::kernels::{Activations, Epilogue, EpilogueOp, Output, RowParam};
+use codegen::kernels::{Activations, Epilogue, EpilogueOp, Output, QType, RowParam};
 use ir::{ActQuant, EpilogueStep, GeluApprox};
 
 use super::nn::{f32_of, linear_rows};
@@ -59,6 +59,11 @@ fn program<'a>(
                 gamma: vector(at, "layer-norm gamma")?,
                 beta: vector(at + 1, "layer-norm beta")?,
                 eps: *epsilon,
+            }),
+            EpilogueStep::RequantU8 { scale, zero_point } => ops.push(EpilogueOp::Requant {
+                scale: *scale,
+                zero_point: *zero_point,
+                ty: QType::U8,
             }),
         }
         at += step.operands();
@@ -314,7 +319,9 @@ pub(crate) fn quantize_rows_here(
 }
 
 /// `qlinear(x, w, w_scale, inv_smooth?, operands…)`: activation quantization, one u8×s8 GEMM,
-/// dequantization and the epilogue in the kernel.
+/// dequantization and the epilogue in the kernel. `x` is f32, or u8 already quantized with the
+/// static parameters of `act` (its producer's epilogue ended in `requant_u8`); the output is u8
+/// when this epilogue ends in `requant_u8`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qlinear(
     x: &TensorValue,
@@ -328,7 +335,6 @@ pub(crate) fn qlinear(
     node: &str,
 ) -> Result<TensorValue, Error> {
     let op = "qlinear";
-    let xv = f32_of(x, node, op)?;
     let (k, n) = (w.k(), w.n());
     let (m, shape) = linear_rows(x, k, n, node, op)?;
     let ws = f32_of(w_scale, node, op)?;
@@ -353,18 +359,37 @@ pub(crate) fn qlinear(
         }
         None => None,
     };
-    let buf = ctx.arena.bytes_for_overwrite(m * k);
-    let q = quantize_rows(xv, m, k, inv, act, buf, ctx);
-    let (a_scale, a_zero) = if q.scales.len() == 1 {
-        (
-            RowParam::PerTensor(q.scales[0]),
-            RowParam::PerTensor(q.zeros[0]),
-        )
-    } else {
-        (
-            RowParam::PerRow(&q.scales[..]),
-            RowParam::PerRow(&q.zeros[..]),
-        )
+    let mut quantized = None;
+    let (acts, a_scale, a_zero) = match (x.as_u8(), act) {
+        (Some(bytes), ActQuant::Static { scale, zero_point }) if inv.is_none() => (
+            bytes,
+            RowParam::PerTensor(scale),
+            RowParam::PerTensor(zero_point),
+        ),
+        (Some(_), _) => {
+            return Err(Error::op(
+                node,
+                op,
+                "a u8 input needs static activation parameters and no smoothing factors",
+            ))
+        }
+        (None, _) => {
+            let xv = f32_of(x, node, op)?;
+            let buf = ctx.arena.bytes_for_overwrite(m * k);
+            let q: &QuantizedRows = quantized.insert(quantize_rows(xv, m, k, inv, act, buf, ctx));
+            let params = if q.scales.len() == 1 {
+                (
+                    RowParam::PerTensor(q.scales[0]),
+                    RowParam::PerTensor(q.zeros[0]),
+                )
+            } else {
+                (
+                    RowParam::PerRow(&q.scales[..]),
+                    RowParam::PerRow(&q.zeros[..]),
+                )
+            };
+            (&q.data[..], params.0, params.1)
+        }
     };
     let mut ops = Vec::with_capacity(steps.len() + 1);
     ops.push(EpilogueOp::Dequant {
@@ -373,23 +398,40 @@ pub(crate) fn qlinear(
         w_scale: ws,
     });
     program(steps, operands, n, &shape, node, op, &mut ops)?;
-    let mut out = ctx.arena.f32_for_overwrite(m * n);
     let threads = ctx.gemm_threads(m * n * k);
-    codegen::kernels::gemm_i8(
-        m,
-        Activations::U8(&q.data),
-        k,
-        w.inner(),
-        Output::F32 {
+    let epilogue = Epilogue::new(ops);
+    let run = |out: Output<'_>| {
+        codegen::kernels::gemm_i8(
+            m,
+            Activations::U8(acts),
+            k,
+            w.inner(),
+            out,
+            &epilogue,
+            threads,
+        )
+        .map_err(|e| Error::op(node, op, e.to_string()))
+    };
+    let result = if EpilogueStep::output_dtype(steps) == ir::DType::U8 {
+        let mut out = ctx.arena.bytes_for_overwrite(m * n);
+        run(Output::U8 {
             c: &mut out,
             ldc: n,
-        },
-        &Epilogue::new(ops),
-        threads,
-    )
-    .map_err(|e| Error::op(node, op, e.to_string()))?;
-    ctx.arena.recycle_bytes(q.data);
-    Ok(TensorValue::raw(shape, out))
+        })?;
+        TensorValue::from_u8(shape, out)?
+    } else {
+        let mut out = ctx.arena.f32_for_overwrite(m * n);
+        run(Output::F32 {
+            c: &mut out,
+            ldc: n,
+        })?;
+        TensorValue::raw(shape, out)
+    };
+    drop(epilogue);
+    if let Some(q) = quantized {
+        ctx.arena.recycle_bytes(q.data);
+    }
+    Ok(result)
 }
 
 #[cfg(test)]

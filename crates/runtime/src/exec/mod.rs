@@ -99,11 +99,13 @@ impl Arena {
 
     /// Takes back the buffer of a value that died.
     pub fn recycle(&mut self, t: TensorValue) {
-        if let crate::TensorData::F32(v) = t.into_data() {
+        match t.into_data() {
             // Tiny buffers are not worth a slot; many would make the search slow.
-            if v.capacity() >= 256 && self.free.len() < 64 {
-                self.free.push(v);
+            crate::TensorData::F32(v) if v.capacity() >= 256 && self.free.len() < 64 => {
+                self.free.push(v)
             }
+            crate::TensorData::U8(v) if v.capacity() >= 256 => self.recycle_bytes(v),
+            _ => {}
         }
     }
 }

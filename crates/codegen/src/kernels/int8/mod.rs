@@ -205,7 +205,7 @@ fn hw_kernel(k: Int8Kernel) -> Result<Box<dyn MicroKernel>, KernelError> {
 /// let ws = [0.02f32; 3];
 /// let ep = Epilogue::new(vec![
 ///     EpilogueOp::Dequant { a_scale: RowParam::PerTensor(0.1), a_zero: RowParam::PerTensor(0), w_scale: &ws },
-///     EpilogueOp::Requant { inv_scale: 100.0, zero_point: 0, ty: QType::S8 },
+///     EpilogueOp::Requant { scale: 0.01, zero_point: 0, ty: QType::S8 },
 /// ]);
 /// let mut y = [0i8; 6];
 /// gemm_i8(m, Activations::S8(&a), k, &b, Output::S8 { c: &mut y, ldc: n }, &ep, 2).unwrap();

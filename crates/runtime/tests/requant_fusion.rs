@@ -1,0 +1,141 @@
+//! A static activation quantization moved into the producing GEMM's epilogue (`requant_u8`,
+//! made by the `fuse` pipeline) gives the bytes the reading GEMM made itself, so a model runs
+//! bit for bit the same with and without the fusion, on the real kernels: after a GELU
+//! epilogue (the FFN1 → FFN2 case) and after a LayerNorm epilogue (the two-phase row pass),
+//! with awkward sizes that leave partial register blocks.
+
+use runtime::{CompileOptions, Model, Session, TensorValue};
+
+/// Deterministic values in `[lo, hi)`.
+fn values(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            lo + (hi - lo) * ((s >> 40) as f32 / (1u64 << 24) as f32)
+        })
+        .collect()
+}
+
+fn list<T: std::fmt::Debug>(v: &[T]) -> String {
+    v.iter()
+        .map(|x| format!("{x:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn weight(k: usize, n: usize, seed: u64) -> String {
+    let w: Vec<i8> = values(k * n, seed, -127.0, 128.0)
+        .into_iter()
+        .map(|v| v.floor() as i8)
+        .collect();
+    format!("const[value=i8[{k},{n}]{{{}}}] : i8[{k},{n}]", list(&w))
+}
+
+fn vector(n: usize, seed: u64, lo: f32, hi: f32) -> String {
+    format!(
+        "const[value=f32[{n}]{{{}}}] : f32[{n}]",
+        list(&values(n, seed, lo, hi))
+    )
+}
+
+/// `x → qlinear(producer epilogue) → qlinear(static, smoothed)`; the producer's epilogue is
+/// `(bias, gelu_erf)` or `(bias, residual, layer_norm)`.
+fn graph(k: usize, n1: usize, n2: usize, layer_norm: bool) -> String {
+    let producer = if layer_norm {
+        format!(
+            "%4 = input[name=\"r\"] : f32[B,S,{n1}]\n%5 = {}  # ln/gamma\n%12 = {}  # ln/beta\n\
+             %6 = qlinear[act=\"token\", smooth=false, epilogue=(bias, residual, layer_norm 1e-12)](%0, %1, %2, %3, %4, %5, %12) : f32[B,S,{n1}]  # p\n",
+            vector(n1, 4, 0.5, 1.5),
+            vector(n1, 5, -0.2, 0.2)
+        )
+    } else {
+        "%4 = const[value=f32[1]{0.0}] : f32[1]  # unused\n%5 = const[value=f32[1]{0.0}] : f32[1]  # unused\n%6 = qlinear[act=\"token\", smooth=false, epilogue=(bias, gelu_erf)](%0, %1, %2, %3) : f32[B,S,N1]  # p\n".replace("N1", &n1.to_string())
+    };
+    format!(
+        "%0 = input[name=\"x\"] : f32[B,S,{k}]\n\
+         %1 = {}  # p/weight_s8\n\
+         %2 = {}  # p/weight_scale\n\
+         %3 = {}  # p/bias\n\
+         {producer}\
+         %7 = {}  # c/weight_s8\n\
+         %8 = {}  # c/weight_scale\n\
+         %9 = {}  # c/inv_smooth\n\
+         %10 = {}  # c/bias\n\
+         %11 = qlinear[act=\"static\", a_scale=0.011, a_zero=37, smooth=true, epilogue=(bias)](%6, %7, %8, %9, %10) : f32[B,S,{n2}]  # c\n\
+         output \"y\" = %11\n",
+        weight(k, n1, 1),
+        vector(n1, 2, 0.001, 0.01),
+        vector(n1, 3, -1.0, 1.0),
+        weight(n1, n2, 7),
+        vector(n2, 8, 0.001, 0.01),
+        vector(n1, 9, 0.5, 2.0),
+        vector(n2, 10, -1.0, 1.0),
+    )
+}
+
+fn run(
+    model: &Model,
+    fuse: bool,
+    threads: usize,
+    feeds: &[(&str, TensorValue)],
+) -> (Vec<f32>, String) {
+    let opts = CompileOptions {
+        threads,
+        fuse,
+        ..CompileOptions::default()
+    };
+    let s = Session::new(model, opts).unwrap();
+    let text = ir::text::print(s.graph()).unwrap();
+    let out = s.run(feeds).unwrap();
+    (out[0].1.as_f32().unwrap().to_vec(), text)
+}
+
+fn check(layer_norm: bool) {
+    for (k, n1, n2, b, seq) in [(40, 72, 24, 3, 37), (64, 200, 50, 2, 65)] {
+        let text = graph(k, n1, n2, layer_norm);
+        let g = ir::text::parse(&text, None).unwrap();
+        let model = Model::from_graph(g).unwrap();
+        let x = TensorValue::from_f32(vec![b, seq, k], values(b * seq * k, 11, -2.0, 2.0)).unwrap();
+        let mut feeds = vec![("x", x)];
+        if layer_norm {
+            let r = values(b * seq * n1, 12, -1.0, 1.0);
+            feeds.push(("r", TensorValue::from_f32(vec![b, seq, n1], r).unwrap()));
+        }
+        for threads in [1, 2] {
+            let (plain, plain_text) = run(&model, false, threads, &feeds);
+            let (fused, fused_text) = run(&model, true, threads, &feeds);
+            assert!(!plain_text.contains("requant_u8"), "{plain_text}");
+            assert!(
+                fused_text.contains("mul_col, requant_u8 0.011 37)")
+                    && fused_text.contains(&format!(": u8[B,S,{n1}]")),
+                "the fusion did not fire:\n{fused_text}"
+            );
+            assert_eq!(plain.len(), b * seq * n2);
+            let differ = plain
+                .iter()
+                .zip(&fused)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differ, 0,
+                "{differ} of {} outputs differ (k {k}, n1 {n1}, threads {threads}, layer norm {layer_norm})",
+                plain.len()
+            );
+        }
+    }
+}
+
+#[test]
+fn requant_after_gelu_is_bit_exact() {
+    check(false);
+}
+
+#[test]
+fn requant_after_layer_norm_is_bit_exact() {
+    check(true);
+}
