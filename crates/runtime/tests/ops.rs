@@ -45,23 +45,32 @@ fn max_diff(a: &TensorValue, b: &TensorValue) -> f32 {
 }
 
 /// The attention op against matmul/softmax over heads split by reshape/transpose, for a mask
-/// per key (padded keys skipped), a mask per query and key (no skipping), and no mask.
+/// per key (padded keys skipped), a mask per query and key (no skipping), and no mask; with
+/// heads narrower than the kernel's 32 columns and fewer queries than a register block (copied
+/// through scratch), and with 32-wide heads and 13 queries (read and written in place, plus a
+/// partial block).
 #[test]
 fn attention_matches_decomposition() {
-    let fused = session(
-        "%0 = input[name=\"q\"] : f32[B,S,8]\n\
-         %1 = input[name=\"k\"] : f32[B,S,8]\n\
-         %2 = input[name=\"v\"] : f32[B,S,8]\n\
+    check_attention(3, 5, 8, 2, [5, 2, 1]);
+    check_attention(3, 13, 64, 2, [13, 9, 1]);
+}
+
+fn check_attention(b: usize, s: usize, h: usize, heads: usize, lens: [usize; 3]) {
+    let dh = h / heads;
+    let fused = session(&format!(
+        "%0 = input[name=\"q\"] : f32[B,S,{h}]\n\
+         %1 = input[name=\"k\"] : f32[B,S,{h}]\n\
+         %2 = input[name=\"v\"] : f32[B,S,{h}]\n\
          %3 = input[name=\"m\"] : f32[*]\n\
-         %4 = attention[num_heads=2, scale=0.5](%0, %1, %2, %3) : f32[B,S,8]\n\
+         %4 = attention[num_heads={heads}, scale=0.5](%0, %1, %2, %3) : f32[B,S,{h}]\n\
          output \"y\" = %4\n",
-    );
-    let reference = session(
-        "%0 = input[name=\"q\"] : f32[B,S,8]\n\
-         %1 = input[name=\"k\"] : f32[B,S,8]\n\
-         %2 = input[name=\"v\"] : f32[B,S,8]\n\
+    ));
+    let reference = session(&format!(
+        "%0 = input[name=\"q\"] : f32[B,S,{h}]\n\
+         %1 = input[name=\"k\"] : f32[B,S,{h}]\n\
+         %2 = input[name=\"v\"] : f32[B,S,{h}]\n\
          %3 = input[name=\"m\"] : f32[*]\n\
-         %4 = const[value=i64[4]{0, 0, 2, 4}] : i64[4]\n\
+         %4 = const[value=i64[4]{{0, 0, {heads}, {dh}}}] : i64[4]\n\
          %5 = reshape[allowzero=false](%0, %4) : f32[*]\n\
          %6 = transpose[perm=[0, 2, 1, 3]](%5) : f32[*]\n\
          %7 = reshape[allowzero=false](%1, %4) : f32[*]\n\
@@ -69,19 +78,17 @@ fn attention_matches_decomposition() {
          %9 = reshape[allowzero=false](%2, %4) : f32[*]\n\
          %10 = transpose[perm=[0, 2, 1, 3]](%9) : f32[*]\n\
          %11 = matmul(%6, %8) : f32[*]\n\
-         %12 = const[value=f32[]{0.5}] : f32[]\n\
+         %12 = const[value=f32[]{{0.5}}] : f32[]\n\
          %13 = mul(%11, %12) : f32[*]\n\
          %14 = add(%13, %3) : f32[*]\n\
          %15 = softmax[axis=-1](%14) : f32[*]\n\
          %16 = matmul(%15, %10) : f32[*]\n\
          %17 = transpose[perm=[0, 2, 1, 3]](%16) : f32[*]\n\
-         %18 = const[value=i64[3]{0, 0, 8}] : i64[3]\n\
+         %18 = const[value=i64[3]{{0, 0, {h}}}] : i64[3]\n\
          %19 = reshape[allowzero=false](%17, %18) : f32[*]\n\
          output \"y\" = %19\n",
-    );
-    let (b, s, h) = (3, 5, 8);
+    ));
     let t = |seed| TensorValue::from_f32(vec![b, s, h], rand_vec(b * s * h, seed)).unwrap();
-    let lens = [5, 2, 1];
     let per_key: Vec<f32> = (0..b * s)
         .map(|i| if i % s < lens[i / s] { 0.0 } else { -3.4028e38 })
         .collect();
@@ -101,7 +108,7 @@ fn attention_matches_decomposition() {
     for m in masks {
         let feeds = [("q", t(1)), ("k", t(2)), ("v", t(3)), ("m", m.clone())];
         let d = max_diff(&run1(&fused, &feeds), &run1(&reference, &feeds));
-        assert!(d < 1e-6, "mask {:?}: {d}", m.shape());
+        assert!(d < 1e-6, "h {h}, s {s}, mask {:?}: {d}", m.shape());
     }
 }
 

@@ -98,27 +98,43 @@ pub(crate) fn attention(
         })
         .collect();
 
+    // Mask values added to the scores only where some visited key's bias is not 0: adding 0
+    // changes no score (−0 becomes +0, which softmax treats alike).
+    let mask_adds: Vec<bool> = (0..b)
+        .map(|bi| {
+            has_mask
+                && (!per_key_only
+                    || active[bi]
+                        .iter()
+                        .any(|&j| mv[bi * ms[0] + j * ms[3]] != 0.0))
+        })
+        .collect();
+
     let mut out = ctx.arena.f32_for_overwrite(b * sq * h);
     let optr = SyncPtr(out.as_mut_ptr());
     let tasks = b * num_heads;
     let work = b * num_heads * sq * sk * dh * 2;
-    // Padded sizes of the register-blocked kernels; the padding rows/columns are zeros.
-    let m_pad = sq.div_ceil(IB) * IB;
+    // Query rows in whole register blocks are read from q and written to the output in place;
+    // the last partial block goes through zero-padded scratch. V is read in place too when no
+    // key is skipped and a head is a whole number of kernel columns (else a compacted copy).
+    let m_full = sq / IB * IB;
     let dh_pad = dh.div_ceil(JB) * JB;
+    let direct_heads = dh == dh_pad;
     let run = |range: std::ops::Range<usize>| {
         // Per-worker scratch, reused across its (batch, head) tasks.
-        let mut qh = vec![0.0f32; m_pad * dh];
+        let mut q_tail = vec![0.0f32; IB * dh];
         let mut kt = vec![0.0f32; dh * sk.div_ceil(JB) * JB];
-        let mut vh = vec![0.0f32; sk * dh_pad];
-        let mut scores = vec![0.0f32; m_pad * sk.div_ceil(JB) * JB];
-        let mut oh = vec![0.0f32; m_pad * dh_pad];
+        let mut vh = Vec::new();
+        let mut scores = vec![0.0f32; (m_full + IB) * sk.div_ceil(JB) * JB];
+        let mut o_scratch = Vec::new();
         for task in range {
             let (bi, hd) = (task / num_heads, task % num_heads);
             let keys = &active[bi];
             let n = keys.len();
             let n_pad = n.div_ceil(JB) * JB;
-            for i in 0..sq {
-                qh[i * dh..(i + 1) * dh].copy_from_slice(&qv[(bi * sq + i) * h + hd * dh..][..dh]);
+            let q_at = (bi * sq) * h + hd * dh;
+            for i in m_full..sq {
+                q_tail[(i - m_full) * dh..][..dh].copy_from_slice(&qv[q_at + i * h..][..dh]);
             }
             let kt = &mut kt[..dh * n_pad];
             kt.fill(0.0);
@@ -127,13 +143,34 @@ pub(crate) fn attention(
                 for d in 0..dh {
                     kt[d * n_pad + r] = kv[src + d];
                 }
-                vh[r * dh_pad..r * dh_pad + dh].copy_from_slice(&vv[src..src + dh]);
             }
-            let sc = &mut scores[..m_pad * n_pad];
-            attn_scores(&qh, kt, sc, m_pad, n_pad, dh, scale);
+            let (v_rows, ldv): (&[f32], usize) = if direct_heads && n == sk {
+                (&vv[(bi * sk) * h + hd * dh..], h)
+            } else {
+                vh.resize(n * dh_pad, 0.0);
+                for (r, &j) in keys.iter().enumerate() {
+                    let src = (bi * sk + j) * h + hd * dh;
+                    vh[r * dh_pad..r * dh_pad + dh].copy_from_slice(&vv[src..src + dh]);
+                }
+                (&vh[..], dh_pad)
+            };
+            let sc = &mut scores[..(m_full + IB) * n_pad];
+            attn_scores(&qv[q_at..], h, kt, sc, m_full, n_pad, dh, scale);
+            if sq > m_full {
+                attn_scores(
+                    &q_tail,
+                    dh,
+                    kt,
+                    &mut sc[m_full * n_pad..],
+                    IB,
+                    n_pad,
+                    dh,
+                    scale,
+                );
+            }
             for (i, row) in sc.chunks_exact_mut(n_pad).take(sq).enumerate() {
                 let row = &mut row[..n];
-                if has_mask {
+                if mask_adds[bi] {
                     let mrow = bi * ms[0] + hd * ms[1] + i * ms[2];
                     for (s, &j) in row.iter_mut().zip(keys) {
                         *s += mv[mrow + j * ms[3]];
@@ -141,14 +178,35 @@ pub(crate) fn attention(
                 }
                 softmax_row(row);
             }
-            attn_values(sc, n_pad, &vh, &mut oh, m_pad, n, dh_pad);
-            for i in 0..sq {
-                // SAFETY: task (bi, hd) alone writes columns hd·dh..(hd+1)·dh of rows of batch
-                // bi, so writers never overlap, and `out` outlives the scope below.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(optr.ptr().add((bi * sq + i) * h + hd * dh), dh)
-                };
-                dst.copy_from_slice(&oh[i * dh_pad..i * dh_pad + dh]);
+            // Output rows `rows` (padded to `m_pad`) from their probabilities `p`: in place when
+            // the block is whole and a head is whole kernel columns, else through `o_scratch`.
+            let mut put = |p: &[f32], rows: std::ops::Range<usize>, m_pad: usize| {
+                if direct_heads && rows.len() == m_pad {
+                    // SAFETY: task (bi, hd) alone writes columns hd·dh..(hd+1)·dh of the rows of
+                    // batch bi (`rows` lie within its sq), so writers never overlap, and `out`
+                    // outlives the parallel call.
+                    unsafe {
+                        let o = optr.ptr().add(q_at + rows.start * h);
+                        attn_values(p, n_pad, v_rows, ldv, o, h, m_pad, n, dh);
+                    }
+                    return;
+                }
+                o_scratch.resize(m_pad * dh_pad, 0.0);
+                // SAFETY: `o_scratch` holds m_pad rows of dh_pad.
+                unsafe {
+                    let o = o_scratch.as_mut_ptr();
+                    attn_values(p, n_pad, v_rows, ldv, o, dh_pad, m_pad, n, dh_pad);
+                }
+                for (r, i) in rows.enumerate() {
+                    // SAFETY: as above, this task's columns of row i of batch bi.
+                    let dst =
+                        unsafe { std::slice::from_raw_parts_mut(optr.ptr().add(q_at + i * h), dh) };
+                    dst.copy_from_slice(&o_scratch[r * dh_pad..][..dh]);
+                }
+            };
+            put(sc, 0..m_full, m_full);
+            if sq > m_full {
+                put(&sc[m_full * n_pad..], m_full..sq, IB);
             }
         }
     };

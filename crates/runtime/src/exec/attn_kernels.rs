@@ -7,11 +7,13 @@ pub(crate) const IB: usize = 8;
 /// Columns per register block (two AVX-512 vectors).
 pub(crate) const JB: usize = 32;
 
-/// `scores[i, j] = scale · Σ_d q[i, d]·kt[d, j]` for `i < m_pad` (a multiple of [`IB`]) and
-/// `j < n_pad` (a multiple of [`JB`]); `q` is `[m_pad, dh]`, `kt` is `[dh, n_pad]`, `scores` is
-/// `[m_pad, n_pad]`.
+/// `scores[i, j] = scale · Σ_d q[i·ldq + d]·kt[d, j]` for `i < m_pad` (a multiple of [`IB`])
+/// and `j < n_pad` (a multiple of [`JB`]); `q` holds `m_pad` rows of `dh` at stride `ldq` (a
+/// head read in place from `[S, H]`), `kt` is `[dh, n_pad]`, `scores` is `[m_pad, n_pad]`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attn_scores(
     q: &[f32],
+    ldq: usize,
     kt: &[f32],
     scores: &mut [f32],
     m_pad: usize,
@@ -19,12 +21,13 @@ pub(crate) fn attn_scores(
     dh: usize,
     scale: f32,
 ) {
-    assert!(m_pad.is_multiple_of(IB) && n_pad.is_multiple_of(JB));
-    assert!(q.len() >= m_pad * dh && kt.len() >= dh * n_pad && scores.len() >= m_pad * n_pad);
+    assert!(m_pad.is_multiple_of(IB) && n_pad.is_multiple_of(JB) && ldq >= dh);
+    assert!(m_pad == 0 || q.len() >= (m_pad - 1) * ldq + dh);
+    assert!(kt.len() >= dh * n_pad && scores.len() >= m_pad * n_pad);
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512F; the sizes were checked above.
-        return unsafe { avx512::scores(q, kt, scores, m_pad, n_pad, dh, scale) };
+        return unsafe { avx512::scores(q, ldq, kt, scores, m_pad, n_pad, dh, scale) };
     }
     for i0 in (0..m_pad).step_by(IB) {
         for j0 in (0..n_pad).step_by(JB) {
@@ -32,7 +35,7 @@ pub(crate) fn attn_scores(
             for d in 0..dh {
                 let k = &kt[d * n_pad + j0..][..JB];
                 for (r, a) in acc.iter_mut().enumerate() {
-                    let x = q[(i0 + r) * dh + d];
+                    let x = q[(i0 + r) * ldq + d];
                     a.iter_mut()
                         .zip(k)
                         .for_each(|(a, &k)| *a = x.mul_add(k, *a));
@@ -46,31 +49,39 @@ pub(crate) fn attn_scores(
     }
 }
 
-/// `out[i, c] = Σ_{j<n} p[i, j]·v[j, c]` for `i < m_pad` (a multiple of [`IB`]) and
-/// `c < dh_pad` (a multiple of [`JB`]); `p` is `[m_pad, ldp]`, `v` is `[n, dh_pad]`, `out` is
-/// `[m_pad, dh_pad]`.
+/// `out[i·ldo + c] = Σ_{j<n} p[i, j]·v[j·ldv + c]` for `i < m_pad` (a multiple of [`IB`]) and
+/// `c < dh_pad` (a multiple of [`JB`]); `p` is `[m_pad, ldp]`, `v` holds `n` rows of `dh_pad` at
+/// stride `ldv`.
+///
+/// # Safety
+/// `out` must be valid for writes of `m_pad` rows of `dh_pad` at stride `ldo`, and no other
+/// thread may access those elements during the call (the heads of one row are written by
+/// different tasks, so the output is a pointer, not a slice of the whole row).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attn_values(
+pub(crate) unsafe fn attn_values(
     p: &[f32],
     ldp: usize,
     v: &[f32],
-    out: &mut [f32],
+    ldv: usize,
+    out: *mut f32,
+    ldo: usize,
     m_pad: usize,
     n: usize,
     dh_pad: usize,
 ) {
-    assert!(m_pad.is_multiple_of(IB) && dh_pad.is_multiple_of(JB) && n <= ldp);
-    assert!(p.len() >= m_pad * ldp && v.len() >= n * dh_pad && out.len() >= m_pad * dh_pad);
+    assert!(m_pad.is_multiple_of(IB) && dh_pad.is_multiple_of(JB) && n <= ldp && ldv >= dh_pad);
+    assert!(p.len() >= m_pad * ldp && (n == 0 || v.len() >= (n - 1) * ldv + dh_pad));
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512F; the sizes were checked above.
-        return unsafe { avx512::values(p, ldp, v, out, m_pad, n, dh_pad) };
+        // SAFETY: the CPU has AVX-512F; the input sizes were checked above and the caller
+        // vouches for `out`.
+        return unsafe { avx512::values(p, ldp, v, ldv, out, ldo, m_pad, n, dh_pad) };
     }
     for i0 in (0..m_pad).step_by(IB) {
         for c0 in (0..dh_pad).step_by(JB) {
             let mut acc = [[0.0f32; JB]; IB];
             for j in 0..n {
-                let vr = &v[j * dh_pad + c0..][..JB];
+                let vr = &v[j * ldv + c0..][..JB];
                 for (r, a) in acc.iter_mut().enumerate() {
                     let x = p[(i0 + r) * ldp + j];
                     a.iter_mut()
@@ -79,7 +90,10 @@ pub(crate) fn attn_values(
                 }
             }
             for (r, a) in acc.iter().enumerate() {
-                out[(i0 + r) * dh_pad + c0..][..JB].copy_from_slice(a);
+                // SAFETY: row i0 + r < m_pad and columns c0..c0 + JB ≤ dh_pad: the caller's
+                // writable block.
+                unsafe { std::slice::from_raw_parts_mut(out.add((i0 + r) * ldo + c0), JB) }
+                    .copy_from_slice(a);
             }
         }
     }
@@ -96,8 +110,10 @@ mod avx512 {
     /// # Safety
     /// AVX-512F; the slice sizes checked by the caller.
     #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn scores(
         q: &[f32],
+        ldq: usize,
         kt: &[f32],
         scores: &mut [f32],
         m_pad: usize,
@@ -116,7 +132,7 @@ mod avx512 {
                         let k0 = _mm512_loadu_ps(kp.add(d * n_pad + j0));
                         let k1 = _mm512_loadu_ps(kp.add(d * n_pad + j0 + 16));
                         for (r, a) in acc.iter_mut().enumerate() {
-                            let x = _mm512_set1_ps(*qp.add((i0 + r) * dh + d));
+                            let x = _mm512_set1_ps(*qp.add((i0 + r) * ldq + d));
                             a[0] = _mm512_fmadd_ps(x, k0, a[0]);
                             a[1] = _mm512_fmadd_ps(x, k1, a[1]);
                         }
@@ -138,26 +154,29 @@ mod avx512 {
     /// `v` and eight broadcasts of `p`.
     ///
     /// # Safety
-    /// AVX-512F; the slice sizes checked by the caller.
+    /// AVX-512F; the slice sizes checked by the caller; `out` as in [`super::attn_values`].
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     pub unsafe fn values(
         p: &[f32],
         ldp: usize,
         v: &[f32],
-        out: &mut [f32],
+        ldv: usize,
+        op: *mut f32,
+        ldo: usize,
         m_pad: usize,
         n: usize,
         dh_pad: usize,
     ) {
-        let (pp, vp, op) = (p.as_ptr(), v.as_ptr(), out.as_mut_ptr());
+        let (pp, vp) = (p.as_ptr(), v.as_ptr());
         for i0 in (0..m_pad).step_by(IB) {
             for c0 in (0..dh_pad).step_by(JB) {
                 let mut acc = [[_mm512_setzero_ps(); 2]; IB];
                 for j in 0..n {
                     // SAFETY: j < n, c0 + JB ≤ dh_pad, i0 + IB ≤ m_pad, j < ldp.
                     unsafe {
-                        let v0 = _mm512_loadu_ps(vp.add(j * dh_pad + c0));
-                        let v1 = _mm512_loadu_ps(vp.add(j * dh_pad + c0 + 16));
+                        let v0 = _mm512_loadu_ps(vp.add(j * ldv + c0));
+                        let v1 = _mm512_loadu_ps(vp.add(j * ldv + c0 + 16));
                         for (r, a) in acc.iter_mut().enumerate() {
                             let x = _mm512_set1_ps(*pp.add((i0 + r) * ldp + j));
                             a[0] = _mm512_fmadd_ps(x, v0, a[0]);
@@ -166,9 +185,10 @@ mod avx512 {
                     }
                 }
                 for (r, a) in acc.iter().enumerate() {
-                    // SAFETY: row i0 + r < m_pad, columns c0..c0 + JB ≤ dh_pad.
+                    // SAFETY: row i0 + r < m_pad, columns c0..c0 + JB ≤ dh_pad: the caller's
+                    // writable block.
                     unsafe {
-                        let o = op.add((i0 + r) * dh_pad + c0);
+                        let o = op.add((i0 + r) * ldo + c0);
                         _mm512_storeu_ps(o, a[0]);
                         _mm512_storeu_ps(o.add(16), a[1]);
                     }
@@ -182,7 +202,8 @@ mod avx512 {
 mod tests {
     use super::*;
 
-    /// The kernels against a plain f64-free reference with the same FMA order: bit-exact.
+    /// The kernels against a plain f64-free reference with the same FMA order: bit-exact, with
+    /// rows read and written at strides wider than a head (heads in place in `[S, H]`).
     #[test]
     fn kernels_equal_the_sequential_fma_chain() {
         let mut state = 7u32;
@@ -193,29 +214,38 @@ mod tests {
         let (m_pad, n, dh): (usize, usize, usize) = (16, 45, 24);
         let n_pad = n.div_ceil(JB) * JB;
         let dh_pad = dh.div_ceil(JB) * JB;
-        let q: Vec<f32> = (0..m_pad * dh).map(|_| rnd()).collect();
+        let (ldq, ldv, ldo) = (dh + 5, dh_pad + 7, dh_pad + 3);
+        let q: Vec<f32> = (0..m_pad * ldq).map(|_| rnd()).collect();
         let kt: Vec<f32> = (0..dh * n_pad).map(|_| rnd()).collect();
         let mut s = vec![0f32; m_pad * n_pad];
-        attn_scores(&q, &kt, &mut s, m_pad, n_pad, dh, 0.125);
+        attn_scores(&q, ldq, &kt, &mut s, m_pad, n_pad, dh, 0.125);
         for i in 0..m_pad {
             for j in 0..n_pad {
                 let mut a = 0f32;
                 for d in 0..dh {
-                    a = q[i * dh + d].mul_add(kt[d * n_pad + j], a);
+                    a = q[i * ldq + d].mul_add(kt[d * n_pad + j], a);
                 }
                 assert_eq!(s[i * n_pad + j], a * 0.125, "score {i},{j}");
             }
         }
-        let v: Vec<f32> = (0..n * dh_pad).map(|_| rnd()).collect();
-        let mut o = vec![0f32; m_pad * dh_pad];
-        attn_values(&s, n_pad, &v, &mut o, m_pad, n, dh_pad);
+        let v: Vec<f32> = (0..n * ldv).map(|_| rnd()).collect();
+        let mut o = vec![f32::NAN; m_pad * ldo];
+        // SAFETY: `o` holds m_pad rows of dh_pad at stride ldo.
+        unsafe { attn_values(&s, n_pad, &v, ldv, o.as_mut_ptr(), ldo, m_pad, n, dh_pad) };
         for i in 0..m_pad {
-            for c in 0..dh_pad {
+            for c in 0..ldo {
+                if c >= dh_pad {
+                    assert!(
+                        o[i * ldo + c].is_nan(),
+                        "wrote outside the block at {i},{c}"
+                    );
+                    continue;
+                }
                 let mut a = 0f32;
                 for j in 0..n {
-                    a = s[i * n_pad + j].mul_add(v[j * dh_pad + c], a);
+                    a = s[i * n_pad + j].mul_add(v[j * ldv + c], a);
                 }
-                assert_eq!(o[i * dh_pad + c], a, "value {i},{c}");
+                assert_eq!(o[i * ldo + c], a, "value {i},{c}");
             }
         }
     }
