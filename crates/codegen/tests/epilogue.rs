@@ -282,6 +282,21 @@ fn programs(d: &Data) -> Vec<(Vec<EpilogueOp<'_>>, OutKind, &'static str)> {
         (vec![], OutKind::F32, "plain"),
         (vec![dq_t], OutKind::F32, "dequant per-tensor"),
         (
+            vec![dq_t, EpilogueOp::Bias(&d.bias)],
+            OutKind::F32,
+            "dequant per-tensor + bias, stored directly",
+        ),
+        (
+            vec![dq_r, EpilogueOp::Bias(&d.bias)],
+            OutKind::F32,
+            "dequant per-row + bias, stored directly",
+        ),
+        (
+            vec![dq_r, EpilogueOp::Bias(&d.bias), EpilogueOp::Relu],
+            OutKind::F32,
+            "dequant + bias, then more ops",
+        ),
+        (
             vec![dq_r, EpilogueOp::Bias(&d.bias), EpilogueOp::GeluErf],
             OutKind::F32,
             "dequant per-row + bias + gelu",

@@ -453,18 +453,59 @@ unsafe fn run_block_generic(
                 {
                     let zp = ctx.shift + a_zero.at(r);
                     let s = a_scale.at(r);
-                    if w_scale.len() == 1 {
-                        let s = s * w_scale[0];
-                        for ((y, &a), &c) in y.iter_mut().zip(acc).zip(cs) {
-                            *y = (a.wrapping_sub(zp.wrapping_mul(c))) as f32 * s;
+                    // A bias right after the dequantization is added in the same pass, and when
+                    // nothing follows, an f32 row is written straight to the output: the same
+                    // two roundings per value, one pass over the row instead of three.
+                    let (bias, rest) = match ops.get(1) {
+                        Some(EpilogueOp::Bias(b)) => (Some(&b[c0..c0 + w]), &ops[2..]),
+                        _ => (None, &ops[1..]),
+                    };
+                    let direct = match out {
+                        OutPtr::F32(o, ldc) if rest.is_empty() => {
+                            // SAFETY: the caller guarantees the output block is writable and
+                            // exclusive to us.
+                            Some(unsafe { std::slice::from_raw_parts_mut(o.add(r * ldc + c0), w) })
                         }
-                    } else {
-                        let ws = &w_scale[c0..c0 + w];
-                        for (((y, &a), &c), &ws) in y.iter_mut().zip(acc).zip(cs).zip(ws) {
-                            *y = (a.wrapping_sub(zp.wrapping_mul(c))) as f32 * (s * ws);
+                        _ => None,
+                    };
+                    let dst: &mut [f32] = match direct {
+                        Some(d) => d,
+                        None => &mut *y,
+                    };
+                    let deq =
+                        |a: i32, c: i32, s: f32| (a.wrapping_sub(zp.wrapping_mul(c))) as f32 * s;
+                    match (w_scale.len() == 1, bias) {
+                        (true, None) => {
+                            let s = s * w_scale[0];
+                            for ((y, &a), &c) in dst.iter_mut().zip(acc).zip(cs) {
+                                *y = deq(a, c, s);
+                            }
+                        }
+                        (true, Some(b)) => {
+                            let s = s * w_scale[0];
+                            for (((y, &a), &c), &b) in dst.iter_mut().zip(acc).zip(cs).zip(b) {
+                                *y = deq(a, c, s) + b;
+                            }
+                        }
+                        (false, None) => {
+                            let ws = &w_scale[c0..c0 + w];
+                            for (((y, &a), &c), &ws) in dst.iter_mut().zip(acc).zip(cs).zip(ws) {
+                                *y = deq(a, c, s * ws);
+                            }
+                        }
+                        (false, Some(b)) => {
+                            let ws = &w_scale[c0..c0 + w];
+                            for ((((y, &a), &c), &ws), &b) in
+                                dst.iter_mut().zip(acc).zip(cs).zip(ws).zip(b)
+                            {
+                                *y = deq(a, c, s * ws) + b;
+                            }
                         }
                     }
-                    ops = &ops[1..];
+                    if matches!(out, OutPtr::F32(..)) && rest.is_empty() {
+                        continue;
+                    }
+                    ops = rest;
                 } else {
                     for ((y, &a), &c) in y.iter_mut().zip(acc).zip(cs) {
                         *y = a.wrapping_sub(ctx.shift.wrapping_mul(c)) as f32;
