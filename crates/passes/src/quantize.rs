@@ -80,100 +80,143 @@ impl Pass for SmoothQuant {
             pass: SMOOTH,
             source,
         })?;
-        let mut changed = false;
-        for id in order {
+        // The linears that read each activation, in order: Q, K and V read the same one and get
+        // one shared factor (one smoothed activation, quantized once).
+        let mut readers: Vec<(Outlet, Vec<NodeId>)> = Vec::new();
+        for &id in &order {
             if graph.node(id).op != Op::Linear {
                 continue;
             }
-            let name = graph.node(id).name.clone();
-            if ctx.quant.keeps_fp32(&name) {
+            let name = &graph.node(id).name;
+            if ctx.quant.keeps_fp32(name) || !stats.layers.contains_key(name) {
                 continue;
             }
-            let ins = graph.node_inputs(id);
-            let smooth_name = format!("{name}/smooth");
-            if graph.node(ins[0].node).name == smooth_name {
+            let x = graph.node_inputs(id)[0];
+            if is_smoothing(graph, x) {
                 continue; // already smoothed
             }
-            let Some(st) = stats.layers.get(&name) else {
-                continue;
-            };
-            let alpha = ctx.quant.alpha_of(&name);
+            match readers.iter_mut().find(|(o, _)| *o == x) {
+                Some((_, v)) => v.push(id),
+                None => readers.push((x, vec![id])),
+            }
+        }
+        let mut changed = false;
+        for (_, group) in readers {
+            let names: Vec<String> = group
+                .iter()
+                .map(|&id| graph.node(id).name.clone())
+                .collect();
+            let st = &stats.layers[&names[0]];
+            // One factor per activation needs one alpha: the first reader's (`--alpha auto`
+            // chooses one per group).
+            let alpha = ctx.quant.alpha_of(&names[0]);
             if alpha <= 0.0 {
                 continue; // alpha 0: this layer is not smoothed
             }
-            let fired = smooth_one(graph, id, st, alpha, &smooth_name)
-                .map_err(|m| PassError::node(SMOOTH, &name, m))?;
-            match fired {
-                Ok((lo, hi)) => {
-                    changed = true;
-                    ctx.report.fired(
+            let fired = smooth_group(graph, &group, st, alpha)
+                .map_err(|m| PassError::node(SMOOTH, &names[0], m))?;
+            let shared = if names.len() > 1 {
+                format!(", one factor shared by {}", names.join(", "))
+            } else {
+                String::new()
+            };
+            for name in &names {
+                match &fired {
+                    Ok((lo, hi)) => ctx.report.fired(
                         SMOOTH,
-                        &name,
-                        format!("alpha {alpha}: factors in [{lo:.3}, {hi:.3}]"),
-                    );
+                        name,
+                        format!("alpha {alpha}: factors in [{lo:.3}, {hi:.3}]{shared}"),
+                    ),
+                    Err(why) => ctx.report.declined(SMOOTH, name, why.clone()),
                 }
-                Err(why) => ctx.report.declined(SMOOTH, &name, why),
             }
+            changed |= fired.is_ok();
         }
         Ok(changed)
     }
 }
 
-/// Smooths one linear. `Ok(Err(why))` when it declines; `Ok(Ok((min s, max s)))` when it fired.
+/// Whether `x` is a SmoothQuant `Mul` (named `<linear>/smooth`).
+fn is_smoothing(g: &Graph, x: Outlet) -> bool {
+    let node = g.node(x.node);
+    node.name.ends_with("/smooth") && node.op == Op::Binary(ir::BinaryOp::Mul)
+}
+
+/// Smooths the linears `ids`, which read the same activation, with one factor per input
+/// channel from the activation's range and the largest weight row among them: one `Mul` (named
+/// after the first) feeds them all. `Ok(Err(why))` when it declines; `Ok(Ok((min s, max s)))`
+/// when it fired.
 #[allow(clippy::type_complexity)]
-fn smooth_one(
+fn smooth_group(
     g: &mut Graph,
-    id: NodeId,
+    ids: &[NodeId],
     st: &ChannelStats,
     alpha: f32,
-    smooth_name: &str,
 ) -> Result<Result<(f32, f32), String>, String> {
-    let ins = g.node_inputs(id);
-    let Some(w) = g.const_value(ins[1]).cloned() else {
-        return Ok(Err("the weight is not a constant".into()));
-    };
-    if w.dtype() != DType::F32 || w.shape().len() != 2 || !w.has_data() {
-        return Ok(Err("the weight is not f32[k, n] with data".into()));
+    let mut weights = Vec::with_capacity(ids.len());
+    for &id in ids {
+        let ins = g.node_inputs(id);
+        let Some(w) = g.const_value(ins[1]).cloned() else {
+            return Ok(Err("the weight is not a constant".into()));
+        };
+        if w.dtype() != DType::F32 || w.shape().len() != 2 || !w.has_data() {
+            return Ok(Err("the weight is not f32[k, n] with data".into()));
+        }
+        weights.push(w);
     }
-    let (k, n) = (w.shape()[0], w.shape()[1]);
+    let k = weights[0].shape()[0];
+    if weights.iter().any(|w| w.shape()[0] != k) {
+        return Ok(Err(
+            "the readers of one activation differ in input width".into()
+        ));
+    }
     if st.min.len() != k || st.max.len() != k {
         return Ok(Err(format!(
             "statistics have {} channels, the layer has {k} inputs",
             st.min.len()
         )));
     }
-    let wv = w.to_f32_vec().map_err(|e| e.to_string())?;
-    let w_absmax: Vec<f32> = (0..k)
-        .map(|j| {
-            wv[j * n..(j + 1) * n]
+    let mut w_absmax = vec![0f32; k];
+    let mut values = Vec::with_capacity(weights.len());
+    for w in &weights {
+        let n = w.shape()[1];
+        let wv = w.to_f32_vec().map_err(|e| e.to_string())?;
+        for (j, m) in w_absmax.iter_mut().enumerate() {
+            *m = wv[j * n..(j + 1) * n]
                 .iter()
-                .fold(0f32, |m, v| m.max(v.abs()))
-        })
-        .collect();
+                .fold(*m, |m, v| m.max(v.abs()));
+        }
+        values.push(wv);
+    }
     let s = smoothing_factors(&st.absmax(), &w_absmax, alpha);
-    let scaled: Vec<f32> = wv.iter().enumerate().map(|(i, &v)| v * s[i / n]).collect();
     let inv: Vec<f32> = s.iter().map(|v| 1.0 / v).collect();
-    let name = g.node(id).name.clone();
-    let w_new = g.add_const(
-        &format!("{name}/weight_smoothed"),
-        Tensor::from_vec(vec![k, n], scaled),
-    );
+    let first = g.node(ids[0]).name.clone();
     let inv_c = g.add_const(
-        &format!("{name}/inv_smooth"),
+        &format!("{first}/inv_smooth"),
         Tensor::from_vec(vec![k], inv),
     );
-    let x_ty = g.outlet_type(ins[0]).clone();
+    let x = g.node_inputs(ids[0])[0];
+    let x_ty = g.outlet_type(x).clone();
     let mul = g
         .add_node(
             Op::Binary(ir::BinaryOp::Mul),
-            smooth_name,
-            &[ins[0], inv_c],
+            &format!("{first}/smooth"),
+            &[x, inv_c],
             vec![x_ty],
         )
         .map_err(|e| e.to_string())?;
-    g.set_node_input(id, 0, mul.into())
-        .map_err(|e| e.to_string())?;
-    g.set_node_input(id, 1, w_new).map_err(|e| e.to_string())?;
+    for ((&id, w), wv) in ids.iter().zip(&weights).zip(&values) {
+        let n = w.shape()[1];
+        let scaled: Vec<f32> = wv.iter().enumerate().map(|(i, &v)| v * s[i / n]).collect();
+        let name = g.node(id).name.clone();
+        let w_new = g.add_const(
+            &format!("{name}/weight_smoothed"),
+            Tensor::from_vec(vec![k, n], scaled),
+        );
+        g.set_node_input(id, 0, mul.into())
+            .map_err(|e| e.to_string())?;
+        g.set_node_input(id, 1, w_new).map_err(|e| e.to_string())?;
+    }
     crate::dce::remove_dead(g);
     let lo = s.iter().copied().fold(f32::INFINITY, f32::min);
     let hi = s.iter().copied().fold(0f32, f32::max);
@@ -277,14 +320,16 @@ fn quantize_one(g: &mut Graph, id: NodeId, ctx: &mut PassContext<'_>) -> Result<
         return Ok(false);
     }
     let (k, n) = (w.shape()[0], w.shape()[1]);
-    // The SmoothQuant Mul in front, when there is one and only this layer reads it.
-    let smooth_name = format!("{name}/smooth");
+    // The SmoothQuant Mul in front, when there is one and only linears read it (Q, K and V
+    // share one).
     let smooth: Option<(Outlet, Outlet)> = {
         let m = ins[0];
-        let node = g.node(m.node);
-        if node.name == smooth_name && node.op == Op::Binary(ir::BinaryOp::Mul) {
+        if is_smoothing(g, m) {
             let mi = g.node_inputs(m.node);
-            let only_reader = g.consumers(m).len() == 1 && !g.is_graph_output(m);
+            let only_reader = !g.is_graph_output(m)
+                && g.consumers(m)
+                    .iter()
+                    .all(|(c, _)| matches!(g.node(*c).op, Op::Linear | Op::QLinear { .. }));
             let inv_ok = g
                 .const_value(mi[1])
                 .is_some_and(|t| t.dtype() == DType::F32 && t.shape() == [k]);

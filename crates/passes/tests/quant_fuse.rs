@@ -606,6 +606,18 @@ fn fc_stats() -> ChannelStats {
     }
 }
 
+/// A context for static activations with `stats`.
+fn static_context(stats: &CalibrationStats) -> PassContext<'_> {
+    PassContext {
+        stats: Some(stats),
+        quant: QuantizeOptions {
+            activations: ActivationMode::Static,
+            ..QuantizeOptions::default()
+        },
+        ..PassContext::default()
+    }
+}
+
 fn stats_of(layers: &[(&str, ChannelStats)]) -> CalibrationStats {
     let mut s = CalibrationStats::default();
     for (name, st) in layers {
@@ -737,14 +749,7 @@ fn quantize_dynamic_per_token() {
 #[test]
 fn quantize_static_activations() {
     let stats = stats_of(&[("fc", fc_stats())]);
-    let mut ctx = PassContext {
-        stats: Some(&stats),
-        quant: QuantizeOptions {
-            activations: ActivationMode::Static,
-            ..QuantizeOptions::default()
-        },
-        ..PassContext::default()
-    };
+    let mut ctx = static_context(&stats);
     let (snap, fp32, smoothed, quant) = quantize_steps(&single_linear(), &mut ctx);
     // The expected range: the calibrated one, divided by the smoothing factors, widened to 0.
     let inv = const_of(&smoothed, "fc/inv_smooth");
@@ -1016,5 +1021,71 @@ output \"d\" = %9
         "{}",
         notes(&report)
     );
+    insta::assert_snapshot!(snap);
+}
+
+/// Q, K and V read one activation: SmoothQuant gives them one factor per channel (from the
+/// activation's range and the largest weight row among the three), one `Mul` feeds all three,
+/// and with static activations the three quantized linears get the same scale and zero point,
+/// so the activation is quantized the same way for each. The function is kept.
+#[test]
+fn smooth_quant_shares_one_factor_among_readers_of_one_activation() {
+    let (wq, wk, wv) = (weights(K, N, 5), weights(K, N, 6), weights(K, N, 7));
+    let text = format!(
+        "%0 = input[name=\"x\"] : f32[B,S,{K}]\n\
+         %1 = {}  # q/weight\n\
+         %2 = {}  # k/weight\n\
+         %3 = {}  # v/weight\n\
+         %4 = linear(%0, %1) : f32[*]  # q\n\
+         %5 = linear(%0, %2) : f32[*]  # k\n\
+         %6 = linear(%0, %3) : f32[*]  # v\n\
+         output \"q\" = %4\n\
+         output \"k\" = %5\n\
+         output \"v\" = %6\n",
+        f32_const(&[K, N], &wq),
+        f32_const(&[K, N], &wk),
+        f32_const(&[K, N], &wv),
+    );
+    let stats = stats_of(&[("q", fc_stats()), ("k", fc_stats()), ("v", fc_stats())]);
+    let mut ctx = static_context(&stats);
+    let (snap, fp32, smoothed, quant) = quantize_steps(&text, &mut ctx);
+    assert_eq!(count(&smoothed, "mul"), 1, "{}", print(&smoothed));
+    let w_absmax: Vec<f32> = (0..K)
+        .map(|j| {
+            [&wq, &wk, &wv]
+                .iter()
+                .flat_map(|w| &w[j * N..(j + 1) * N])
+                .fold(0f32, |m, v| m.max(v.abs()))
+        })
+        .collect();
+    let s = smoothing_factors(&fc_stats().absmax(), &w_absmax, 0.5);
+    let inv: Vec<f32> = s.iter().map(|v| 1.0 / v).collect();
+    assert_eq!(const_of(&smoothed, "q/inv_smooth"), inv);
+    for name in ["q", "k", "v"] {
+        assert!(
+            has_note(
+                &ctx.report,
+                NoteKind::Fired,
+                name,
+                "one factor shared by q, k, v"
+            ),
+            "{}",
+            notes(&ctx.report)
+        );
+    }
+    let acts: Vec<String> = quant
+        .node_ids()
+        .filter_map(|id| match &quant.node(id).op {
+            Op::QLinear { act, smooth, .. } => {
+                assert!(*smooth);
+                Some(format!("{act:?}"))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acts.len(), 3);
+    assert!(acts.iter().all(|a| *a == acts[0]), "{acts:?}");
+    assert_eq!(count(&quant, "mul"), 0, "{}", print(&quant));
+    assert_same_function(&fp32, &smoothed, 41, None);
     insta::assert_snapshot!(snap);
 }

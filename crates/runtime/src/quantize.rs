@@ -514,7 +514,10 @@ pub fn choose_alpha(
     candidates: &[f32],
     threads: usize,
 ) -> Result<BTreeMap<String, f32>, Error> {
-    let mut best: BTreeMap<String, (f32, f64)> = BTreeMap::new();
+    // Per layer, its error under each candidate; layers that read one activation (Q, K, V)
+    // share one smoothing factor, so they get the candidate with the smallest summed error.
+    let mut errors: BTreeMap<String, Vec<(f32, f64)>> = BTreeMap::new();
+    let mut groups: Vec<Vec<String>> = Vec::new();
     for &alpha in candidates {
         let o = QuantizeOptions {
             alpha,
@@ -523,12 +526,63 @@ pub fn choose_alpha(
             ..opts.clone()
         };
         let (unfused, _) = run_quantize(model, Some(stats), &o, false)?;
+        if groups.is_empty() {
+            groups = readers_of_one_activation(&unfused);
+        }
         for (layer, err) in layer_errors(model, &unfused, batches, threads, 128)? {
-            let e = best.entry(layer).or_insert((alpha, err));
-            if err < e.1 {
-                *e = (alpha, err);
+            errors.entry(layer).or_default().push((alpha, err));
+        }
+    }
+    let mut chosen = BTreeMap::new();
+    let mut grouped = std::collections::BTreeSet::new();
+    for group in &groups {
+        let members: Vec<&Vec<(f32, f64)>> = group.iter().filter_map(|n| errors.get(n)).collect();
+        let best = candidates
+            .iter()
+            .map(|&a| {
+                let sum: f64 = members
+                    .iter()
+                    .filter_map(|e| e.iter().find(|(x, _)| *x == a).map(|(_, err)| err))
+                    .sum();
+                (a, sum)
+            })
+            .min_by(|x, y| x.1.total_cmp(&y.1));
+        if let Some((a, _)) = best {
+            for n in group.iter().filter(|n| errors.contains_key(*n)) {
+                chosen.insert(n.clone(), a);
+                grouped.insert(n.clone());
             }
         }
     }
-    Ok(best.into_iter().map(|(k, (a, _))| (k, a)).collect())
+    for (layer, errs) in &errors {
+        if grouped.contains(layer) {
+            continue;
+        }
+        if let Some(&(a, _)) = errs.iter().min_by(|x, y| x.1.total_cmp(&y.1)) {
+            chosen.insert(layer.clone(), a);
+        }
+    }
+    Ok(chosen)
+}
+
+/// The names of the quantized linears that read the same activation, for each activation read
+/// by more than one (Q, K and V of an attention block).
+fn readers_of_one_activation(g: &Graph) -> Vec<Vec<String>> {
+    let mut by_input: Vec<(ir::Outlet, Vec<String>)> = Vec::new();
+    for id in g.node_ids() {
+        if !matches!(g.node(id).op, Op::QLinear { .. }) {
+            continue;
+        }
+        let x = g.node_inputs(id)[0];
+        let name = g.node(id).name.clone();
+        match by_input.iter_mut().find(|(o, _)| *o == x) {
+            Some((_, v)) => v.push(name),
+            None => by_input.push((x, vec![name])),
+        }
+    }
+    by_input
+        .into_iter()
+        .map(|(_, v)| v)
+        .filter(|v| v.len() > 1)
+        .collect()
 }
