@@ -186,8 +186,9 @@ fn dump_prints_the_graph_after_each_pass() {
     }
     let o = encore(&["dump", "--model", model.to_str().unwrap()]);
     let final_text = stdout(&o);
+    // Each layer's attention reads its Q, K and V from one merged GEMM.
     assert_eq!(
-        final_text.matches(" = attention[").count(),
+        final_text.matches(" = attention_qkv[").count(),
         2,
         "{final_text}"
     );

@@ -494,6 +494,13 @@ pub enum Op {
     /// into `num_heads` heads; `softmax(q·kᵀ·scale + mask_bias)·v`, heads merged back to `[B, S, H]`.
     /// `mask_bias` is an additive f32 bias broadcastable to `[B, heads, S, S]`.
     Attention { num_heads: usize, scale: f32 },
+    /// `(qkv, mask_bias?)`: [`Op::Attention`] on one `[B, S, 3H]` tensor whose columns are q,
+    /// then k, then v (what one GEMM makes of the three projections of a token); `[B, S, H]` out.
+    ///
+    /// ```text
+    /// %9 = attention_qkv[num_heads=12, scale=0.125](%8, %3) : f32[B,S,768]
+    /// ```
+    AttentionQkv { num_heads: usize, scale: f32 },
     /// `(x, w[k, n], operands…)`: an f32 `x·w` followed by the `epilogue` steps, one GEMM with the
     /// epilogue applied to each output tile (made by the `fuse` pipeline from `Linear` and the
     /// ops after it).
@@ -574,7 +581,7 @@ impl Op {
             | Op::FusedLinear { .. }
             | Op::QLinear { .. }
             | Op::QMatMul => OpKind::Gemm,
-            Op::Attention { .. } => OpKind::Attention,
+            Op::Attention { .. } | Op::AttentionQkv { .. } => OpKind::Attention,
             Op::Binary(_)
             | Op::Unary(_)
             | Op::Where
@@ -649,6 +656,7 @@ impl Op {
             Op::Linear => "linear",
             Op::Gelu { .. } => "gelu",
             Op::Attention { .. } => "attention",
+            Op::AttentionQkv { .. } => "attention_qkv",
             Op::FusedLinear { .. } => "fused_linear",
             Op::QLinear { .. } => "qlinear",
             Op::QMatMul => "qmatmul",
@@ -691,6 +699,7 @@ impl Op {
             Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => (2, 3),
             Op::MatMulInteger => (2, 4),
             Op::Attention { .. } => (3, 4),
+            Op::AttentionQkv { .. } => (1, 2),
             Op::FusedLinear { epilogue } => {
                 let n = 2 + EpilogueStep::count_operands(epilogue);
                 (n, n)
@@ -767,7 +776,7 @@ impl Op {
             }
             Op::QuantizeLinear { axis, to } => vec![("axis", Int(*axis)), ("to", DType(*to))],
             Op::Gelu { approx } => vec![("approx", Str(approx.name().to_string()))],
-            Op::Attention { num_heads, scale } => vec![
+            Op::Attention { num_heads, scale } | Op::AttentionQkv { num_heads, scale } => vec![
                 ("num_heads", Int(*num_heads as i64)),
                 ("scale", Float(*scale)),
             ],
@@ -926,11 +935,16 @@ impl Op {
                 }
             }
             "qmatmul" => Op::QMatMul,
-            "attention" => Op::Attention {
-                num_heads: usize::try_from(a.int("num_heads")?)
-                    .map_err(|_| a.bad("num_heads", "a non-negative integer"))?,
-                scale: a.float("scale")?,
-            },
+            "attention" | "attention_qkv" => {
+                let num_heads = usize::try_from(a.int("num_heads")?)
+                    .map_err(|_| a.bad("num_heads", "a non-negative integer"))?;
+                let scale = a.float("scale")?;
+                if name == "attention" {
+                    Op::Attention { num_heads, scale }
+                } else {
+                    Op::AttentionQkv { num_heads, scale }
+                }
+            }
             other => {
                 if let Some(b) = BinaryOp::from_name(other) {
                     Op::Binary(b)

@@ -140,6 +140,21 @@ impl Graph {
             Op::Cast { to } | Op::QuantizeLinear { to, .. } if out.dtype != *to => {
                 Some(format!("{} to {to} declared as {out}", node.op.name()))
             }
+            Op::AttentionQkv { num_heads, .. } => {
+                let qkv = input(0)?;
+                let width = qkv.shape.as_ref()?.last()?.as_fixed();
+                let out_width = out.shape.as_ref()?.last()?.as_fixed();
+                if let (Some(w), Some(h)) = (width, out_width) {
+                    if w != 3 * h || *num_heads == 0 || h % num_heads != 0 {
+                        return Some(format!(
+                            "attention_qkv: {qkv} must hold q, k and v of {num_heads} heads each as wide as the output {out}"
+                        ));
+                    }
+                }
+                (qkv.dtype != out.dtype).then(|| {
+                    format!("attention_qkv keeps the input's dtype: {qkv}, output declared {out}")
+                })
+            }
             Op::Attention { num_heads, .. } => {
                 let q = input(0)?;
                 let hidden = q.shape.as_ref()?.last()?.as_fixed();

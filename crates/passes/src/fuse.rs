@@ -425,8 +425,9 @@ impl Pass for FuseEpilogue {
     fn run(&self, graph: &mut Graph, ctx: &mut PassContext<'_>) -> Result<bool, PassError> {
         let a = apply(graph, FUSE, &mut ctx.report, linear_to_fused)?;
         let b = apply(graph, FUSE, &mut ctx.report, grow_epilogue)?;
-        let c = apply(graph, FUSE, &mut ctx.report, requant_into_producer)?;
-        Ok(a || b || c)
+        let c = apply(graph, FUSE, &mut ctx.report, merge_qkv)?;
+        let d = apply(graph, FUSE, &mut ctx.report, requant_into_producer)?;
+        Ok(a || b || c || d)
     }
 }
 
@@ -669,4 +670,200 @@ fn requant_into_producer(g: &mut Graph, id: NodeId, report: &mut Report) -> Resu
         format!("quantization of `{name}` → epilogue `requant_u8`"),
     );
     Ok(true)
+}
+
+/// An `Attention` whose q, k and v are three linears of one kind that read the same activation
+/// the same way (same quantization and smoothing, epilogues of a bias at most) becomes one
+/// linear with the three weights side by side (`[k, 3n]`, columns q then k then v) feeding an
+/// `AttentionQkv`: one GEMM instead of three, and the activation quantized once.
+fn merge_qkv(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, String> {
+    let Op::Attention { num_heads, scale } = g.node(id).op else {
+        return Ok(false);
+    };
+    let name = g.node(id).name.clone();
+    let ins = g.node_inputs(id);
+    let projections = [ins[0], ins[1], ins[2]];
+    let ops: Vec<Op> = projections
+        .iter()
+        .map(|o| g.node(o.node).op.clone())
+        .collect();
+    let fixed = match &ops[0] {
+        Op::FusedLinear { .. } => 2,
+        Op::QLinear { smooth, .. } => 3 + usize::from(*smooth),
+        _ => return Ok(false),
+    };
+    let decline = |report: &mut Report, why: &str| {
+        report.declined(
+            FUSE,
+            &name,
+            format!("q, k, v not merged into one GEMM: {why}"),
+        );
+        Ok(false)
+    };
+    let same_kind = ops.iter().all(|op| match (op, &ops[0]) {
+        (Op::FusedLinear { epilogue: a }, Op::FusedLinear { epilogue: b }) => a == b,
+        (
+            Op::QLinear {
+                act: a1,
+                smooth: s1,
+                epilogue: e1,
+            },
+            Op::QLinear {
+                act: a2,
+                smooth: s2,
+                epilogue: e2,
+            },
+        ) => a1 == a2 && s1 == s2 && e1 == e2,
+        _ => false,
+    });
+    if !same_kind {
+        return decline(
+            report,
+            "the projections differ in kind, quantization or epilogue",
+        );
+    }
+    let epilogue = match &ops[0] {
+        Op::FusedLinear { epilogue } | Op::QLinear { epilogue, .. } => epilogue.clone(),
+        _ => unreachable!("checked above"),
+    };
+    if !epilogue.iter().all(|s| *s == EpilogueStep::Bias) || epilogue.len() > 1 {
+        return decline(report, "an epilogue does more than add a bias");
+    }
+    let p_ins: Vec<Vec<Outlet>> = projections.iter().map(|o| g.node_inputs(o.node)).collect();
+    // Same activation, and for quantized ones the same smoothing factors.
+    let shared = if fixed == 4 { 4 } else { 1 };
+    let same_input = p_ins
+        .iter()
+        .all(|i| i[0] == p_ins[0][0] && (shared == 1 || i[3] == p_ins[0][3]));
+    if !same_input {
+        return decline(
+            report,
+            "they read different activations or smoothing factors",
+        );
+    }
+    if projections
+        .iter()
+        .enumerate()
+        .any(|(slot, o)| g.consumers(*o) != [(id, slot)] || g.is_graph_output(*o))
+    {
+        return decline(report, "a projection has other readers");
+    }
+    // The constants, concatenated along n.
+    let consts: Option<Vec<Vec<Tensor>>> = p_ins
+        .iter()
+        .map(|i| {
+            let mut v = vec![g.const_value(i[1])?.clone()];
+            if fixed >= 3 {
+                v.push(g.const_value(i[2])?.clone());
+            }
+            if let Some(&b) = i.get(fixed) {
+                v.push(g.const_value(b)?.clone());
+            }
+            Some(v)
+        })
+        .collect();
+    let Some(consts) = consts else {
+        return decline(report, "a weight, scale or bias is not a constant");
+    };
+    let w0 = &consts[0][0];
+    if w0.shape().len() != 2
+        || consts
+            .iter()
+            .any(|c| c[0].shape() != w0.shape() || c[0].dtype() != w0.dtype() || !c[0].has_data())
+    {
+        return decline(report, "the weights differ in shape or type");
+    }
+    let (k, n) = (w0.shape()[0], w0.shape()[1]);
+    let weight = match w0.dtype() {
+        DType::I8 => {
+            let parts: Vec<Vec<i8>> = consts
+                .iter()
+                .map(|c| c[0].to_vec::<i8>())
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+            Tensor::from_vec(vec![k, 3 * n], side_by_side(&parts, k, n))
+        }
+        DType::F32 => {
+            let parts: Vec<Vec<f32>> = consts
+                .iter()
+                .map(|c| c[0].to_f32_vec())
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+            Tensor::from_vec(vec![k, 3 * n], side_by_side(&parts, k, n))
+        }
+        _ => return decline(report, "the weights are neither i8 nor f32"),
+    };
+    // A per-column vector of each projection (a per-tensor value repeated), concatenated.
+    let columns = |at: usize| -> Result<Option<Tensor>, String> {
+        let mut v = Vec::with_capacity(3 * n);
+        for c in &consts {
+            let t = c[at].to_f32_vec().map_err(|e| e.to_string())?;
+            match t.len() {
+                1 => v.extend(std::iter::repeat_n(t[0], n)),
+                l if l == n => v.extend(t),
+                _ => return Ok(None),
+            }
+        }
+        Ok(Some(Tensor::from_vec(vec![3 * n], v)))
+    };
+    let merged_name = crate::rewrite::derived_name(&name, "QKV");
+    let mut inputs = vec![p_ins[0][0]];
+    inputs.push(g.add_const(&format!("{merged_name}/weight"), weight));
+    if fixed >= 3 {
+        let Some(ws) = columns(1)? else {
+            return decline(
+                report,
+                "a weight scale is neither per tensor nor per column",
+            );
+        };
+        inputs.push(g.add_const(&format!("{merged_name}/weight_scale"), ws));
+    }
+    if fixed == 4 {
+        inputs.push(p_ins[0][3]);
+    }
+    if !epilogue.is_empty() {
+        let Some(bias) = columns(consts[0].len() - 1)? else {
+            return decline(report, "a bias is not per column");
+        };
+        inputs.push(g.add_const(&format!("{merged_name}/bias"), bias));
+    }
+    let mut ty = g.node(projections[0].node).outputs[0].clone();
+    if let Some(last) = ty.shape.as_mut().and_then(|s| s.last_mut()) {
+        *last = ir::Dim::fixed(3 * n);
+    }
+    let merged = g
+        .add_node(ops[0].clone(), &merged_name, &inputs, vec![ty])
+        .map_err(|e| e.to_string())?;
+    let mut att_inputs = vec![merged.into()];
+    att_inputs.extend(ins.get(3));
+    let att_ty = g.node(id).outputs[0].clone();
+    replace_with(
+        g,
+        id.into(),
+        Op::AttentionQkv { num_heads, scale },
+        &name,
+        &att_inputs,
+        att_ty,
+    )?;
+    let names: Vec<String> = projections
+        .iter()
+        .map(|o| format!("`{}`", g.node(o.node).name))
+        .collect();
+    report.fired(
+        FUSE,
+        &name,
+        format!("{} → one GEMM `{merged_name}`", names.join(", ")),
+    );
+    Ok(true)
+}
+
+/// `[k, n]` row-major matrices placed side by side: `[k, parts·n]`.
+fn side_by_side<T: Copy>(parts: &[Vec<T>], k: usize, n: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(parts.len() * k * n);
+    for j in 0..k {
+        for p in parts {
+            out.extend_from_slice(&p[j * n..(j + 1) * n]);
+        }
+    }
+    out
 }

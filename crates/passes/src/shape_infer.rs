@@ -899,6 +899,27 @@ fn infer(
             TensorType::new(DType::F32, vec![]),
             TensorType::new(DType::U8, vec![]),
         ],
+        Op::AttentionQkv { num_heads, .. } => {
+            let s = match &shapes {
+                None => None,
+                Some(ss) => {
+                    if ss[0].len() != 3 {
+                        return Err("attention_qkv: qkv must be [B, S, 3H]".into());
+                    }
+                    let w = ss[0][2]
+                        .as_fixed()
+                        .ok_or("attention_qkv: qkv width must be known")?;
+                    let h = w / 3;
+                    if w % 3 != 0 || *num_heads == 0 || h % num_heads != 0 {
+                        return Err(format!(
+                            "attention_qkv: width {w} is not 3 × a multiple of {num_heads} heads"
+                        ));
+                    }
+                    Some(vec![ss[0][0].clone(), ss[0][1].clone(), Dim::fixed(h)])
+                }
+            };
+            one(dtype(0), s)
+        }
         Op::Attention { num_heads, .. } => {
             if let Some(ss) = &shapes {
                 for s in ss.iter().take(3) {

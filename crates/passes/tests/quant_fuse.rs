@@ -1089,3 +1089,61 @@ fn smooth_quant_shares_one_factor_among_readers_of_one_activation() {
     assert_same_function(&fp32, &smoothed, 41, None);
     insta::assert_snapshot!(snap);
 }
+
+/// Q, K and V projections of one activation become one GEMM (weights and biases side by side)
+/// feeding `attention_qkv`; a projection that reads another activation keeps them apart, and
+/// the report says why.
+#[test]
+fn fuse_epilogue_merges_qkv() {
+    let proj = |id: usize, x: &str, seed: usize| {
+        format!(
+            "%{id} = {}  # p{id}/weight\n\
+             %{} = const[value=f32[4]{{0.5, -0.25, 1.0, 0.125}}] : f32[4]  # p{id}/bias\n\
+             %{} = fused_linear[epilogue=(bias)]({x}, %{id}, %{}) : f32[B,S,4]  # p{id}\n",
+            f32_const(&[4, 4], &weights(4, 4, seed)),
+            id + 1,
+            id + 2,
+            id + 1,
+        )
+    };
+    let text = |v_input: &str| {
+        format!(
+            "%0 = input[name=\"x\"] : f32[B,S,4]\n%1 = input[name=\"m\"] : f32[B,1,1,S]\n{}{}{}\
+             %11 = attention[num_heads=2, scale=0.5](%4, %7, %10, %1) : f32[B,S,4]  # layer/Attention\n\
+             output \"y\" = %11\n",
+            proj(2, "%0", 1),
+            proj(5, "%0", 2),
+            proj(8, v_input, 3)
+        )
+    };
+    let (snap, changed, _, after, report) = one_pass(&FuseEpilogue, &text("%0"));
+    assert!(changed);
+    let t = print(&after);
+    assert!(
+        t.contains("fused_linear[epilogue=(bias)](%0, ")
+            && t.contains(": f32[B,S,12]  # layer/QKV"),
+        "{t}"
+    );
+    assert!(t.contains("attention_qkv[num_heads=2, scale=0.5]("), "{t}");
+    assert_eq!(count(&after, "fused_linear"), 1, "{t}");
+    assert!(has_note(
+        &report,
+        NoteKind::Fired,
+        "layer/Attention",
+        "one GEMM `layer/QKV`"
+    ));
+    insta::assert_snapshot!(snap);
+
+    let (_, _, _, after, report) = one_pass(&FuseEpilogue, &text("%4"));
+    assert_eq!(count(&after, "attention_qkv"), 0, "{}", print(&after));
+    assert!(
+        has_note(
+            &report,
+            NoteKind::Declined,
+            "layer/Attention",
+            "read different activations"
+        ),
+        "{}",
+        notes(&report)
+    );
+}

@@ -267,7 +267,6 @@ fn run_quantize(
     model: &Model,
     stats: Option<&CalibrationStats>,
     opts: &QuantizeOptions,
-    fuse: bool,
 ) -> Result<(Graph, QuantizeReport), Error> {
     let mut g = model.graph().clone();
     passes::Pipeline::declutter().run(&mut g, &mut passes::RunOptions::default())?;
@@ -283,21 +282,20 @@ fn run_quantize(
     let report = QuantizeReport {
         notes: run.context.report.notes,
     };
-    if fuse {
-        passes::Pipeline::fuse().run(&mut g, &mut passes::RunOptions::default())?;
-    }
     Ok((g, report))
 }
 
 /// The INT8 model: declutter, then the `quantize` pipeline (SmoothQuant and s8 weights with the
-/// statistics, activations as `opts` says), then `fuse`. Static activations need statistics;
-/// dynamic ones quantize every linear layer without them (and skip SmoothQuant).
+/// statistics, activations as `opts` says). Static activations need statistics; dynamic ones
+/// quantize every linear layer without them (and skip SmoothQuant). The `fuse` pipeline runs
+/// when a session compiles the model, so the model (and its file) keeps every quantized layer
+/// under its own name, as `eval --per-layer` and the accuracy gate need.
 pub fn quantize(
     model: &Model,
     stats: Option<&CalibrationStats>,
     opts: &QuantizeOptions,
 ) -> Result<(Model, QuantizeReport), Error> {
-    let (g, report) = run_quantize(model, stats, opts, true)?;
+    let (g, report) = run_quantize(model, stats, opts)?;
     Ok((Model::from_graph(g)?, report))
 }
 
@@ -479,7 +477,7 @@ pub fn quantize_with_gate(
     let mut kept = Vec::new();
     if let Some(floor) = min_cosine {
         if cos < floor {
-            let (unfused, _) = run_quantize(model, stats, &opts, false)?;
+            let (unfused, _) = run_quantize(model, stats, &opts)?;
             let ranked = layer_errors(model, &unfused, held_back, threads, 256)?;
             for (layer, err) in ranked {
                 if cos >= floor {
@@ -525,7 +523,7 @@ pub fn choose_alpha(
             alpha_per_layer: BTreeMap::new(),
             ..opts.clone()
         };
-        let (unfused, _) = run_quantize(model, Some(stats), &o, false)?;
+        let (unfused, _) = run_quantize(model, Some(stats), &o)?;
         if groups.is_empty() {
             groups = readers_of_one_activation(&unfused);
         }

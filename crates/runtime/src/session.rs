@@ -985,6 +985,17 @@ impl Session {
                     node,
                 )?)
             }
+            Op::AttentionQkv { num_heads, scale } => {
+                let mask = ins.get(1).map(|i| i.get());
+                one(attention::attention_qkv(
+                    r(0),
+                    mask,
+                    *num_heads,
+                    *scale,
+                    ctx,
+                    node,
+                )?)
+            }
             Op::QuantizeLinear { axis, to } => {
                 let zp = ins.get(2).map(|i| i.get());
                 one(quant::quantize_linear(r(0), r(1), zp, *axis, *to, node)?)

@@ -32,8 +32,9 @@ fn check_model(id: &str, optimize: bool) {
     println!("{id} optimize={optimize}: {hist:?}");
     if optimize {
         // The recognised and fused ops must be what runs, so their kernels are what this test
-        // checks: every linear is a fused GEMM, and GELU only exists in its epilogue.
-        for op in ["fused_linear", "attention"] {
+        // checks: every linear is a fused GEMM (Q, K and V as one, feeding `attention_qkv`),
+        // and GELU only exists in its epilogue.
+        for op in ["fused_linear", "attention_qkv"] {
             assert!(
                 hist.contains_key(op),
                 "{id}: no `{op}` after declutter and fuse: {hist:?}"

@@ -4,44 +4,10 @@
 //! epilogue (the FFN1 → FFN2 case) and after a LayerNorm epilogue (the two-phase row pass),
 //! with awkward sizes that leave partial register blocks.
 
-use runtime::{CompileOptions, Model, Session, TensorValue};
+mod common;
 
-/// Deterministic values in `[lo, hi)`.
-fn values(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            lo + (hi - lo) * ((s >> 40) as f32 / (1u64 << 24) as f32)
-        })
-        .collect()
-}
-
-fn list<T: std::fmt::Debug>(v: &[T]) -> String {
-    v.iter()
-        .map(|x| format!("{x:?}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn weight(k: usize, n: usize, seed: u64) -> String {
-    let w: Vec<i8> = values(k * n, seed, -127.0, 128.0)
-        .into_iter()
-        .map(|v| v.floor() as i8)
-        .collect();
-    format!("const[value=i8[{k},{n}]{{{}}}] : i8[{k},{n}]", list(&w))
-}
-
-fn vector(n: usize, seed: u64, lo: f32, hi: f32) -> String {
-    format!(
-        "const[value=f32[{n}]{{{}}}] : f32[{n}]",
-        list(&values(n, seed, lo, hi))
-    )
-}
+use common::{i8_matrix, run_fused_or_not, uniform as values, vector};
+use runtime::{Model, TensorValue};
 
 /// `x → qlinear(producer epilogue) → qlinear(static, smoothed)`; the producer's epilogue is
 /// `(bias, gelu_erf)` or `(bias, residual, layer_norm)`.
@@ -68,31 +34,14 @@ fn graph(k: usize, n1: usize, n2: usize, layer_norm: bool) -> String {
          %10 = {}  # c/bias\n\
          %11 = qlinear[act=\"static\", a_scale=0.011, a_zero=37, smooth=true, epilogue=(bias)](%6, %7, %8, %9, %10) : f32[B,S,{n2}]  # c\n\
          output \"y\" = %11\n",
-        weight(k, n1, 1),
+        i8_matrix(k, n1, 1),
         vector(n1, 2, 0.001, 0.01),
         vector(n1, 3, -1.0, 1.0),
-        weight(n1, n2, 7),
+        i8_matrix(n1, n2, 7),
         vector(n2, 8, 0.001, 0.01),
         vector(n1, 9, 0.5, 2.0),
         vector(n2, 10, -1.0, 1.0),
     )
-}
-
-fn run(
-    model: &Model,
-    fuse: bool,
-    threads: usize,
-    feeds: &[(&str, TensorValue)],
-) -> (Vec<f32>, String) {
-    let opts = CompileOptions {
-        threads,
-        fuse,
-        ..CompileOptions::default()
-    };
-    let s = Session::new(model, opts).unwrap();
-    let text = ir::text::print(s.graph()).unwrap();
-    let out = s.run(feeds).unwrap();
-    (out[0].1.as_f32().unwrap().to_vec(), text)
 }
 
 fn check(layer_norm: bool) {
@@ -107,8 +56,8 @@ fn check(layer_norm: bool) {
             feeds.push(("r", TensorValue::from_f32(vec![b, seq, n1], r).unwrap()));
         }
         for threads in [1, 2] {
-            let (plain, plain_text) = run(&model, false, threads, &feeds);
-            let (fused, fused_text) = run(&model, true, threads, &feeds);
+            let (plain, plain_text) = run_fused_or_not(&model, false, threads, &feeds);
+            let (fused, fused_text) = run_fused_or_not(&model, true, threads, &feeds);
             assert!(!plain_text.contains("requant_u8"), "{plain_text}");
             assert!(
                 fused_text.contains("mul_col, requant_u8 0.011 37)")

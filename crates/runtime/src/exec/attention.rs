@@ -10,6 +10,14 @@ use crate::Error;
 /// is exactly 0 in f32, so leaving the key out gives bit-identical probabilities.
 const MASKED: f32 = -1.0e30;
 
+/// Rows of q, k or v inside a tensor: element `(row, c)` is `data[row·ld + offset + c]`.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    data: &'a [f32],
+    ld: usize,
+    offset: usize,
+}
+
 /// `softmax(q·kᵀ·scale + mask_bias)·v` per (batch, head), heads merged back into `[B, S, H]`.
 ///
 /// When the mask is the same for every head and query (the usual `[B, 1, 1, S]` padding bias),
@@ -47,6 +55,70 @@ pub(crate) fn attention(
             v.shape()
         )));
     }
+    let rows = |data| Rows {
+        data,
+        ld: h,
+        offset: 0,
+    };
+    attend(
+        [rows(qv), rows(kv), rows(vv)],
+        [b, sq, sk, h],
+        mask,
+        num_heads,
+        scale,
+        ctx,
+        node,
+    )
+}
+
+/// [`attention`] on one `[B, S, 3H]` tensor holding q, k and v side by side in each row.
+pub(crate) fn attention_qkv(
+    qkv: &TensorValue,
+    mask: Option<&TensorValue>,
+    num_heads: usize,
+    scale: f32,
+    ctx: &mut Ctx<'_>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let err = |m: String| Error::op(node, "attention_qkv", m);
+    let data = qkv
+        .as_f32()
+        .ok_or_else(|| err(format!("qkv must be f32, got {}", qkv.dtype())))?;
+    if qkv.rank() != 3 || !qkv.shape()[2].is_multiple_of(3) {
+        return Err(err(format!(
+            "qkv must be [B, S, 3H], got {:?}",
+            qkv.shape()
+        )));
+    }
+    let (b, s, h) = (qkv.shape()[0], qkv.shape()[1], qkv.shape()[2] / 3);
+    let rows = |offset| Rows {
+        data,
+        ld: 3 * h,
+        offset,
+    };
+    attend(
+        [rows(0), rows(h), rows(2 * h)],
+        [b, s, s, h],
+        mask,
+        num_heads,
+        scale,
+        ctx,
+        node,
+    )
+}
+
+/// The attention of q, k, v rows: `dims` = `[batch, queries, keys, hidden]`.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    [q, k, v]: [Rows<'_>; 3],
+    [b, sq, sk, h]: [usize; 4],
+    mask: Option<&TensorValue>,
+    num_heads: usize,
+    scale: f32,
+    ctx: &mut Ctx<'_>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let err = |m: String| Error::op(node, "attention", m);
     if num_heads == 0 || h % num_heads != 0 {
         return Err(err(format!(
             "hidden size {h} is not a multiple of {num_heads} heads"
@@ -132,28 +204,29 @@ pub(crate) fn attention(
             let keys = &active[bi];
             let n = keys.len();
             let n_pad = n.div_ceil(JB) * JB;
-            let q_at = (bi * sq) * h + hd * dh;
+            let q_at = (bi * sq) * q.ld + q.offset + hd * dh;
+            let o_at = (bi * sq) * h + hd * dh;
             for i in m_full..sq {
-                q_tail[(i - m_full) * dh..][..dh].copy_from_slice(&qv[q_at + i * h..][..dh]);
+                q_tail[(i - m_full) * dh..][..dh].copy_from_slice(&q.data[q_at + i * q.ld..][..dh]);
             }
             let kt = &mut kt[..dh * n_pad];
             kt.fill(0.0);
             for (r, &j) in keys.iter().enumerate() {
-                let src = (bi * sk + j) * h + hd * dh;
+                let src = (bi * sk + j) * k.ld + k.offset + hd * dh;
                 for d in 0..dh {
-                    kt[d * n_pad + r] = kv[src + d];
+                    kt[d * n_pad + r] = k.data[src + d];
                 }
             }
             // V is copied even when no key is skipped: read in place, its rows (a head's 64
             // floats every 3 KB in BERT-base) fall into a few L1 sets and evict each other.
             vh.resize(n * dh_pad, 0.0);
             for (r, &j) in keys.iter().enumerate() {
-                let src = (bi * sk + j) * h + hd * dh;
-                vh[r * dh_pad..r * dh_pad + dh].copy_from_slice(&vv[src..src + dh]);
+                let src = (bi * sk + j) * v.ld + v.offset + hd * dh;
+                vh[r * dh_pad..r * dh_pad + dh].copy_from_slice(&v.data[src..src + dh]);
             }
             let (v_rows, ldv) = (&vh[..], dh_pad);
             let sc = &mut scores[..(m_full + IB) * n_pad];
-            attn_scores(&qv[q_at..], h, kt, sc, m_full, n_pad, dh, scale);
+            attn_scores(&q.data[q_at..], q.ld, kt, sc, m_full, n_pad, dh, scale);
             if sq > m_full {
                 attn_scores(
                     &q_tail,
@@ -184,7 +257,7 @@ pub(crate) fn attention(
                     // batch bi (`rows` lie within its sq), so writers never overlap, and `out`
                     // outlives the parallel call.
                     unsafe {
-                        let o = optr.ptr().add(q_at + rows.start * h);
+                        let o = optr.ptr().add(o_at + rows.start * h);
                         attn_values(p, n_pad, v_rows, ldv, o, h, m_pad, n, dh);
                     }
                     return;
@@ -198,7 +271,7 @@ pub(crate) fn attention(
                 for (r, i) in rows.enumerate() {
                     // SAFETY: as above, this task's columns of row i of batch bi.
                     let dst =
-                        unsafe { std::slice::from_raw_parts_mut(optr.ptr().add(q_at + i * h), dh) };
+                        unsafe { std::slice::from_raw_parts_mut(optr.ptr().add(o_at + i * h), dh) };
                     dst.copy_from_slice(&o_scratch[r * dh_pad..][..dh]);
                 }
             };

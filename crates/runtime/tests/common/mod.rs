@@ -161,3 +161,61 @@ pub fn compare(got: &TensorValue, want: &TensorValue, mask: Option<&TensorValue>
     s.valid_count = n_valid;
     s
 }
+
+/// Deterministic values in `[lo, hi)` (for graphs written in the IR text form).
+pub fn uniform(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            lo + (hi - lo) * ((s >> 40) as f32 / (1u64 << 24) as f32)
+        })
+        .collect()
+}
+
+pub fn list<T: std::fmt::Debug>(v: &[T]) -> String {
+    v.iter()
+        .map(|x| format!("{x:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// An `i8[k, n]` constant of values in [-127, 127], as IR text.
+pub fn i8_matrix(k: usize, n: usize, seed: u64) -> String {
+    let w: Vec<i8> = uniform(k * n, seed, -127.0, 128.0)
+        .into_iter()
+        .map(|v| v.floor() as i8)
+        .collect();
+    format!("const[value=i8[{k},{n}]{{{}}}] : i8[{k},{n}]", list(&w))
+}
+
+/// An `f32[n]` constant of values in `[lo, hi)`, as IR text.
+pub fn vector(n: usize, seed: u64, lo: f32, hi: f32) -> String {
+    format!(
+        "const[value=f32[{n}]{{{}}}] : f32[{n}]",
+        list(&uniform(n, seed, lo, hi))
+    )
+}
+
+/// Runs `model` once on `feeds` in a session with the `fuse` pipeline on or off: the first
+/// output's values and the compiled graph's text.
+pub fn run_fused_or_not(
+    model: &runtime::Model,
+    fuse: bool,
+    threads: usize,
+    feeds: &[(&str, TensorValue)],
+) -> (Vec<f32>, String) {
+    let opts = runtime::CompileOptions {
+        threads,
+        fuse,
+        ..runtime::CompileOptions::default()
+    };
+    let s = runtime::Session::new(model, opts).unwrap();
+    let text = ir::text::print(s.graph()).unwrap();
+    let out = s.run(feeds).unwrap();
+    (out[0].1.as_f32().unwrap().to_vec(), text)
+}

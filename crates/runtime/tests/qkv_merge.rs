@@ -1,0 +1,130 @@
+//! Q, K and V projections that read one activation the same way are merged by the `fuse`
+//! pipeline into one GEMM feeding `attention_qkv`. The merged GEMM computes each column as the
+//! separate one did (the same quantized bytes and exact i32 sums, or the same f32 FMA chain over
+//! k), and attention reads the same values at other strides, so a model runs bit for bit the
+//! same with and without the merge: quantized per token, quantized static, and f32.
+
+mod common;
+
+use common::{i8_matrix, list, run_fused_or_not, uniform, vector};
+use runtime::{Model, TensorValue};
+
+const HEADS: usize = 2;
+
+/// `x → (q, k, v projections) → attention(mask) → y`, projections of kind `kind`.
+fn graph(kind: &str, k: usize, h: usize) -> String {
+    let mut text = format!(
+        "%0 = input[name=\"x\"] : f32[B,S,{k}]\n%1 = input[name=\"m\"] : f32[B,1,1,S]\n\
+         %2 = {}  # smooth\n",
+        vector(k, 2, 0.5, 2.0)
+    );
+    let mut id = 3;
+    let mut outs = Vec::new();
+    for (p, seed) in [("q", 10), ("k", 20), ("v", 30)] {
+        let (w, proj) = match kind {
+            "f32" => {
+                let w = uniform(k * h, seed, -0.5, 0.5);
+                (
+                    format!("const[value=f32[{k},{h}]{{{}}}] : f32[{k},{h}]", list(&w)),
+                    "fused_linear[epilogue=(bias)](%0, %W, %B)".to_string(),
+                )
+            }
+            act => {
+                let attrs = if act == "static" {
+                    "act=\"static\", a_scale=0.013, a_zero=121"
+                } else {
+                    "act=\"token\""
+                };
+                (
+                    i8_matrix(k, h, seed),
+                    format!("qlinear[{attrs}, smooth=true, epilogue=(bias)](%0, %W, %S, %2, %B)"),
+                )
+            }
+        };
+        text += &format!("%{id} = {w}  # {p}/weight\n");
+        text += &format!(
+            "%{} = {}  # {p}/scale\n",
+            id + 1,
+            vector(h, seed + 1, 0.001, 0.01)
+        );
+        text += &format!(
+            "%{} = {}  # {p}/bias\n",
+            id + 2,
+            vector(h, seed + 2, -1.0, 1.0)
+        );
+        let proj = proj
+            .replace("%W", &format!("%{id}"))
+            .replace("%S", &format!("%{}", id + 1))
+            .replace("%B", &format!("%{}", id + 2));
+        text += &format!("%{} = {proj} : f32[B,S,{h}]  # {p}\n", id + 3);
+        outs.push(id + 3);
+        id += 4;
+    }
+    text += &format!(
+        "%{id} = attention[num_heads={HEADS}, scale=0.125](%{}, %{}, %{}, %1) : f32[B,S,{h}]  # att\n\
+         output \"y\" = %{id}\n",
+        outs[0], outs[1], outs[2]
+    );
+    text
+}
+
+fn check(kind: &str) {
+    for (k, h, b, seq) in [(48, 64, 3, 21), (40, 96, 2, 8)] {
+        let g = ir::text::parse(&graph(kind, k, h), None).unwrap();
+        let model = Model::from_graph(g).unwrap();
+        let lens = [seq, seq / 2, 1];
+        let mask: Vec<f32> = (0..b * seq)
+            .map(|i| {
+                if i % seq < lens[i / seq] {
+                    0.0
+                } else {
+                    -3.4e38
+                }
+            })
+            .collect();
+        let feeds = [
+            (
+                "x",
+                TensorValue::from_f32(vec![b, seq, k], uniform(b * seq * k, 5, -2.0, 2.0)).unwrap(),
+            ),
+            (
+                "m",
+                TensorValue::from_f32(vec![b, 1, 1, seq], mask).unwrap(),
+            ),
+        ];
+        let (plain, plain_text) = run_fused_or_not(&model, false, 2, &feeds);
+        let (merged, merged_text) = run_fused_or_not(&model, true, 2, &feeds);
+        assert!(!plain_text.contains("attention_qkv"), "{plain_text}");
+        assert!(
+            merged_text.contains("attention_qkv[")
+                && merged_text.contains(&format!(": f32[B,S,{}]  # att_QKV", 3 * h)),
+            "q, k, v were not merged:\n{merged_text}"
+        );
+        let differ = plain
+            .iter()
+            .zip(&merged)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ,
+            0,
+            "{kind}, k {k}, h {h}: {differ} of {} differ",
+            plain.len()
+        );
+    }
+}
+
+#[test]
+fn merged_qkv_is_bit_exact_per_token() {
+    check("token");
+}
+
+#[test]
+fn merged_qkv_is_bit_exact_static() {
+    check("static");
+}
+
+#[test]
+fn merged_qkv_is_bit_exact_f32() {
+    check("f32");
+}
