@@ -29,7 +29,9 @@
 //!   ConstantOfShape, Range, CumSum, Trilu;
 //! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd (axes as attribute or
 //!   input, per opset; an input that is not a constant is read at run time, except with
-//!   `noop_with_empty_axes`), and Size (a product of the Shape);
+//!   `noop_with_empty_axes`), ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum and
+//!   ReduceLogSumExp (as their definitions over ReduceSum, the last shifted by the maximum),
+//!   and Size (a product of the Shape);
 //! - linear algebra and normalisation: MatMul, Gemm, Softmax and LogSoftmax (before opset 13
 //!   their 2-D coercion is imported exactly: one op on the last axis, else Flatten, Softmax and
 //!   Reshape; LogSoftmax as `(x - max) - log(sum(exp(x - max)))` by reductions),

@@ -838,60 +838,9 @@ impl<'m> Importer<'m> {
                     &[d],
                 )?;
             }
-            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" => {
-                let op = match x.op_type() {
-                    "ReduceMean" => ReduceOp::Mean,
-                    "ReduceSum" => ReduceOp::Sum,
-                    "ReduceMax" => ReduceOp::Max,
-                    "ReduceProd" => ReduceOp::Prod,
-                    _ => ReduceOp::Min,
-                };
-                // ReduceSum took its axes as an input from opset 13, the others from opset 18.
-                let axes_as_input = opset >= if op == ReduceOp::Sum { 13 } else { 18 };
-                let a;
-                // Axes only known at run time: a second input of the IR op.
-                let mut dynamic_axes = None;
-                let axes = if axes_as_input {
-                    x.no_attr("axes", "an input")?;
-                    x.arity(1, 2)?;
-                    a = x.input(0)?;
-                    match x.opt(1) {
-                        None => vec![],
-                        Some(o) if self.graph.const_value(o).is_some() => {
-                            self.const_ints(&x, 1, "the axes must be constant")?
-                        }
-                        Some(o) => {
-                            self.require_dtype(&x, 1, &[DType::I64])?;
-                            if x.flag("noop_with_empty_axes")? {
-                                return Err(ImportError::NonConstantInput {
-                                    node: x.label.clone(),
-                                    input: x.input_name(1),
-                                    why: "with noop_with_empty_axes=1 encore needs the axes \
-                                          when importing"
-                                        .into(),
-                                });
-                            }
-                            dynamic_axes = Some(o);
-                            vec![]
-                        }
-                    }
-                } else {
-                    x.arity(1, 1)?;
-                    a = x.input(0)?;
-                    x.ints("axes")?.unwrap_or_default()
-                };
-                let d = self.dtype(a);
-                if axes.is_empty()
-                    && dynamic_axes.is_none()
-                    && axes_as_input
-                    && x.flag("noop_with_empty_axes")?
-                {
-                    self.alias(&x, a)?;
-                } else {
-                    let keepdims = x.int("keepdims", 1)? != 0;
-                    let ins: Vec<Outlet> = std::iter::once(a).chain(dynamic_axes).collect();
-                    self.emit(n, Op::Reduce { op, axes, keepdims }, &ins, &[d])?;
-                }
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1"
+            | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => {
+                self.import_reduce(&x, opset)?;
             }
             "MatMul" => {
                 x.arity(2, 2)?;
@@ -1119,6 +1068,131 @@ impl<'m> Importer<'m> {
             _ => return Err(unsupported(self)),
         }
         Ok(())
+    }
+
+    /// The Reduce* family. The five base reductions are IR ops; the others are imported as
+    /// their definitions over `reduce_sum` on the same axes: `ReduceL1 = sum |x|`, `ReduceL2 =
+    /// sqrt(sum x²)`, `ReduceSumSquare = sum x²`, `ReduceLogSum = log(sum x)` and
+    /// `ReduceLogSumExp = log(sum exp(x - m)) + m`, with `m` the maximum over the axes (taken as
+    /// 0 where it is ±inf, so that all -inf gives -inf and a +inf gives +inf), computed with
+    /// kept dims and then, when `keepdims` is 0, reduced by a `reduce_max` of the size-1 axes.
+    /// With `noop_with_empty_axes` and no axes the reduction is the identity (the rest stays).
+    fn import_reduce(&mut self, x: &NodeCtx<'m>, opset: i64) -> Result<(), ImportError> {
+        #[derive(PartialEq)]
+        enum Pre {
+            None,
+            Abs,
+            Square,
+            LogSumExp,
+        }
+        let op_type = x.op_type();
+        let (op, pre, post) = match op_type {
+            "ReduceMean" => (ReduceOp::Mean, Pre::None, None),
+            "ReduceSum" => (ReduceOp::Sum, Pre::None, None),
+            "ReduceMax" => (ReduceOp::Max, Pre::None, None),
+            "ReduceProd" => (ReduceOp::Prod, Pre::None, None),
+            "ReduceMin" => (ReduceOp::Min, Pre::None, None),
+            "ReduceL1" => (ReduceOp::Sum, Pre::Abs, None),
+            "ReduceL2" => (ReduceOp::Sum, Pre::Square, Some(UnaryOp::Sqrt)),
+            "ReduceSumSquare" => (ReduceOp::Sum, Pre::Square, None),
+            "ReduceLogSum" => (ReduceOp::Sum, Pre::None, Some(UnaryOp::Log)),
+            _ => (ReduceOp::Sum, Pre::LogSumExp, Some(UnaryOp::Log)),
+        };
+        if matches!(op_type, "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp") {
+            self.require_dtype(x, 0, &[DType::F32])?;
+        }
+        // ReduceSum took its axes as an input from opset 13, the others from opset 18.
+        let axes_as_input = opset >= if op_type == "ReduceSum" { 13 } else { 18 };
+        let a = x.input(0)?;
+        // Axes only known at run time: a second input of the IR op.
+        let mut dynamic_axes = None;
+        let axes = if axes_as_input {
+            x.no_attr("axes", "an input")?;
+            x.arity(1, 2)?;
+            match x.opt(1) {
+                None => vec![],
+                Some(o) if self.graph.const_value(o).is_some() => {
+                    self.const_ints(x, 1, "the axes must be constant")?
+                }
+                Some(o) => {
+                    self.require_dtype(x, 1, &[DType::I64])?;
+                    if x.flag("noop_with_empty_axes")? {
+                        return Err(ImportError::NonConstantInput {
+                            node: x.label.clone(),
+                            input: x.input_name(1),
+                            why: "with noop_with_empty_axes=1 encore needs the axes \
+                                  when importing"
+                                .into(),
+                        });
+                    }
+                    dynamic_axes = Some(o);
+                    vec![]
+                }
+            }
+        } else {
+            x.arity(1, 1)?;
+            x.ints("axes")?.unwrap_or_default()
+        };
+        let d = self.dtype(a);
+        let noop = axes.is_empty()
+            && dynamic_axes.is_none()
+            && axes_as_input
+            && x.flag("noop_with_empty_axes")?;
+        let keepdims = x.int("keepdims", 1)? != 0;
+        let n = x.n;
+        let reduce = |this: &mut Self, name: &str, op, keepdims, v: Outlet| {
+            if noop {
+                return Ok(v);
+            }
+            let ins: Vec<Outlet> = std::iter::once(v).chain(dynamic_axes).collect();
+            let r = Op::Reduce {
+                op,
+                axes: axes.clone(),
+                keepdims,
+            };
+            this.emit_aux(n, name, r, &ins, d)
+        };
+        let unary =
+            |this: &mut Self, name: &str, u, v| this.emit_aux(n, name, Op::Unary(u), &[v], d);
+        let binary = |this: &mut Self, name: &str, b, v, w| {
+            this.emit_aux(n, name, Op::Binary(b), &[v, w], d)
+        };
+        if pre == Pre::None && post.is_none() {
+            // A base reduction: the node's own output.
+            if noop {
+                return self.alias(x, a);
+            }
+            let ins: Vec<Outlet> = std::iter::once(a).chain(dynamic_axes).collect();
+            self.emit(n, Op::Reduce { op, axes, keepdims }, &ins, &[d])?;
+            return Ok(());
+        }
+        let mut max = None;
+        let v = match pre {
+            Pre::None => a,
+            Pre::Abs => unary(self, "abs", UnaryOp::Abs, a)?,
+            Pre::Square => binary(self, "square", BinaryOp::Mul, a, a)?,
+            Pre::LogSumExp => {
+                let m = reduce(self, "max", ReduceOp::Max, true, a)?;
+                let is_inf = Op::Unary(UnaryOp::IsInf);
+                let inf = self.emit_aux(n, "max_is_inf", is_inf, &[m], DType::Bool)?;
+                let zero = self.aux_const(x, "zero", Tensor::scalar(0f32));
+                let m = self.emit_aux(n, "shift", Op::Where, &[inf, zero, m], d)?;
+                max = Some(m);
+                let shifted = binary(self, "shifted", BinaryOp::Sub, a, m)?;
+                unary(self, "exp", UnaryOp::Exp, shifted)?
+            }
+        };
+        let mut r = reduce(self, "sum", op, keepdims || max.is_some(), v)?;
+        if let Some(u) = post {
+            r = unary(self, "post", u, r)?;
+        }
+        if let Some(m) = max {
+            r = binary(self, "add_max", BinaryOp::Add, r, m)?;
+            if !keepdims {
+                r = reduce(self, "drop_axes", ReduceOp::Max, false, r)?;
+            }
+        }
+        self.alias(x, r)
     }
 
     /// Softmax over `axis`, or with `log` LogSoftmax as `(x - max) - log(sum(exp(x - max)))`

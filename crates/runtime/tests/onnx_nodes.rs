@@ -1009,3 +1009,94 @@ fn xor() {
         .unwrap_err();
     assert!(e.contains("`n`") && e.contains("i64"), "{e}");
 }
+
+/// ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum and ReduceLogSumExp (imported as their
+/// definitions over reduce_sum) against f64, both axes forms and keepdims; LogSumExp stays
+/// finite for large values and gives ±inf where the answer is infinite.
+#[test]
+fn reduce_l1_l2_sum_square_log_sum_log_sum_exp() {
+    let xs: Vec<f32> = vec![1.0, -2.0, 3.0, 0.5, -4.0, 2.5];
+    let x = f32s(&[2, 3], &xs);
+    type F = fn(&[f64]) -> f64;
+    let defs: [(&str, F); 5] = [
+        ("ReduceL1", |r| r.iter().map(|v| v.abs()).sum()),
+        ("ReduceL2", |r| r.iter().map(|v| v * v).sum::<f64>().sqrt()),
+        ("ReduceSumSquare", |r| r.iter().map(|v| v * v).sum()),
+        ("ReduceLogSum", |r| r.iter().sum::<f64>().ln()),
+        ("ReduceLogSumExp", |r| {
+            r.iter().map(|v| v.exp()).sum::<f64>().ln()
+        }),
+    ];
+    for (op, f) in defs {
+        let rows: Vec<Vec<f64>> = xs
+            .chunks(3)
+            .map(|c| c.iter().map(|&v| v as f64).collect())
+            .collect();
+        for (opset, keep) in [(13, 1), (18, 0)] {
+            let mut c = Case::new(op, opset, vec![x.clone()]).attr(int_attr("keepdims", keep));
+            if opset >= 18 {
+                c.inputs.push(Some(i64s(&[1], &[-1])));
+            } else {
+                c = c.attr(AttributeProto {
+                    name: "axes".into(),
+                    r#type: AttributeType::Ints as i32,
+                    ints: vec![1],
+                    ..Default::default()
+                });
+            }
+            let y = c.run1();
+            assert_eq!(
+                y.shape(),
+                if keep == 1 { &[2, 1][..] } else { &[2][..] },
+                "{op}"
+            );
+            for (got, row) in y.as_f32().unwrap().iter().zip(&rows) {
+                let want = f(row);
+                if want.is_nan() {
+                    assert!(got.is_nan(), "{op} {row:?}: {got}, want NaN");
+                } else {
+                    let tol = 1e-6 * want.abs().max(1.0);
+                    assert!(
+                        (*got as f64 - want).abs() <= tol,
+                        "{op} {row:?}: {got}, want {want}"
+                    );
+                }
+            }
+        }
+    }
+    let lse = |v: &[f32]| Case::new("ReduceLogSumExp", 18, vec![f32s(&[v.len()], v)]).run1();
+    let y = lse(&[1000.0, 1000.0]);
+    assert!(
+        (y.as_f32().unwrap()[0] - (1000.0 + 2f32.ln())).abs() < 1e-3,
+        "{y:?}"
+    );
+    assert_eq!(
+        lse(&[f32::NEG_INFINITY; 2]).as_f32().unwrap(),
+        [f32::NEG_INFINITY]
+    );
+    assert_eq!(
+        lse(&[f32::INFINITY, 1.0]).as_f32().unwrap(),
+        [f32::INFINITY]
+    );
+    // Integers have no logarithm here: a typed error naming the node.
+    let e = Case::new("ReduceL2", 18, vec![i64s(&[2], &[3, 4])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("i64"), "{e}");
+    let y = Case::new("ReduceSumSquare", 18, vec![i64s(&[2], &[3, -4])]).run1();
+    assert_eq!(y.as_i64().unwrap(), [25]);
+}
+
+/// ReduceMax and ReduceMin of bools: any and all.
+#[test]
+fn reduce_max_min_of_bools() {
+    let b = TensorValue::from_bool(vec![2, 2], vec![true, false, false, false]).unwrap();
+    for (op, want) in [("ReduceMax", [true, false]), ("ReduceMin", [false, false])] {
+        let y = Case::new(op, 20, vec![b.clone(), i64s(&[1], &[1])])
+            .attr(int_attr("keepdims", 0))
+            .run1();
+        assert_eq!(y.as_bool().unwrap(), want, "{op}");
+    }
+    let e = Case::new("ReduceSum", 18, vec![b]).run().unwrap_err();
+    assert!(e.contains("bool"), "{e}");
+}

@@ -1162,6 +1162,13 @@ pub(crate) fn reduce(
             TensorData::I32(go!(v, i32, 0, i32::MIN, i32::MAX, |s: i32, c: usize| s
                 / (c.max(1) as i32)))
         }
+        // Bools have an order (false < true): Max is any, Min is all (the empty set gives
+        // false and true, the identities); the sums and products are not defined on them.
+        TensorData::Bool(v) if matches!(op, ReduceOp::Max | ReduceOp::Min) => {
+            let bytes: Vec<u8> = v.iter().map(|&b| u8::from(b)).collect();
+            let r = go!(&bytes, u8, 0, 0, 1, |s: u8, _: usize| s);
+            TensorData::Bool(r.into_iter().map(|b| b != 0).collect())
+        }
         d => {
             return Err(Error::op(
                 node,
