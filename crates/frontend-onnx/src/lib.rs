@@ -31,12 +31,12 @@
 //!   input, per opset; an input that is not a constant is read at run time, except with
 //!   `noop_with_empty_axes`), ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum and
 //!   ReduceLogSumExp (as their definitions over ReduceSum, the last shifted by the maximum),
-//!   and Size (a product of the Shape);
+//!   Size (a product of the Shape), and ArgMax and ArgMin (all attributes);
 //! - linear algebra and normalisation: MatMul, Gemm, Softmax and LogSoftmax (before opset 13
 //!   their 2-D coercion is imported exactly: one op on the last axis, else Flatten, Softmax and
 //!   Reshape; LogSoftmax as `(x - max) - log(sum(exp(x - max)))` by reductions),
 //!   LayerNormalization (opset 17+; its Mean and InvStdDev outputs, when used, by reductions
-//!   beside the op);
+//!   beside the op), RMSNormalization (opset 23, as its definition by reductions);
 //! - quantization: QuantizeLinear, DequantizeLinear (not blocked), DynamicQuantizeLinear,
 //!   MatMulInteger;
 //! - Constant, and Identity and Dropout, which add no node (Dropout's mask must be unused, and

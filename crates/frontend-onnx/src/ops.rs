@@ -842,6 +842,16 @@ impl<'m> Importer<'m> {
             | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => {
                 self.import_reduce(&x, opset)?;
             }
+            "ArgMax" | "ArgMin" => {
+                x.arity(1, 1)?;
+                let op = Op::ArgReduce {
+                    min: x.op_type() == "ArgMin",
+                    axis: x.int("axis", 0)?,
+                    keepdims: x.int("keepdims", 1)? != 0,
+                    last: x.flag("select_last_index")?,
+                };
+                self.emit(n, op, &[x.input(0)?], &[DType::I64])?;
+            }
             "MatMul" => {
                 x.arity(2, 2)?;
                 let ins = [x.input(0)?, x.input(1)?];
@@ -918,6 +928,7 @@ impl<'m> Importer<'m> {
                 }
                 self.emit(n, Op::LayerNorm { axis, epsilon }, &ins, &[d])?;
             }
+            "RMSNormalization" if opset >= 23 => self.rms_norm(&x)?,
             "QuantizeLinear" => {
                 x.arity(2, 3)?;
                 if x.int("block_size", 0)? != 0 {
@@ -1230,6 +1241,57 @@ impl<'m> Importer<'m> {
         }
     }
 
+    /// The axes from `axis` to the last of `a`: negative ones when `axis` is (which needs no
+    /// rank), else from the declared rank (`why` says what needs them when it is unknown).
+    fn axes_from(
+        &self,
+        x: &NodeCtx<'m>,
+        a: Outlet,
+        axis: i64,
+        why: &str,
+    ) -> Result<Vec<i64>, ImportError> {
+        if axis < 0 {
+            return Ok((axis..0).collect());
+        }
+        let rank = self.graph.outlet_type(a).rank().ok_or_else(|| {
+            x.bad(format!(
+                "{why} with axis {axis}, and the rank of the input is not declared"
+            ))
+        })?;
+        Ok((axis..rank as i64).collect())
+    }
+
+    /// RMSNormalization (opset 23) as its definition: `x / sqrt(mean(x²) + epsilon) · scale`,
+    /// the mean over the axes from `axis` on, in f32 (`stash_type` 1, the only one taken).
+    fn rms_norm(&mut self, x: &NodeCtx<'m>) -> Result<(), ImportError> {
+        x.arity(2, 2)?;
+        let (a, scale) = (x.input(0)?, x.input(1)?);
+        let d = self.require_dtype(x, 0, &[DType::F32])?;
+        self.require_dtype(x, 1, &[DType::F32])?;
+        let stash = x.int("stash_type", 1)?;
+        if stash != crate::proto::DataType::Float as i64 {
+            return Err(x.bad_attr(
+                "stash_type",
+                format!("is {stash}; encore computes the statistics in FLOAT (1)"),
+            ));
+        }
+        let axes = self.axes_from(x, a, x.int("axis", -1)?, "RMSNormalization")?;
+        let n = x.n;
+        let sq = self.emit_aux(n, "sq", Op::Binary(BinaryOp::Mul), &[a, a], d)?;
+        let mean = Op::Reduce {
+            op: ReduceOp::Mean,
+            axes,
+            keepdims: true,
+        };
+        let ms = self.emit_aux(n, "mean_sq", mean, &[sq], d)?;
+        let eps = self.aux_const(x, "epsilon", Tensor::scalar(x.float("epsilon", 1e-5)?));
+        let me = self.emit_aux(n, "mean_sq_eps", Op::Binary(BinaryOp::Add), &[ms, eps], d)?;
+        let rms = self.emit_aux(n, "rms", Op::Unary(UnaryOp::Sqrt), &[me], d)?;
+        let normed = self.emit_aux(n, "normalized", Op::Binary(BinaryOp::Div), &[a, rms], d)?;
+        self.emit(n, Op::Binary(BinaryOp::Mul), &[normed, scale], &[d])?;
+        Ok(())
+    }
+
     /// LayerNormalization's outputs 1 and 2 when used: `Mean` and `InvStdDev` (`1 / sqrt(var +
     /// epsilon)`, the population variance) over the axes from `axis` on, kept as size-1 dims,
     /// computed by reductions beside the fused LayerNorm op, which yields output 0.
@@ -1240,17 +1302,7 @@ impl<'m> Importer<'m> {
         axis: i64,
         epsilon: f32,
     ) -> Result<(), ImportError> {
-        let axes: Vec<i64> = if axis < 0 {
-            (axis..0).collect()
-        } else {
-            let rank = self.graph.outlet_type(a).rank().ok_or_else(|| {
-                x.bad(format!(
-                    "its Mean or InvStdDev output is used with axis {axis}, and the rank of the \
-                     input is not declared"
-                ))
-            })?;
-            (axis..rank as i64).collect()
-        };
+        let axes = self.axes_from(x, a, axis, "its Mean or InvStdDev output is used")?;
         let d = self.require_dtype(x, 0, &[DType::F32])?;
         let n = x.n;
         let mean_op = |axes: &[i64]| Op::Reduce {

@@ -436,6 +436,19 @@ pub enum Op {
         axes: Vec<i64>,
         keepdims: bool,
     },
+    /// `(x)` → i64: the index of the largest (`min`: smallest) element along `axis`, the first
+    /// one of equal values or with `last` the last one; NaN counts as the extreme, as in numpy
+    /// (ONNX `ArgMax` / `ArgMin`).
+    ///
+    /// ```text
+    /// %1 = arg_max[axis=-1, keepdims=false, last=false](%0) : i64[B,S]    # %0 : f32[B,S,V]
+    /// ```
+    ArgReduce {
+        min: bool,
+        axis: i64,
+        keepdims: bool,
+        last: bool,
+    },
     /// `(a, b)` numpy matmul.
     MatMul,
     /// `(a, b, c?)`: `alpha·op(a)·op(b) + beta·c`.
@@ -555,7 +568,7 @@ impl Op {
             | Op::QuantizeLinear { .. }
             | Op::DequantizeLinear { .. }
             | Op::DynamicQuantizeLinear => OpKind::Elementwise,
-            Op::Reduce { .. } | Op::CumSum { .. } => OpKind::Reduce,
+            Op::Reduce { .. } | Op::CumSum { .. } | Op::ArgReduce { .. } => OpKind::Reduce,
             Op::Shape { .. }
             | Op::Reshape { .. }
             | Op::Transpose { .. }
@@ -607,6 +620,8 @@ impl Op {
             Op::CumSum { .. } => "cumsum",
             Op::Flatten { .. } => "flatten",
             Op::Reduce { op, .. } => op.name(),
+            Op::ArgReduce { min: false, .. } => "arg_max",
+            Op::ArgReduce { min: true, .. } => "arg_min",
             Op::MatMul => "matmul",
             Op::Gemm { .. } => "gemm",
             Op::Softmax { .. } => "softmax",
@@ -639,6 +654,7 @@ impl Op {
             | Op::Flatten { .. }
             | Op::Softmax { .. }
             | Op::DynamicQuantizeLinear
+            | Op::ArgReduce { .. }
             | Op::Gelu { .. } => (1, 1),
             Op::Reshape { .. }
             | Op::Gather { .. }
@@ -720,6 +736,16 @@ impl Op {
             Op::Reduce { axes, keepdims, .. } => {
                 vec![("axes", Ints(axes.clone())), ("keepdims", Bool(*keepdims))]
             }
+            Op::ArgReduce {
+                axis,
+                keepdims,
+                last,
+                ..
+            } => vec![
+                ("axis", Int(*axis)),
+                ("keepdims", Bool(*keepdims)),
+                ("last", Bool(*last)),
+            ],
             Op::Gemm {
                 alpha,
                 beta,
@@ -842,6 +868,12 @@ impl Op {
             },
             "flatten" => Op::Flatten {
                 axis: a.int("axis")?,
+            },
+            "arg_max" | "arg_min" => Op::ArgReduce {
+                min: name == "arg_min",
+                axis: a.int("axis")?,
+                keepdims: a.bool("keepdims")?,
+                last: a.bool("last")?,
             },
             "matmul" => Op::MatMul,
             "gemm" => Op::Gemm {

@@ -767,6 +767,22 @@ fn infer(
             };
             one(dtype(0), s)
         }
+        Op::ArgReduce { axis, keepdims, .. } => {
+            let s = match &ins[0].shape {
+                None => None,
+                Some(s) => {
+                    let a = norm_axis(*axis, s.len())?;
+                    let mut o = s.clone();
+                    if *keepdims {
+                        o[a] = Dim::fixed(1);
+                    } else {
+                        o.remove(a);
+                    }
+                    Some(o)
+                }
+            };
+            one(DType::I64, s)
+        }
         Op::Reduce { axes, keepdims, .. } => {
             // Axes given as an input: known when that input is a constant by now.
             let axes = match ins.get(1) {

@@ -877,6 +877,12 @@ impl Session {
             Op::CumSum { exclusive, reverse } => {
                 one(so::cumsum(r(0), r(1), *exclusive, *reverse, node)?)
             }
+            Op::ArgReduce {
+                min,
+                axis,
+                keepdims,
+                last,
+            } => one(so::arg_reduce(r(0), *min, *axis, *keepdims, *last, node)?),
             Op::Reduce { op, axes, keepdims } => match ins.get(1) {
                 None => one(so::reduce(r(0), *op, axes, *keepdims, node)?),
                 Some(a) => {

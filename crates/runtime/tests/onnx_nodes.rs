@@ -1100,3 +1100,78 @@ fn reduce_max_min_of_bools() {
     let e = Case::new("ReduceSum", 18, vec![b]).run().unwrap_err();
     assert!(e.contains("bool"), "{e}");
 }
+
+/// RMSNormalization (opset 23) against f64 over the last axis and over the last two (axis 1 of
+/// a rank-3 input), with a scale; stash_type other than FLOAT is a typed error.
+#[test]
+fn rms_normalization() {
+    let xs: Vec<f32> = (0..12).map(|v| v as f32 * 0.7 - 3.0).collect();
+    let x = f32s(&[2, 2, 3], &xs);
+    for (axis, group, scale) in [(-1i64, 3usize, vec![3usize]), (1, 6, vec![2, 3])] {
+        let sv: Vec<f32> = (0..group).map(|i| 0.5 + i as f32 * 0.25).collect();
+        let y = Case::new("RMSNormalization", 23, vec![x.clone(), f32s(&scale, &sv)])
+            .attr(int_attr("axis", axis))
+            .run1();
+        assert_eq!(y.shape(), [2, 2, 3]);
+        for (g, (got, xin)) in y
+            .as_f32()
+            .unwrap()
+            .chunks(group)
+            .zip(xs.chunks(group))
+            .enumerate()
+        {
+            let ms = xin.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / group as f64;
+            let rms = (ms + 1e-5).sqrt();
+            for (i, (&o, &v)) in got.iter().zip(xin).enumerate() {
+                let want = v as f64 / rms * sv[i] as f64;
+                assert!(
+                    (o as f64 - want).abs() < 1e-5,
+                    "axis {axis} group {g}: {o} vs {want}"
+                );
+            }
+        }
+    }
+    let e = Case::new("RMSNormalization", 23, vec![x, f32s(&[3], &[1.0; 3])])
+        .attr(int_attr("stash_type", 10))
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("stash_type"), "{e}");
+}
+
+/// ArgMax and ArgMin: first or last of ties, each axis, keepdims, NaN as the extreme (numpy),
+/// integer inputs; an empty axis is a typed error.
+#[test]
+fn arg_max_and_arg_min() {
+    let x = f32s(&[2, 3], &[1.0, 5.0, 5.0, -2.0, -2.0, 0.0]);
+    let arg = |op: &'static str, x: &TensorValue, axis: i64, keep: i64, last: i64| {
+        Case::new(op, 13, vec![x.clone()])
+            .attr(int_attr("axis", axis))
+            .attr(int_attr("keepdims", keep))
+            .attr(int_attr("select_last_index", last))
+            .run1()
+    };
+    let y = arg("ArgMax", &x, 1, 0, 0);
+    assert_eq!((y.shape(), y.as_i64().unwrap()), (&[2][..], &[1, 2][..]));
+    let y = arg("ArgMax", &x, -1, 1, 1);
+    assert_eq!((y.shape(), y.as_i64().unwrap()), (&[2, 1][..], &[2, 2][..]));
+    let y = arg("ArgMin", &x, 1, 0, 0);
+    assert_eq!(y.as_i64().unwrap(), [0, 0]);
+    let y = arg("ArgMin", &x, 1, 0, 1);
+    assert_eq!(y.as_i64().unwrap(), [0, 1]);
+    let y = arg("ArgMin", &x, 0, 1, 0);
+    assert_eq!(
+        (y.shape(), y.as_i64().unwrap()),
+        (&[1, 3][..], &[1, 1, 1][..])
+    );
+    let nan = f32s(&[4], &[1.0, f32::NAN, 7.0, f32::NAN]);
+    assert_eq!(arg("ArgMax", &nan, 0, 0, 0).as_i64().unwrap(), [1]);
+    assert_eq!(arg("ArgMin", &nan, 0, 0, 1).as_i64().unwrap(), [3]);
+    let ints = i64s(&[3], &[i64::MIN, i64::MAX, i64::MAX - 1]);
+    assert_eq!(arg("ArgMax", &ints, 0, 0, 0).as_i64().unwrap(), [1]);
+    assert_eq!(arg("ArgMin", &ints, 0, 0, 0).as_i64().unwrap(), [0]);
+    let e = Case::new("ArgMax", 13, vec![f32s(&[2, 0], &[])])
+        .attr(int_attr("axis", 1))
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("empty"), "{e}");
+}

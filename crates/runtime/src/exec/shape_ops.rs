@@ -1057,6 +1057,78 @@ pub(crate) fn cumsum(
 }
 
 /// `reduce_*[axes, keepdims]` over f32, i64 or i32.
+/// The index of the extreme element of each lane of `v` (`outer × dim × inner`, the lane along
+/// `dim`); `beats(v, best)` says whether `v` replaces the best so far (on ties with `last`).
+fn arg_reduce_typed<T: Copy>(
+    v: &[T],
+    (outer, dim, inner): (usize, usize, usize),
+    beats: impl Fn(T, T) -> bool,
+    last: bool,
+    tie: impl Fn(T, T) -> bool,
+) -> Vec<i64> {
+    let mut out = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| v[(o * dim + k) * inner + i];
+            let mut best = 0;
+            for k in 1..dim {
+                if beats(at(k), at(best)) || (last && tie(at(k), at(best))) {
+                    best = k;
+                }
+            }
+            out.push(best as i64);
+        }
+    }
+    out
+}
+
+/// ONNX `ArgMax` / `ArgMin`: see [`ir::Op::ArgReduce`].
+pub(crate) fn arg_reduce(
+    x: &TensorValue,
+    min: bool,
+    axis: i64,
+    keepdims: bool,
+    last: bool,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let name = if min { "arg_min" } else { "arg_max" };
+    let a = norm_axis(axis, x.rank(), node, name)?;
+    let sh = x.shape();
+    if sh[a] == 0 {
+        return Err(Error::op(node, name, format!("axis {axis} is empty")));
+    }
+    let lanes = (
+        sh[..a].iter().product(),
+        sh[a],
+        sh[a + 1..].iter().product(),
+    );
+    // `better(v, best)` for values with a total order; NaN beats any number (numpy's rule).
+    fn ordered<T: PartialOrd>(min: bool) -> impl Fn(T, T) -> bool {
+        move |v: T, best: T| if min { v < best } else { v > best }
+    }
+    let out = match x.data() {
+        TensorData::F32(v) => {
+            let better = ordered::<f32>(min);
+            let beats = |v: f32, b: f32| (v.is_nan() && !b.is_nan()) || better(v, b);
+            arg_reduce_typed(v, lanes, beats, last, |v, b| {
+                v == b || v.is_nan() && b.is_nan()
+            })
+        }
+        TensorData::I64(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
+        TensorData::I32(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
+        TensorData::I8(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
+        TensorData::U8(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
+        TensorData::Bool(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
+    };
+    let mut shape = sh.to_vec();
+    if keepdims {
+        shape[a] = 1;
+    } else {
+        shape.remove(a);
+    }
+    Ok(TensorValue::raw_data(shape, TensorData::I64(out)))
+}
+
 pub(crate) fn reduce(
     x: &TensorValue,
     op: ReduceOp,
