@@ -36,7 +36,10 @@
 //!   their 2-D coercion is imported exactly: one op on the last axis, else Flatten, Softmax and
 //!   Reshape; LogSoftmax as `(x - max) - log(sum(exp(x - max)))` by reductions),
 //!   LayerNormalization (opset 17+; its Mean and InvStdDev outputs, when used, by reductions
-//!   beside the op), RMSNormalization (opset 23, as its definition by reductions);
+//!   beside the op), RMSNormalization (opset 23, as its definition by reductions), Attention
+//!   (opset 23: 3-D and 4-D, MHA and GQA, bool and float masks, causal, softcap, past and
+//!   present caches, every `qk_matmul_output_mode`; as MatMul, Softmax and the rest; not
+//!   `nonpad_kv_seqlen`, sliding windows, or a mask shorter than the keys);
 //! - quantization: QuantizeLinear, DequantizeLinear (not blocked), DynamicQuantizeLinear,
 //!   MatMulInteger;
 //! - Constant, and Identity and Dropout, which add no node (Dropout's mask must be unused, and

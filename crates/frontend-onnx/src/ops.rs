@@ -83,6 +83,10 @@ impl<'m> NodeCtx<'m> {
         Ok(self.attr(name, AttributeType::Int)?.map(|a| a.i))
     }
 
+    fn opt_float(&self, name: &str) -> Result<Option<f32>, ImportError> {
+        Ok(self.attr(name, AttributeType::Float)?.map(|a| a.f))
+    }
+
     fn flag(&self, name: &str) -> Result<bool, ImportError> {
         match self.int(name, 0)? {
             0 => Ok(false),
@@ -929,6 +933,7 @@ impl<'m> Importer<'m> {
                 self.emit(n, Op::LayerNorm { axis, epsilon }, &ins, &[d])?;
             }
             "RMSNormalization" if opset >= 23 => self.rms_norm(&x)?,
+            "Attention" if opset >= 23 => self.attention(&x, opset)?,
             "QuantizeLinear" => {
                 x.arity(2, 3)?;
                 if x.int("block_size", 0)? != 0 {
@@ -1319,15 +1324,280 @@ impl<'m> Importer<'m> {
         let sd = self.emit_aux(n, "std", Op::Unary(UnaryOp::Sqrt), &[ve], d)?;
         let inv = self.emit_aux(n, "inv_std", Op::Unary(UnaryOp::Reciprocal), &[sd], d)?;
         for (slot, o) in [(1, mean), (2, inv)] {
-            if let Some(name) = n.output.get(slot).filter(|s| self.is_used(s)) {
-                let declared = self.output_type(name, d)?;
-                if declared.shape.is_some() {
-                    self.graph.node_mut(o.node).outputs[o.slot] = declared;
-                }
-                self.values.insert(name.as_str(), o);
-            }
+            self.bind_output(x, slot, o, d)?;
         }
         Ok(())
+    }
+
+    /// Binds output `slot` of the node, when it is used, to `o` (computed by helper nodes),
+    /// with the type the model declares for it where it declares a shape.
+    fn bind_output(
+        &mut self,
+        x: &NodeCtx<'m>,
+        slot: usize,
+        o: Outlet,
+        d: DType,
+    ) -> Result<(), ImportError> {
+        if let Some(name) = x.n.output.get(slot).filter(|s| self.is_used(s)) {
+            let declared = self.output_type(name, d)?;
+            if declared.shape.is_some() {
+                self.graph.node_mut(o.node).outputs[o.slot] = declared;
+            }
+            self.values.insert(name.as_str(), o);
+        }
+        Ok(())
+    }
+
+    /// A fixed dim of `o`'s declared shape.
+    fn fixed_dim(&self, o: Outlet, axis: usize) -> Option<usize> {
+        let t = self.graph.outlet_type(o);
+        t.shape.as_ref()?.get(axis)?.as_fixed()
+    }
+
+    /// Attention (opset 23; 24 and 25 without `nonpad_kv_seqlen` and sliding windows) as its
+    /// definition: 3-D inputs split into heads (`[B, S, heads·D]` → `[B, heads, S, D]`),
+    /// `past_key`/`past_value` concatenated before the new keys and values (the `present`
+    /// outputs), the key and value heads repeated for grouped-query attention (`h0, h0, h1, h1,
+    /// …`), `(Q·√scale)(K·√scale)ᵀ` (scale `1/√D` by default), `softcap·tanh(s/softcap)` when
+    /// `softcap > 0`, plus the bias (a float mask added, a bool mask's false as -inf, and with
+    /// `is_causal` -inf where key `j > i + past length`), softmax over the keys (a row whose bias
+    /// is all -inf gives zeros), times V, heads merged back for 3-D inputs.
+    /// `qk_matmul_output` is the scores after softcap (modes 0 and 1), with the bias (2), or
+    /// after softmax (3). Needs the head counts and, without `scale`, the head size declared.
+    fn attention(&mut self, x: &NodeCtx<'m>, opset: i64) -> Result<(), ImportError> {
+        x.arity(3, 7)?;
+        if x.opt(6).is_some() {
+            return Err(x.bad(format!(
+                "input nonpad_kv_seqlen (opset {opset}) is not supported"
+            )));
+        }
+        for w in ["left_window_size", "right_window_size"] {
+            if x.int(w, -1)? != -1 {
+                return Err(x.bad_attr(w, "sliding-window attention is not supported"));
+            }
+        }
+        let (q, k, v) = (x.input(0)?, x.input(1)?, x.input(2)?);
+        let d = self.require_dtype(x, 0, &[DType::F32])?;
+        self.require_dtype(x, 1, &[DType::F32])?;
+        self.require_dtype(x, 2, &[DType::F32])?;
+        let (past_k, past_v) = (x.opt(4), x.opt(5));
+        if past_k.is_some() != past_v.is_some() {
+            return Err(x.bad("past_key and past_value must be given together"));
+        }
+        let mode = x.int("qk_matmul_output_mode", 0)?;
+        if !(0..=3).contains(&mode) {
+            return Err(x.bad_attr("qk_matmul_output_mode", format!("is {mode}, not 0 to 3")));
+        }
+        let rank = self.graph.outlet_type(q).rank();
+        let n = x.n;
+        let heads_attr = |name: &str| -> Result<Option<usize>, ImportError> {
+            match x.opt_int(name)? {
+                None => Ok(None),
+                Some(h) if h > 0 => Ok(Some(h as usize)),
+                Some(h) => Err(x.bad_attr(name, format!("is {h}, must be positive"))),
+            }
+        };
+        let (qh, kvh) = (heads_attr("q_num_heads")?, heads_attr("kv_num_heads")?);
+        let three_d = match rank {
+            Some(3) => true,
+            Some(4) => false,
+            r => {
+                return Err(x.bad(format!(
+                    "Q must be declared 3-D or 4-D, is {}",
+                    r.map_or("of unknown rank".into(), |r| format!("{r}-D"))
+                )))
+            }
+        };
+        let perm = Op::Transpose {
+            perm: vec![0, 2, 1, 3],
+        };
+        let (q, k, v, qh, kvh) = if three_d {
+            let (Some(qh), Some(kvh)) = (qh, kvh) else {
+                return Err(x.bad("3-D inputs need q_num_heads and kv_num_heads"));
+            };
+            let split = |this: &mut Self, name: &str, t: Outlet, h: usize| {
+                let shape = Tensor::from_vec(vec![4], vec![0i64, 0, h as i64, -1]);
+                let shape = this.aux_const(x, &format!("{name}_heads_shape"), shape);
+                let r = Op::Reshape { allowzero: false };
+                let t = this.emit_aux(n, &format!("{name}_heads"), r, &[t, shape], d)?;
+                this.emit_aux(n, &format!("{name}_bhsd"), perm.clone(), &[t], d)
+            };
+            let q = split(self, "q", q, qh)?;
+            let k = split(self, "k", k, kvh)?;
+            let v = split(self, "v", v, kvh)?;
+            (q, k, v, qh, kvh)
+        } else {
+            match (self.fixed_dim(q, 1), self.fixed_dim(k, 1)) {
+                (Some(a), Some(b)) => (q, k, v, a, b),
+                _ => return Err(x.bad("the head counts (dim 1 of Q and K) must be declared")),
+            }
+        };
+        if kvh == 0 || !qh.is_multiple_of(kvh) {
+            return Err(x.bad(format!(
+                "{qh} query heads are not a multiple of {kvh} key/value heads"
+            )));
+        }
+        let scale = match x.opt_float("scale")? {
+            Some(s) => s,
+            None => {
+                let head = if three_d {
+                    self.fixed_dim(x.input(0)?, 2).map(|h| h / qh)
+                } else {
+                    self.fixed_dim(q, 3)
+                };
+                let head = head.filter(|&h| h > 0).ok_or_else(|| {
+                    x.bad("without a scale attribute the head size of Q must be declared")
+                })?;
+                1.0 / (head as f32).sqrt()
+            }
+        };
+        let bin = |this: &mut Self, name: &str, b, l, r| {
+            this.emit_aux(n, name, Op::Binary(b), &[l, r], d)
+        };
+        // The caches: present = concat(past, new) on the sequence axis.
+        let (k, v) = match (past_k, past_v) {
+            (Some(pk), Some(pv)) => {
+                let cat = Op::Concat { axis: 2 };
+                let k = self.emit_aux(n, "present_key", cat.clone(), &[pk, k], d)?;
+                let v = self.emit_aux(n, "present_value", cat, &[pv, v], d)?;
+                (k, v)
+            }
+            _ => (k, v),
+        };
+        self.bind_output(x, 1, k, d)?;
+        self.bind_output(x, 2, v, d)?;
+        // Grouped-query attention: each key/value head serves qh / kvh query heads in a row.
+        let (k, v) = if qh != kvh {
+            let g = qh / kvh;
+            let idx: Vec<i64> = (0..qh as i64).map(|h| h / g as i64).collect();
+            let idx = self.aux_const(x, "gqa_heads", Tensor::from_vec(vec![qh], idx));
+            let gather = Op::Gather { axis: 1 };
+            let k = self.emit_aux(n, "k_gqa", gather.clone(), &[k, idx], d)?;
+            let v = self.emit_aux(n, "v_gqa", gather, &[v, idx], d)?;
+            (k, v)
+        } else {
+            (k, v)
+        };
+        let root = self.aux_const(x, "sqrt_scale", Tensor::scalar(scale.sqrt()));
+        let qs = bin(self, "q_scaled", BinaryOp::Mul, q, root)?;
+        let ks = bin(self, "k_scaled", BinaryOp::Mul, k, root)?;
+        let kt = Op::Transpose {
+            perm: vec![0, 1, 3, 2],
+        };
+        let kt = self.emit_aux(n, "k_t", kt, &[ks], d)?;
+        let mut scores = self.emit_aux(n, "qk", Op::MatMul, &[qs, kt], d)?;
+        let softcap = x.float("softcap", 0.0)?;
+        if softcap > 0.0 {
+            let c = self.aux_const(x, "softcap", Tensor::scalar(softcap));
+            let s = bin(self, "qk_div_cap", BinaryOp::Div, scores, c)?;
+            let t = self.emit_aux(n, "qk_tanh", Op::Unary(UnaryOp::Tanh), &[s], d)?;
+            scores = bin(self, "qk_capped", BinaryOp::Mul, t, c)?;
+        }
+        let bias = self.attention_bias(x, scores, k, past_k)?;
+        let biased = match bias {
+            Some(b) => bin(self, "qk_biased", BinaryOp::Add, scores, b)?,
+            None => scores,
+        };
+        let mut probs = self.emit_aux(n, "probs", Op::Softmax { axis: -1 }, &[biased], d)?;
+        if let Some(b) = bias {
+            // A row that may attend to no key: zeros, not the NaN of a softmax of -inf.
+            let row_max = Op::Reduce {
+                op: ReduceOp::Max,
+                axes: vec![-1],
+                keepdims: true,
+            };
+            let m = self.emit_aux(n, "bias_row_max", row_max, &[b], d)?;
+            let neg_inf = Op::Unary(UnaryOp::IsNegInf);
+            let masked = self.emit_aux(n, "row_masked", neg_inf, &[m], DType::Bool)?;
+            let zero = self.aux_const(x, "zero", Tensor::scalar(0f32));
+            probs = self.emit_aux(n, "probs_guarded", Op::Where, &[masked, zero, probs], d)?;
+        }
+        let qk_out = match mode {
+            0 | 1 => scores,
+            2 => biased,
+            _ => probs,
+        };
+        self.bind_output(x, 3, qk_out, d)?;
+        if three_d {
+            let y = self.emit_aux(n, "y_bhsd", Op::MatMul, &[probs, v], d)?;
+            let y = self.emit_aux(n, "y_bshd", perm, &[y], d)?;
+            let shape = Tensor::from_vec(vec![3], vec![0i64, 0, -1]);
+            let shape = self.aux_const(x, "y_shape", shape);
+            self.emit(n, Op::Reshape { allowzero: false }, &[y, shape], &[d])?;
+        } else {
+            self.emit(n, Op::MatMul, &[probs, v], &[d])?;
+        }
+        Ok(())
+    }
+
+    /// The additive bias of [`Self::attention`]: the mask (bool: 0 where true, -inf where false)
+    /// plus, with `is_causal`, -inf above the diagonal offset by the past length; `None` when
+    /// there is neither.
+    fn attention_bias(
+        &mut self,
+        x: &NodeCtx<'m>,
+        scores: Outlet,
+        keys: Outlet,
+        past_k: Option<Outlet>,
+    ) -> Result<Option<Outlet>, ImportError> {
+        let n = x.n;
+        let d = DType::F32;
+        let zero = self.aux_const(x, "bias_zero", Tensor::scalar(0f32));
+        let neg_inf = self.aux_const(x, "bias_neg_inf", Tensor::scalar(f32::NEG_INFINITY));
+        let mask = match x.opt(3) {
+            None => None,
+            Some(m) => {
+                // ONNX pads a mask shorter than the keys with -inf; encore needs it whole.
+                let rank = self.graph.outlet_type(m).rank().unwrap_or(0);
+                let (ml, kl) = (
+                    rank.checked_sub(1).and_then(|a| self.fixed_dim(m, a)),
+                    self.fixed_dim(keys, 2),
+                );
+                if ml.is_none() || ml.zip(kl).is_some_and(|(a, b)| a != b) {
+                    return Err(x.bad(format!(
+                        "attn_mask must cover every key: its last dim is {}, there are {} keys                          (a shorter mask, padded by ONNX, is not supported)",
+                        ml.map_or("not declared".into(), |v| v.to_string()),
+                        kl.map_or("an unknown number of".into(), |v| v.to_string())
+                    )));
+                }
+                Some(
+                    match self.require_dtype(x, 3, &[DType::F32, DType::Bool])? {
+                        DType::Bool => {
+                            self.emit_aux(n, "mask_bias", Op::Where, &[m, zero, neg_inf], d)?
+                        }
+                        _ => m,
+                    },
+                )
+            }
+        };
+        if !x.flag("is_causal")? {
+            return Ok(mask);
+        }
+        // Ones of the scores' [q, kv] shape, lower triangle from diagonal `past length`.
+        let dims = Op::Shape {
+            start: -2,
+            end: None,
+        };
+        let qkv = self.emit_aux(n, "causal_shape", dims, &[scores], DType::I64)?;
+        let fill = Op::ConstantOfShape {
+            value: Tensor::from_vec(vec![1], vec![true]),
+        };
+        let ones = self.emit_aux(n, "causal_ones", fill, &[qkv], DType::Bool)?;
+        let mut ins = vec![ones];
+        if let Some(pk) = past_k {
+            let len = Op::Shape {
+                start: 2,
+                end: Some(3),
+            };
+            ins.push(self.emit_aux(n, "past_len", len, &[pk], DType::I64)?);
+        }
+        let tril = Op::Trilu { upper: false };
+        let allowed = self.emit_aux(n, "causal_allowed", tril, &ins, DType::Bool)?;
+        let causal = self.emit_aux(n, "causal_bias", Op::Where, &[allowed, zero, neg_inf], d)?;
+        Ok(Some(match mask {
+            Some(m) => self.emit_aux(n, "bias", Op::Binary(BinaryOp::Add), &[m, causal], d)?,
+            None => causal,
+        }))
     }
 
     /// `Pow(a, b)`: the result has `a`'s dtype, and ONNX (from opset 12) lets `b` be of another

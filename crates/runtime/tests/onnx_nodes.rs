@@ -67,6 +67,15 @@ fn int_attr(name: &str, v: i64) -> AttributeProto {
     }
 }
 
+fn float_attr(name: &str, v: f32) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Float as i32,
+        f: v,
+        ..Default::default()
+    }
+}
+
 /// One node `op` at `opset` reading `inputs` (named `in0`, `in1`, …; an empty name is an absent
 /// input) and producing `outputs`.
 struct Case {
@@ -1174,4 +1183,197 @@ fn arg_max_and_arg_min() {
         .run()
         .unwrap_err();
     assert!(e.contains("`n`") && e.contains("empty"), "{e}");
+}
+
+/// softmax(q·kᵀ·scale + bias)·v in f64 for one batch of 4-D attention (`[heads, S, D]`), the
+/// key/value heads shared by `qh / kvh` query heads in a row; `allowed(i, j)` masks keys, and a
+/// row with no allowed key gives zeros.
+#[allow(clippy::too_many_arguments)]
+fn attention_reference(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    (qh, kvh, s, l, dh): (usize, usize, usize, usize, usize),
+    scale: f64,
+    softcap: f64,
+    allowed: impl Fn(usize, usize) -> bool,
+) -> Vec<f64> {
+    let mut out = vec![0.0; qh * s * dh];
+    for h in 0..qh {
+        let kh = h / (qh / kvh);
+        for i in 0..s {
+            let mut w: Vec<f64> = (0..l)
+                .map(|j| {
+                    let dot: f64 = (0..dh)
+                        .map(|c| q[(h * s + i) * dh + c] as f64 * k[(kh * l + j) * dh + c] as f64)
+                        .sum();
+                    let x = dot * scale;
+                    let x = if softcap > 0.0 {
+                        softcap * (x / softcap).tanh()
+                    } else {
+                        x
+                    };
+                    if allowed(i, j) {
+                        x
+                    } else {
+                        f64::NEG_INFINITY
+                    }
+                })
+                .collect();
+            let m = w.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            if m == f64::NEG_INFINITY {
+                continue;
+            }
+            w.iter_mut().for_each(|x| *x = (*x - m).exp());
+            let sum: f64 = w.iter().sum();
+            for c in 0..dh {
+                out[(h * s + i) * dh + c] = (0..l)
+                    .map(|j| w[j] / sum * v[(kh * l + j) * dh + c] as f64)
+                    .sum();
+            }
+        }
+    }
+    out
+}
+
+/// Attention (opset 23) against f64: 4-D MHA with a bool mask (one row fully masked: zeros),
+/// grouped-query causal with a softcap, 3-D inputs split into heads with a past cache and the
+/// present outputs; unsupported forms are typed errors.
+#[test]
+fn attention_opset_23() {
+    let vals = |n: usize, seed: f32| -> Vec<f32> {
+        (0..n)
+            .map(|i| (i as f32 * 0.37 + seed).sin() * 1.5)
+            .collect()
+    };
+    let check = |got: &TensorValue, want: &[f64], what: &str| {
+        for (g, w) in got.as_f32().unwrap().iter().zip(want) {
+            assert!((*g as f64 - w).abs() < 1e-5, "{what}: {g} vs {w}");
+        }
+    };
+    // MHA, 2 heads, 3 queries, 4 keys, head size 2; query row 1 may attend to no key.
+    let (qh, s, l, dh) = (2, 3, 4, 2);
+    let (q, k, v) = (
+        vals(qh * s * dh, 0.1),
+        vals(qh * l * dh, 0.7),
+        vals(qh * l * dh, 1.3),
+    );
+    let allowed = |i: usize, j: usize| i != 1 && !(i + j).is_multiple_of(3);
+    let mask: Vec<bool> = (0..s * l).map(|p| allowed(p / l, p % l)).collect();
+    let y = Case::new(
+        "Attention",
+        23,
+        vec![
+            f32s(&[1, qh, s, dh], &q),
+            f32s(&[1, qh, l, dh], &k),
+            f32s(&[1, qh, l, dh], &v),
+            TensorValue::from_bool(vec![s, l], mask).unwrap(),
+        ],
+    )
+    .run1();
+    let want = attention_reference(
+        &q,
+        &k,
+        &v,
+        (qh, qh, s, l, dh),
+        1.0 / 2f64.sqrt(),
+        0.0,
+        allowed,
+    );
+    assert_eq!(y.shape(), [1, qh, s, dh]);
+    check(&y, &want, "mha bool mask");
+    assert!(y.as_f32().unwrap()[dh..2 * dh].iter().all(|&v| v == 0.0));
+    // GQA: 4 query heads over 2 key/value heads, causal, softcap 2, scale 0.3.
+    let (qh, kvh, s) = (4, 2, 4);
+    let (q, k, v) = (
+        vals(qh * s * dh, 0.2),
+        vals(kvh * s * dh, 0.5),
+        vals(kvh * s * dh, 0.9),
+    );
+    let y = Case::new(
+        "Attention",
+        23,
+        vec![
+            f32s(&[1, qh, s, dh], &q),
+            f32s(&[1, kvh, s, dh], &k),
+            f32s(&[1, kvh, s, dh], &v),
+        ],
+    )
+    .attr(int_attr("is_causal", 1))
+    .attr(float_attr("softcap", 2.0))
+    .attr(float_attr("scale", 0.3))
+    .run1();
+    let want = attention_reference(&q, &k, &v, (qh, kvh, s, s, dh), 0.3, 2.0, |i, j| j <= i);
+    check(&y, &want, "gqa causal softcap");
+    // 3-D: [1, 2, 2 heads · 2] with a past of 2 keys (causal: query i sees keys ≤ i + 2).
+    let (h, s, p) = (2, 2, 2);
+    let (q3, k3, v3) = (
+        vals(s * h * dh, 0.3),
+        vals(s * h * dh, 0.4),
+        vals(s * h * dh, 0.6),
+    );
+    let (pk, pv) = (vals(h * p * dh, 1.1), vals(h * p * dh, 1.7));
+    let mut c = Case::new(
+        "Attention",
+        23,
+        vec![
+            f32s(&[1, s, h * dh], &q3),
+            f32s(&[1, s, h * dh], &k3),
+            f32s(&[1, s, h * dh], &v3),
+        ],
+    )
+    .attr(int_attr("q_num_heads", h as i64))
+    .attr(int_attr("kv_num_heads", h as i64))
+    .attr(int_attr("is_causal", 1));
+    c.inputs.push(None);
+    c.inputs.push(Some(f32s(&[1, h, p, dh], &pk)));
+    c.inputs.push(Some(f32s(&[1, h, p, dh], &pv)));
+    c.outputs = vec!["y", "present_key", "present_value"];
+    let outs = c.run().unwrap();
+    // Heads first ([h, S, D]), the past before the new keys.
+    let heads = |t: &[f32]| -> Vec<f32> {
+        (0..h)
+            .flat_map(|hh| (0..s).flat_map(move |i| (0..dh).map(move |c| (hh, i, c))))
+            .map(|(hh, i, c)| t[(i * h + hh) * dh + c])
+            .collect()
+    };
+    let cat = |past: &[f32], new: &[f32]| -> Vec<f32> {
+        (0..h)
+            .flat_map(|hh| {
+                let mut r = past[hh * p * dh..(hh + 1) * p * dh].to_vec();
+                r.extend_from_slice(&new[hh * s * dh..(hh + 1) * s * dh]);
+                r
+            })
+            .collect()
+    };
+    let (kk, vv) = (cat(&pk, &heads(&k3)), cat(&pv, &heads(&v3)));
+    assert_eq!(outs[1].shape(), [1, h, p + s, dh]);
+    assert_eq!(outs[1].as_f32().unwrap(), kk);
+    assert_eq!(outs[2].as_f32().unwrap(), vv);
+    let want = attention_reference(
+        &heads(&q3),
+        &kk,
+        &vv,
+        (h, h, s, p + s, dh),
+        0.5f64.sqrt(),
+        0.0,
+        |i, j| j <= i + p,
+    );
+    // Back to [1, S, heads · D].
+    let want: Vec<f64> = (0..s)
+        .flat_map(|i| (0..h).flat_map(move |hh| (0..dh).map(move |c| (hh, i, c))))
+        .map(|(hh, i, c)| want[(hh * s + i) * dh + c])
+        .collect();
+    assert_eq!(outs[0].shape(), [1, s, h * dh]);
+    check(&outs[0], &want, "3-D with past");
+    // 3-D without head counts, and a sliding window: typed errors naming the node.
+    let e = Case::new("Attention", 23, vec![f32s(&[1, 2, 4], &[0.0; 8]); 3])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("q_num_heads"), "{e}");
+    let e = Case::new("Attention", 25, vec![f32s(&[1, 1, 2, 2], &[0.0; 4]); 3])
+        .attr(int_attr("left_window_size", 2))
+        .run()
+        .unwrap_err();
+    assert!(e.contains("left_window_size"), "{e}");
 }
