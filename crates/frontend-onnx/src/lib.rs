@@ -39,7 +39,8 @@
 //!   beside the op), RMSNormalization (opset 23, as its definition by reductions), Attention
 //!   (opset 23: 3-D and 4-D, MHA and GQA, bool and float masks, causal, softcap, past and
 //!   present caches, every `qk_matmul_output_mode`; as MatMul, Softmax and the rest; not
-//!   `nonpad_kv_seqlen`, sliding windows, or a mask shorter than the keys);
+//!   `nonpad_kv_seqlen`, sliding windows, or a mask shorter than the keys), RotaryEmbedding
+//!   (opset 23: 3-D and 4-D, both pairings, partial rotary dims, with or without position ids);
 //! - quantization: QuantizeLinear, DequantizeLinear (not blocked), DynamicQuantizeLinear,
 //!   MatMulInteger;
 //! - Constant, and Identity and Dropout, which add no node (Dropout's mask must be unused, and

@@ -934,6 +934,7 @@ impl<'m> Importer<'m> {
             }
             "RMSNormalization" if opset >= 23 => self.rms_norm(&x)?,
             "Attention" if opset >= 23 => self.attention(&x, opset)?,
+            "RotaryEmbedding" if opset >= 23 => self.rotary_embedding(&x)?,
             "QuantizeLinear" => {
                 x.arity(2, 3)?;
                 if x.int("block_size", 0)? != 0 {
@@ -1526,6 +1527,123 @@ impl<'m> Importer<'m> {
             self.emit(n, Op::Reshape { allowzero: false }, &[y, shape], &[d])?;
         } else {
             self.emit(n, Op::MatMul, &[probs, v], &[d])?;
+        }
+        Ok(())
+    }
+
+    /// RotaryEmbedding (opset 23) as its definition: the input as `[B, S, heads, D]` (4-D
+    /// `[B, heads, S, D]` transposed, 3-D `[B, S, heads·D]` split by `num_heads`), the first
+    /// `rotary_embedding_dim` (default D) channels rotated in pairs, the halves (`x1 = x[..r/2]`,
+    /// `x2 = x[r/2..r]`) or with `interleaved` the even and odd channels: `x1·cos - x2·sin` and
+    /// `x1·sin + x2·cos`, with the caches `[B, S, r/2]` or, given `position_ids`, gathered
+    /// from `[max_positions, r/2]`; the rest passed through, then back to the input's layout.
+    /// The rotary dim must be known at import (the attribute or a declared head size).
+    fn rotary_embedding(&mut self, x: &NodeCtx<'m>) -> Result<(), ImportError> {
+        x.arity(3, 4)?;
+        let (input, cos, sin) = (x.input(0)?, x.input(1)?, x.input(2)?);
+        let d = self.require_dtype(x, 0, &[DType::F32])?;
+        self.require_dtype(x, 1, &[DType::F32])?;
+        self.require_dtype(x, 2, &[DType::F32])?;
+        let n = x.n;
+        let interleaved = x.flag("interleaved")?;
+        let heads = x.int("num_heads", 0)?;
+        let perm = Op::Transpose {
+            perm: vec![0, 2, 1, 3],
+        };
+        let ints = |this: &mut Self, name: &str, v: Vec<i64>| {
+            this.aux_const(x, name, Tensor::from_vec(vec![v.len()], v))
+        };
+        let (xs, head) = match self.graph.outlet_type(input).rank() {
+            Some(4) => {
+                let t = self.emit_aux(n, "bshd", perm.clone(), &[input], d)?;
+                (t, self.fixed_dim(input, 3))
+            }
+            Some(3) if heads > 0 => {
+                let shape = ints(self, "heads_shape", vec![0, 0, heads, -1]);
+                let r = Op::Reshape { allowzero: false };
+                let t = self.emit_aux(n, "bshd", r, &[input, shape], d)?;
+                (t, self.fixed_dim(input, 2).map(|h| h / heads as usize))
+            }
+            Some(3) => return Err(x.bad_attr("num_heads", "3-D input needs num_heads > 0")),
+            _ => return Err(x.bad("the input must be declared 3-D or 4-D")),
+        };
+        let rdim = match x.int("rotary_embedding_dim", 0)? {
+            0 => head.map(|h| h as i64).ok_or_else(|| {
+                x.bad("without rotary_embedding_dim the head size must be declared")
+            })?,
+            r => r,
+        };
+        if rdim <= 0 || rdim % 2 != 0 || head.is_some_and(|h| rdim > h as i64) {
+            return Err(x.bad_attr(
+                "rotary_embedding_dim",
+                format!("is {rdim}: must be even, positive and at most the head size"),
+            ));
+        }
+        let (cos, sin) = match x.opt(3) {
+            Some(pos) => {
+                self.require_dtype(x, 3, &[DType::I64])?;
+                let g = Op::Gather { axis: 0 };
+                let c = self.emit_aux(n, "cos", g.clone(), &[cos, pos], d)?;
+                (c, self.emit_aux(n, "sin", g, &[sin, pos], d)?)
+            }
+            None => (cos, sin),
+        };
+        let axis2 = ints(self, "heads_axis", vec![2]);
+        let unsq = Op::Unsqueeze { axes: vec![] };
+        let cos = self.emit_aux(n, "cos_heads", unsq.clone(), &[cos, axis2], d)?;
+        let sin = self.emit_aux(n, "sin_heads", unsq, &[sin, axis2], d)?;
+        let last = ints(self, "last_axis", vec![-1]);
+        let slice = |this: &mut Self, name: &str, from: i64, to: i64, step: i64| {
+            let (a, b) = (ints(this, name, vec![from]), ints(this, name, vec![to]));
+            let st = ints(this, name, vec![step]);
+            this.emit_aux(n, name, Op::Slice, &[xs, a, b, last, st], d)
+        };
+        let (x1, x2) = if interleaved {
+            (
+                slice(self, "x1", 0, rdim, 2)?,
+                slice(self, "x2", 1, rdim, 2)?,
+            )
+        } else {
+            let h = rdim / 2;
+            (slice(self, "x1", 0, h, 1)?, slice(self, "x2", h, rdim, 1)?)
+        };
+        let bin = |this: &mut Self, name: &str, b, l, r| {
+            this.emit_aux(n, name, Op::Binary(b), &[l, r], d)
+        };
+        let (c1, s2) = (
+            bin(self, "c1", BinaryOp::Mul, cos, x1)?,
+            bin(self, "s2", BinaryOp::Mul, sin, x2)?,
+        );
+        let (s1, c2) = (
+            bin(self, "s1", BinaryOp::Mul, sin, x1)?,
+            bin(self, "c2", BinaryOp::Mul, cos, x2)?,
+        );
+        let real = bin(self, "real", BinaryOp::Sub, c1, s2)?;
+        let imag = bin(self, "imag", BinaryOp::Add, s1, c2)?;
+        let cat = Op::Concat { axis: -1 };
+        let rotated = if interleaved {
+            let end = ints(self, "pair_axis", vec![-1]);
+            let unsq = Op::Unsqueeze { axes: vec![] };
+            let re = self.emit_aux(n, "real_pair", unsq.clone(), &[real, end], d)?;
+            let im = self.emit_aux(n, "imag_pair", unsq, &[imag, end], d)?;
+            let pairs = self.emit_aux(n, "pairs", cat.clone(), &[re, im], d)?;
+            let shape = ints(self, "rotated_shape", vec![0, 0, 0, -1]);
+            let r = Op::Reshape { allowzero: false };
+            self.emit_aux(n, "rotated", r, &[pairs, shape], d)?
+        } else {
+            self.emit_aux(n, "rotated", cat.clone(), &[real, imag], d)?
+        };
+        let out = if head.is_some_and(|h| rdim == h as i64) {
+            rotated
+        } else {
+            let rest = slice(self, "pass", rdim, i64::MAX, 1)?;
+            self.emit_aux(n, "with_rest", cat, &[rotated, rest], d)?
+        };
+        if self.graph.outlet_type(input).rank() == Some(4) {
+            self.emit(n, perm, &[out], &[d])?;
+        } else {
+            let shape = ints(self, "out_shape", vec![0, 0, -1]);
+            self.emit(n, Op::Reshape { allowzero: false }, &[out, shape], &[d])?;
         }
         Ok(())
     }

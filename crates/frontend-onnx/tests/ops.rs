@@ -523,8 +523,7 @@ fn quantize_precision_and_dequantize_output_dtype_at_opset_23() {
 }
 
 /// An op that encore does not import is refused by name, with the opset, at opset 23 as at
-/// the others (RMSNormalization and Attention, new in 23, are imported; the ONNX node tests
-/// check them).
+/// the others (RMSNormalization, Attention and RotaryEmbedding, new in 23, are imported).
 #[test]
 fn opset_23_unknown_ops_are_refused_by_name() {
     let e = xy(23)

@@ -1377,3 +1377,99 @@ fn attention_opset_23() {
         .unwrap_err();
     assert!(e.contains("left_window_size"), "{e}");
 }
+
+/// RotaryEmbedding (opset 23): 4-D with position ids, both pairings (halves and interleaved),
+/// a partial rotary dim, and 3-D input with num_heads, against a direct computation.
+#[test]
+fn rotary_embedding() {
+    let (h, s, dh) = (2usize, 2usize, 4usize);
+    let xs: Vec<f32> = (0..h * s * dh).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let angles: Vec<f32> = (0..3 * 2).map(|i| i as f32 * 0.3).collect();
+    let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+    let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+    let pos = [2usize, 0];
+    // One head row `x` (rotary dim `r`) at position `p` (two angles a position in the table).
+    let rotate = |x: &[f32], p: usize, r: usize, interleaved: bool| -> Vec<f32> {
+        let mut y = x.to_vec();
+        for i in 0..r / 2 {
+            let (a, b) = if interleaved {
+                (2 * i, 2 * i + 1)
+            } else {
+                (i, i + r / 2)
+            };
+            let (c, sn) = (cos[p * 2 + i], sin[p * 2 + i]);
+            y[a] = x[a] * c - x[b] * sn;
+            y[b] = x[a] * sn + x[b] * c;
+        }
+        y
+    };
+    for (interleaved, r) in [(0, 4), (1, 4), (0, 2), (1, 2)] {
+        let caches = |v: &[f32]| -> Vec<f32> {
+            (0..3)
+                .flat_map(|p| v[p * 2..p * 2 + r / 2].to_vec())
+                .collect()
+        };
+        let y = Case::new(
+            "RotaryEmbedding",
+            23,
+            vec![
+                f32s(&[1, h, s, dh], &xs),
+                f32s(&[3, r / 2], &caches(&cos)),
+                f32s(&[3, r / 2], &caches(&sin)),
+                i64s(&[1, s], &pos.map(|p| p as i64)),
+            ],
+        )
+        .attr(int_attr("interleaved", interleaved))
+        .attr(int_attr(
+            "rotary_embedding_dim",
+            if r == dh { 0 } else { r as i64 },
+        ))
+        .run1();
+        let want: Vec<f32> = (0..h)
+            .flat_map(|hh| (0..s).map(move |i| (hh, i)))
+            .flat_map(|(hh, i)| {
+                let row = &xs[(hh * s + i) * dh..(hh * s + i + 1) * dh];
+                rotate(row, pos[i], r, interleaved == 1)
+            })
+            .collect();
+        assert_eq!(y.shape(), [1, h, s, dh]);
+        for (g, w) in y.as_f32().unwrap().iter().zip(&want) {
+            assert!(
+                (g - w).abs() < 1e-6,
+                "interleaved {interleaved} dim {r}: {g} vs {w}"
+            );
+        }
+    }
+    // 3-D [1, S, heads·D] with the caches per token (no position ids).
+    let x3: Vec<f32> = (0..s * h * dh).map(|i| (i as f32 * 0.7).sin()).collect();
+    let c3: Vec<f32> = pos
+        .iter()
+        .flat_map(|&p| cos[p * 2..p * 2 + 2].to_vec())
+        .collect();
+    let s3: Vec<f32> = pos
+        .iter()
+        .flat_map(|&p| sin[p * 2..p * 2 + 2].to_vec())
+        .collect();
+    let y = Case::new(
+        "RotaryEmbedding",
+        23,
+        vec![
+            f32s(&[1, s, h * dh], &x3),
+            f32s(&[1, s, 2], &c3),
+            f32s(&[1, s, 2], &s3),
+        ],
+    )
+    .attr(int_attr("num_heads", h as i64))
+    .run1();
+    let want: Vec<f32> = (0..s * h)
+        .flat_map(|t| rotate(&x3[t * dh..(t + 1) * dh], pos[t / h], dh, false))
+        .collect();
+    assert_eq!(y.shape(), [1, s, h * dh]);
+    for (g, w) in y.as_f32().unwrap().iter().zip(&want) {
+        assert!((g - w).abs() < 1e-6, "3-D: {g} vs {w}");
+    }
+    let e = Case::new("RotaryEmbedding", 23, vec![f32s(&[1, 2, 8], &[0.0; 16]); 3])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("num_heads"), "{e}");
+}
