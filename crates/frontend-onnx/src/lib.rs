@@ -25,7 +25,8 @@
 //!   its second input's ONNX type where the model states it; to FLOAT16 and BFLOAT16 as a
 //!   rounding to their precision in f32, to DOUBLE as to FLOAT, see below);
 //! - shapes and indexing: Shape, Reshape, Transpose, Unsqueeze, Squeeze, Flatten, Concat, Gather,
-//!   GatherElements, GatherND, Pad (all four modes, axes from opset 18), Slice, Expand,
+//!   GatherElements, GatherND, ScatterND and ScatterElements (every reduction of the opset),
+//!   Pad (all four modes, axes from opset 18), Slice, Expand,
 //!   ConstantOfShape, Range, CumSum, Trilu;
 //! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd (axes as attribute or
 //!   input, per opset; an input that is not a constant is read at run time, except with

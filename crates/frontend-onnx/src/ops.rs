@@ -1,7 +1,9 @@
 //! The mapping of each ONNX op (default domain, opsets 11 to 26) onto IR ops, with the ONNX rule
 //! for each output dtype.
 
-use ir::{BinaryOp, DType, GeluApprox, Op, Outlet, PadMode, ReduceOp, Tensor, UnaryOp};
+use ir::{
+    BinaryOp, DType, GeluApprox, Op, Outlet, PadMode, ReduceOp, ScatterReduction, Tensor, UnaryOp,
+};
 
 use crate::import::{node_label, Importer};
 use crate::proto::{AttributeProto, AttributeType, NodeProto, TensorProto};
@@ -684,6 +686,33 @@ impl<'m> Importer<'m> {
                     &ins,
                     &[d],
                 )?;
+            }
+            "ScatterND" | "ScatterElements" => {
+                x.arity(3, 3)?;
+                let ins = [x.input(0)?, x.input(1)?, x.input(2)?];
+                self.require_dtype(&x, 1, &[DType::I64, DType::I32])?;
+                let d = self.same_dtypes(&x, &[ins[0], ins[2]])?;
+                let reduction = match x.string("reduction")?.as_deref() {
+                    None => ScatterReduction::None,
+                    Some(r) => ScatterReduction::from_name(r)
+                        .filter(|_| opset >= 16)
+                        .filter(|r| {
+                            opset >= 18
+                                || !matches!(r, ScatterReduction::Max | ScatterReduction::Min)
+                        })
+                        .ok_or_else(|| {
+                            x.bad_attr("reduction", format!("`{r}` is not one of opset {opset}'s"))
+                        })?,
+                };
+                let op = if x.op_type() == "ScatterND" {
+                    Op::ScatterNd { reduction }
+                } else {
+                    Op::ScatterElements {
+                        axis: x.int("axis", 0)?,
+                        reduction,
+                    }
+                };
+                self.emit(n, op, &ins, &[d])?;
             }
             "GatherND" => {
                 x.arity(2, 2)?;

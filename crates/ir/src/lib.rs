@@ -19,7 +19,7 @@ pub use dtype::DType;
 pub use graph::{Graph, Node, NodeId, Outlet, Wire};
 pub use op::{
     u8_qparams, ActQuant, Attr, BinaryOp, EpilogueStep, GeluApprox, Op, OpKind, PadMode, ReduceOp,
-    UnaryOp, INLINE_LIMIT,
+    ScatterReduction, UnaryOp, INLINE_LIMIT,
 };
 pub use shape::{fixed_shape, is_symbol, Dim, Shape, TensorType};
 pub use tensor::{Element, Tensor};

@@ -128,6 +128,17 @@ pub enum PadMode {
     Wrap,
 }
 
+/// How a scatter combines an update with the element it lands on (ONNX `reduction`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScatterReduction {
+    /// The update replaces the element.
+    None,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
 macro_rules! name_table {
     ($ty:ident { $($v:ident => $s:literal),* $(,)? }) => {
         impl $ty {
@@ -152,6 +163,8 @@ name_table!(UnaryOp { Neg => "neg", Abs => "abs", Sqrt => "sqrt", Reciprocal => 
     IsInf => "is_inf", IsPosInf => "is_pos_inf", IsNegInf => "is_neg_inf" });
 name_table!(ReduceOp { Mean => "reduce_mean", Sum => "reduce_sum", Max => "reduce_max",
     Min => "reduce_min", Prod => "reduce_prod" });
+name_table!(ScatterReduction { None => "none", Add => "add", Mul => "mul", Max => "max",
+    Min => "min" });
 name_table!(GeluApprox { Erf => "erf", Tanh => "tanh" });
 name_table!(PadMode { Constant => "constant", Reflect => "reflect", Edge => "edge",
     Wrap => "wrap" });
@@ -388,6 +401,26 @@ pub enum Op {
     /// %2 = gather_nd[batch_dims=0](%0, %1) : f32[B,384]    # %0 : f32[B,S,384], %1 : i64[B,2]
     /// ```
     GatherNd { batch_dims: i64 },
+    /// `(data, indices, updates)` → `data` with, for each innermost row of `indices` (length
+    /// `k`), the slice of `data` it addresses by its first `k` coordinates combined with the
+    /// matching slice of `updates` (`indices.shape[..-1] ++ data.shape[k..]`) as `reduction`
+    /// says, in the order of the rows (ONNX `ScatterND`; negative indices count from the end).
+    ///
+    /// ```text
+    /// %3 = scatter_nd[reduction="add"](%0, %1, %2) : f32[4,8]    # %1 : i64[2,1], %2 : f32[2,8]
+    /// ```
+    ScatterNd { reduction: ScatterReduction },
+    /// `(data, indices, updates)` → `data` with each element of `updates` combined into the
+    /// element whose coordinates are its own with the one on `axis` replaced by the matching
+    /// element of `indices` (same shape as `updates`) (ONNX `ScatterElements`).
+    ///
+    /// ```text
+    /// %3 = scatter_elements[axis=1, reduction="none"](%0, %1, %2) : f32[2,5]
+    /// ```
+    ScatterElements {
+        axis: i64,
+        reduction: ScatterReduction,
+    },
     /// `(data, starts, ends, axes?, steps?)`.
     Slice,
     /// `(x, shape)` broadcast to `shape`.
@@ -579,6 +612,8 @@ impl Op {
             | Op::Gather { .. }
             | Op::GatherElements { .. }
             | Op::GatherNd { .. }
+            | Op::ScatterNd { .. }
+            | Op::ScatterElements { .. }
             | Op::Pad { .. }
             | Op::Trilu { .. }
             | Op::Slice
@@ -610,6 +645,8 @@ impl Op {
             Op::Gather { .. } => "gather",
             Op::GatherElements { .. } => "gather_elements",
             Op::GatherNd { .. } => "gather_nd",
+            Op::ScatterNd { .. } => "scatter_nd",
+            Op::ScatterElements { .. } => "scatter_elements",
             Op::Pad { .. } => "pad",
             Op::Trilu { .. } => "trilu",
             Op::Slice => "slice",
@@ -644,7 +681,7 @@ impl Op {
         match self {
             Op::Input { .. } | Op::Const { .. } => (0, 0),
             Op::Binary(_) => (2, 2),
-            Op::Where | Op::Range => (3, 3),
+            Op::Where | Op::Range | Op::ScatterNd { .. } | Op::ScatterElements { .. } => (3, 3),
             Op::Clip => (1, 3),
             Op::Unary(_)
             | Op::Cast { .. }
@@ -724,6 +761,11 @@ impl Op {
             | Op::DequantizeLinear { axis } => vec![("axis", Int(*axis))],
             Op::ConstantOfShape { value } => vec![("value", Tensor(value.clone()))],
             Op::GatherNd { batch_dims } => vec![("batch_dims", Int(*batch_dims))],
+            Op::ScatterNd { reduction } => vec![("reduction", Str(reduction.name().to_string()))],
+            Op::ScatterElements { axis, reduction } => vec![
+                ("axis", Int(*axis)),
+                ("reduction", Str(reduction.name().to_string())),
+            ],
             Op::Pad { mode } => vec![("mode", Str(mode.name().to_string()))],
             Op::Trilu { upper } => vec![("upper", Bool(*upper))],
             Op::Split { axis, num_outputs } => vec![
@@ -854,6 +896,13 @@ impl Op {
             },
             "gather_nd" => Op::GatherNd {
                 batch_dims: a.int("batch_dims")?,
+            },
+            "scatter_nd" => Op::ScatterNd {
+                reduction: a.scatter_reduction()?,
+            },
+            "scatter_elements" => Op::ScatterElements {
+                axis: a.int("axis")?,
+                reduction: a.scatter_reduction()?,
             },
             "slice" => Op::Slice,
             "expand" => Op::Expand,
@@ -1027,6 +1076,11 @@ impl AttrReader<'_> {
             Attr::Tensor(v) => Ok(v),
             _ => Err(self.bad(key, "a tensor literal")),
         }
+    }
+    fn scatter_reduction(&mut self) -> Result<ScatterReduction, IrError> {
+        let s = self.str("reduction")?;
+        ScatterReduction::from_name(&s)
+            .ok_or_else(|| self.bad("reduction", "none, add, mul, max or min"))
     }
     fn epilogue(&mut self) -> Result<Vec<EpilogueStep>, IrError> {
         match self.need("epilogue")? {

@@ -587,6 +587,7 @@ fn infer(
             one(dtype(0), s)
         }
         Op::GatherElements { .. } => one(dtype(0), ins[1].shape.clone()),
+        Op::ScatterNd { .. } | Op::ScatterElements { .. } => one(dtype(0), ins[0].shape.clone()),
         Op::Trilu { .. } => {
             if ins[0].shape.as_ref().is_some_and(|s| s.len() < 2) {
                 return Err("trilu: the input has fewer than 2 dims".into());

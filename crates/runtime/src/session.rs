@@ -862,6 +862,16 @@ impl Session {
                 one(so::trilu(r(0), k, *upper, node)?)
             }
             Op::GatherNd { batch_dims } => one(so::gather_nd(r(0), r(1), *batch_dims, node)?),
+            Op::ScatterNd { .. } | Op::ScatterElements { .. } => {
+                let (axis, reduction) = match st.op {
+                    Op::ScatterElements { axis, reduction } => (Some(axis), reduction),
+                    Op::ScatterNd { reduction } => (None, reduction),
+                    _ => unreachable!("matched above"),
+                };
+                let (idx, upd) = (r(1).clone(), r(2).clone());
+                let data = take(ins, 0).into_owned();
+                one(so::scatter(data, &idx, &upd, axis, reduction, node)?)
+            }
             Op::Slice => {
                 let args: Vec<&TensorValue> = ins[1..].iter().map(|i| i.get()).collect();
                 one(so::slice(r(0), &args, node)?)

@@ -1473,3 +1473,97 @@ fn rotary_embedding() {
         .unwrap_err();
     assert!(e.contains("num_heads"), "{e}");
 }
+
+/// ScatterND and ScatterElements: the examples of the ONNX spec, every reduction, negative
+/// indices; indices out of range and mismatched updates are typed errors.
+#[test]
+fn scatter_nd_and_scatter_elements() {
+    let s = |op: &'static str, opset: i64, ins: Vec<TensorValue>, red: Option<&str>| {
+        let mut c = Case::new(op, opset, ins);
+        if let Some(r) = red {
+            c = c.attr(AttributeProto {
+                name: "reduction".into(),
+                r#type: AttributeType::String as i32,
+                s: r.as_bytes().to_vec().into(),
+                ..Default::default()
+            });
+        }
+        c
+    };
+    // ScatterND, spec example 1: data [1..8], indices [[4],[3],[1],[7]].
+    let data = f32s(&[8], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+    let idx = i64s(&[4, 1], &[4, 3, 1, -1]);
+    let upd = f32s(&[4], &[9.0, 10.0, 11.0, 12.0]);
+    let y = s(
+        "ScatterND",
+        11,
+        vec![data.clone(), idx.clone(), upd.clone()],
+        None,
+    )
+    .run1();
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [1.0, 11.0, 3.0, 10.0, 9.0, 6.0, 7.0, 12.0]
+    );
+    for (red, want) in [
+        ("add", [1.0, 13.0, 3.0, 14.0, 14.0, 6.0, 7.0, 20.0]),
+        ("mul", [1.0, 22.0, 3.0, 40.0, 45.0, 6.0, 7.0, 96.0]),
+        ("max", [1.0, 11.0, 3.0, 10.0, 9.0, 6.0, 7.0, 12.0]),
+        ("min", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]),
+    ] {
+        let ins = vec![data.clone(), idx.clone(), upd.clone()];
+        let y = s("ScatterND", 18, ins, Some(red)).run1();
+        assert_eq!(y.as_f32().unwrap(), want, "{red}");
+    }
+    // Slices: rows 0 and 2 of a [3, 2] replaced.
+    let y = s(
+        "ScatterND",
+        16,
+        vec![
+            i64s(&[3, 2], &[0; 6]),
+            i64s(&[2, 1], &[0, 2]),
+            i64s(&[2, 2], &[1, 2, 3, 4]),
+        ],
+        None,
+    )
+    .run1();
+    assert_eq!(y.as_i64().unwrap(), [1, 2, 0, 0, 3, 4]);
+    // ScatterElements, spec example: axis 1, data [[1,2,3,4,5]], indices [[1,3]].
+    let data = f32s(&[1, 5], &[1.0, 2.0, 3.0, 4.0, 5.0]);
+    let ins = vec![data, i64s(&[1, 2], &[1, -2]), f32s(&[1, 2], &[1.1, 2.1])];
+    let y = s("ScatterElements", 13, ins.clone(), None)
+        .attr(int_attr("axis", 1))
+        .run1();
+    assert_eq!(y.as_f32().unwrap(), [1.0, 1.1, 3.0, 2.1, 5.0]);
+    let y = s("ScatterElements", 18, ins, Some("add"))
+        .attr(int_attr("axis", 1))
+        .run1();
+    assert_eq!(y.as_f32().unwrap(), [1.0, 3.1, 3.0, 6.1, 5.0]);
+    // Out of range, and max before opset 18: typed errors naming the node.
+    let e = s(
+        "ScatterND",
+        11,
+        vec![
+            f32s(&[2], &[0.0; 2]),
+            i64s(&[1, 1], &[2]),
+            f32s(&[1], &[1.0]),
+        ],
+        None,
+    )
+    .run()
+    .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("out of range"), "{e}");
+    let e = s(
+        "ScatterND",
+        16,
+        vec![
+            f32s(&[2], &[0.0; 2]),
+            i64s(&[1, 1], &[0]),
+            f32s(&[1], &[1.0]),
+        ],
+        Some("max"),
+    )
+    .run()
+    .unwrap_err();
+    assert!(e.contains("reduction"), "{e}");
+}

@@ -1,7 +1,7 @@
 //! Ops that move data without arithmetic (shape, reshape, transpose, gather, slice, …) plus the
 //! small integer ops of shape subgraphs (range, cumsum) and reductions.
 
-use ir::{DType, PadMode, ReduceOp};
+use ir::{DType, PadMode, ReduceOp, ScatterReduction};
 
 use super::{broadcast_shape, broadcast_strides, for_each_row, norm_axis, strides_of, Input};
 use crate::map_data;
@@ -517,6 +517,158 @@ pub(crate) fn gather_nd(
         .flat_map(|&s| v[s..s + inner].iter().copied())
         .collect());
     Ok(TensorValue::raw_data(out_shape, d))
+}
+
+/// The (destination in `data`, source in `updates`) element pairs of a scatter, in update
+/// order: ScatterND when `axis` is `None` (see [`ir::Op::ScatterNd`]), else ScatterElements
+/// on `axis` (see [`ir::Op::ScatterElements`]). Indices out of range are errors.
+fn scatter_pairs(
+    ds: &[usize],
+    indices: &TensorValue,
+    us: &[usize],
+    axis: Option<i64>,
+    node: &str,
+) -> Result<Vec<(usize, usize)>, Error> {
+    let name = if axis.is_some() {
+        "scatter_elements"
+    } else {
+        "scatter_nd"
+    };
+    let bad = |m: String| Error::op(node, name, m);
+    let idx = ints(indices, node, name, "indices")?;
+    let is = indices.shape();
+    let wrap = |i: i64, dim: usize| -> Result<usize, Error> {
+        let j = if i < 0 { i + dim as i64 } else { i };
+        usize::try_from(j)
+            .ok()
+            .filter(|&j| j < dim)
+            .ok_or_else(|| bad(format!("index {i} is out of range for a dim of {dim}")))
+    };
+    let dst = strides_of(ds);
+    match axis {
+        None => {
+            let k = *is
+                .last()
+                .ok_or_else(|| bad("indices must have rank >= 1".into()))?;
+            let want: Vec<usize> = is[..is.len() - 1]
+                .iter()
+                .chain(ds.get(k..).unwrap_or(&[]))
+                .copied()
+                .collect();
+            if k == 0 || k > ds.len() || us != want.as_slice() {
+                return Err(bad(format!(
+                    "updates {us:?} do not match indices {is:?} into data {ds:?}"
+                )));
+            }
+            let slice: usize = ds[k..].iter().product();
+            let mut pairs = Vec::with_capacity(us.iter().product());
+            for (row, coords) in idx.chunks(k).enumerate() {
+                let mut base = 0;
+                for (j, &c) in coords.iter().take(k).enumerate() {
+                    base += wrap(c, ds[j])? * dst[j];
+                }
+                pairs.extend((0..slice).map(|e| (base + e, row * slice + e)));
+            }
+            Ok(pairs)
+        }
+        Some(axis) => {
+            let a = norm_axis(axis, ds.len(), node, name)?;
+            if is != us || is.len() != ds.len() {
+                return Err(bad(format!(
+                    "indices {is:?} and updates {us:?} must have one shape, of data {ds:?}'s rank"
+                )));
+            }
+            let src = strides_of(is);
+            let mut pairs = Vec::with_capacity(idx.len());
+            for (p, &i) in idx.iter().enumerate() {
+                let mut off = 0;
+                for d in 0..is.len() {
+                    let c = if d == a {
+                        wrap(i, ds[d])?
+                    } else {
+                        p / src[d] % is[d]
+                    };
+                    if c >= ds[d] {
+                        return Err(bad(format!("indices {is:?} exceed data {ds:?}")));
+                    }
+                    off += c * dst[d];
+                }
+                pairs.push((off, p));
+            }
+            Ok(pairs)
+        }
+    }
+}
+
+/// Applies the `pairs` of a scatter to `out`, combining as `f` says.
+fn scatter_apply<T: Copy>(
+    out: &mut [T],
+    upd: &[T],
+    pairs: &[(usize, usize)],
+    f: impl Fn(T, T) -> T,
+) {
+    for &(d, s) in pairs {
+        out[d] = f(out[d], upd[s]);
+    }
+}
+
+/// ONNX `ScatterND` (`axis` None) and `ScatterElements`: `data` with `updates` combined in.
+pub(crate) fn scatter(
+    data: TensorValue,
+    indices: &TensorValue,
+    updates: &TensorValue,
+    axis: Option<i64>,
+    reduction: ScatterReduction,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let name = if axis.is_some() {
+        "scatter_elements"
+    } else {
+        "scatter_nd"
+    };
+    if updates.dtype() != data.dtype() {
+        return Err(Error::op(
+            node,
+            name,
+            format!("updates are {}, data {}", updates.dtype(), data.dtype()),
+        ));
+    }
+    let pairs = scatter_pairs(data.shape(), indices, updates.shape(), axis, node)?;
+    let (shape, mut d) = data.into_parts();
+    macro_rules! go {
+        ($out:expr, $upd:expr) => {{
+            let upd = $upd.expect("same dtype");
+            match reduction {
+                ScatterReduction::None => scatter_apply($out, upd, &pairs, |_, u| u),
+                ScatterReduction::Add => scatter_apply($out, upd, &pairs, |a, u| a + u),
+                ScatterReduction::Mul => scatter_apply($out, upd, &pairs, |a, u| a * u),
+                ScatterReduction::Max => {
+                    scatter_apply($out, upd, &pairs, |a, u| if u > a { u } else { a })
+                }
+                ScatterReduction::Min => {
+                    scatter_apply($out, upd, &pairs, |a, u| if u < a { u } else { a })
+                }
+            }
+        }};
+    }
+    match &mut d {
+        TensorData::F32(v) => go!(v, updates.as_f32()),
+        TensorData::I64(v) => go!(v, updates.as_i64()),
+        TensorData::I32(v) => go!(v, updates.as_i32()),
+        TensorData::I8(v) => go!(v, updates.as_i8()),
+        TensorData::U8(v) => go!(v, updates.as_u8()),
+        TensorData::Bool(v) if reduction == ScatterReduction::None => {
+            scatter_apply(v, updates.as_bool().expect("same dtype"), &pairs, |_, u| u)
+        }
+        TensorData::Bool(_) => {
+            return Err(Error::op(
+                node,
+                name,
+                format!("reduction {} is not defined on bool", reduction.name()),
+            ))
+        }
+    }
+    Ok(TensorValue::raw_data(shape, d))
 }
 
 /// ONNX `Trilu`: see [`ir::Op::Trilu`].
