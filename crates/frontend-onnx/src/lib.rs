@@ -33,7 +33,8 @@
 //!   `noop_with_empty_axes`), ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum and
 //!   ReduceLogSumExp (as their definitions over ReduceSum, the last shifted by the maximum),
 //!   Size (a product of the Shape), and ArgMax and ArgMin (all attributes);
-//! - linear algebra and normalisation: MatMul, Gemm, Softmax and LogSoftmax (before opset 13
+//! - linear algebra and normalisation: MatMul, Gemm, Einsum (any valid equation, ellipses and
+//!   diagonals included, run by a direct summation loop: for small operands), Softmax and LogSoftmax (before opset 13
 //!   their 2-D coercion is imported exactly: one op on the last axis, else Flatten, Softmax and
 //!   Reshape; LogSoftmax as `(x - max) - log(sum(exp(x - max)))` by reductions),
 //!   LayerNormalization (opset 17+; its Mean and InvStdDev outputs, when used, by reductions

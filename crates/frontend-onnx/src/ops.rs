@@ -885,6 +885,27 @@ impl<'m> Importer<'m> {
                 };
                 self.emit(n, op, &[x.input(0)?], &[DType::I64])?;
             }
+            "Einsum" => {
+                let ins: Vec<Outlet> = (0..x.ins.len())
+                    .map(|i| x.input(i))
+                    .collect::<Result<_, _>>()?;
+                if ins.is_empty() {
+                    return Err(x.bad("has no operands"));
+                }
+                let d = self.same_dtypes(&x, &ins)?;
+                let equation = x
+                    .string("equation")?
+                    .ok_or_else(|| x.bad_attr("equation", "is missing"))?;
+                // The equation must fit the operands' ranks where they are declared.
+                let ranks: Option<Vec<usize>> = ins
+                    .iter()
+                    .map(|&o| self.graph.outlet_type(o).rank())
+                    .collect();
+                if let Some(r) = ranks {
+                    ir::einsum_plan(&equation, &r).map_err(|m| x.bad_attr("equation", m))?;
+                }
+                self.emit(n, Op::Einsum { equation }, &ins, &[d])?;
+            }
             "MatMul" => {
                 x.arity(2, 2)?;
                 let ins = [x.input(0)?, x.input(1)?];

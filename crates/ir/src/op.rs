@@ -482,6 +482,13 @@ pub enum Op {
         keepdims: bool,
         last: bool,
     },
+    /// `(x…)` → the products of the operands' elements summed as `equation` says (ONNX `Einsum`,
+    /// numpy's notation; see [`crate::einsum_plan`]).
+    ///
+    /// ```text
+    /// %2 = einsum[equation="bhqd,bhkd->bhqk"](%0, %1) : f32[B,12,S,S]
+    /// ```
+    Einsum { equation: String },
     /// `(a, b)` numpy matmul.
     MatMul,
     /// `(a, b, c?)`: `alpha·op(a)·op(b) + beta·c`.
@@ -588,7 +595,8 @@ impl Op {
             | Op::Linear
             | Op::FusedLinear { .. }
             | Op::QLinear { .. }
-            | Op::QMatMul => OpKind::Gemm,
+            | Op::QMatMul
+            | Op::Einsum { .. } => OpKind::Gemm,
             Op::Attention { .. } => OpKind::Attention,
             Op::Binary(_)
             | Op::Unary(_)
@@ -660,6 +668,7 @@ impl Op {
             Op::ArgReduce { min: false, .. } => "arg_max",
             Op::ArgReduce { min: true, .. } => "arg_min",
             Op::MatMul => "matmul",
+            Op::Einsum { .. } => "einsum",
             Op::Gemm { .. } => "gemm",
             Op::Softmax { .. } => "softmax",
             Op::LayerNorm { .. } => "layer_norm",
@@ -701,7 +710,7 @@ impl Op {
             | Op::Tile
             | Op::CumSum { .. }
             | Op::MatMul => (2, 2),
-            Op::Concat { .. } => (1, usize::MAX),
+            Op::Concat { .. } | Op::Einsum { .. } => (1, usize::MAX),
             Op::Split { .. }
             | Op::Reduce { .. }
             | Op::Unsqueeze { .. }
@@ -741,6 +750,7 @@ impl Op {
         use Attr::*;
         match self {
             Op::Input { name } => vec![("name", Str(name.clone()))],
+            Op::Einsum { equation } => vec![("equation", Str(equation.clone()))],
             Op::Const { value } => vec![("value", Tensor(value.clone()))],
             Op::Cast { to } => vec![("to", DType(*to))],
             Op::Shape { start, end } => {
@@ -925,6 +935,9 @@ impl Op {
                 last: a.bool("last")?,
             },
             "matmul" => Op::MatMul,
+            "einsum" => Op::Einsum {
+                equation: a.str("equation")?,
+            },
             "gemm" => Op::Gemm {
                 alpha: a.float("alpha")?,
                 beta: a.float("beta")?,

@@ -242,7 +242,8 @@ output "s2" = %11.2
 }
 
 /// The ops added for issue 8 (sin, cos, round, reduce_prod, gather_nd, pad, round_to_f16,
-/// round_to_bf16, trilu, arg_max, arg_min, scatter_nd, scatter_elements) print and parse back
+/// round_to_bf16, trilu, arg_max, arg_min, scatter_nd, scatter_elements, einsum) print and
+/// parse back
 /// unchanged, attributes included.
 #[test]
 fn issue8_ops_round_trip() {
@@ -262,6 +263,7 @@ fn issue8_ops_round_trip() {
 %13 = arg_min[axis=0, keepdims=true, last=true](%11) : i64[1,3,6]  # /argmin
 %14 = scatter_nd[reduction="add"](%0, %1, %6) : f32[2,3,4]  # /snd
 %15 = scatter_elements[axis=-1, reduction="none"](%11, %13, %11) : f32[2,3,6]  # /se
+%16 = einsum[equation="ij->ji"](%1) : i64[1,2]  # /einsum
 output "p" = %5
 output "g" = %6
 output "pd" = %11
@@ -269,6 +271,7 @@ output "am" = %12
 output "an" = %13
 output "snd" = %14
 output "se" = %15
+output "es" = %16
 "#;
     let g = text::parse(sample, None).unwrap();
     g.verify().unwrap();

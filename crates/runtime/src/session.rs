@@ -915,6 +915,10 @@ impl Session {
                 Some(r(5)),
                 node,
             )?),
+            Op::Einsum { equation } => {
+                let xs: Vec<&TensorValue> = ins.iter().map(|i| i.get()).collect();
+                one(nn::einsum(equation, &xs, node)?)
+            }
             Op::MatMul => match packed {
                 Some(w) => one(nn::linear(r(0), w, None, ctx, node, "matmul")?),
                 None => one(nn::matmul(r(0), r(1), ctx, node)?),

@@ -1567,3 +1567,59 @@ fn scatter_nd_and_scatter_elements() {
     .unwrap_err();
     assert!(e.contains("reduction"), "{e}");
 }
+
+/// Einsum: the attention forms of transformer exports against MatMul-by-hand, a diagonal with
+/// an ellipsis, an implicit output, a full contraction, and bad equations as typed errors.
+#[test]
+fn einsum() {
+    let e = |eq: &str, ins: Vec<TensorValue>| {
+        Case::new("Einsum", 12, ins).attr(AttributeProto {
+            name: "equation".into(),
+            r#type: AttributeType::String as i32,
+            s: eq.as_bytes().to_vec().into(),
+            ..Default::default()
+        })
+    };
+    let (b, h, q, k, d) = (1, 2, 3, 4, 2);
+    let qs: Vec<f32> = (0..b * h * q * d).map(|i| i as f32 * 0.5 - 2.0).collect();
+    let ks: Vec<f32> = (0..b * h * k * d).map(|i| (i as f32 * 0.3).cos()).collect();
+    let y = e(
+        "bhqd,bhkd->bhqk",
+        vec![f32s(&[b, h, q, d], &qs), f32s(&[b, h, k, d], &ks)],
+    )
+    .run1();
+    assert_eq!(y.shape(), [b, h, q, k]);
+    let want: Vec<f32> = (0..h)
+        .flat_map(|hh| (0..q).flat_map(move |i| (0..k).map(move |j| (hh, i, j))))
+        .map(|(hh, i, j)| {
+            (0..d)
+                .map(|c| qs[(hh * q + i) * d + c] * ks[(hh * k + j) * d + c])
+                .sum()
+        })
+        .collect();
+    for (g, w) in y.as_f32().unwrap().iter().zip(&want) {
+        assert!((g - w).abs() < 1e-5, "{g} vs {w}");
+    }
+    // Diagonal of each matrix in a batch, and an implicit output (ij,jk -> ik).
+    let m = i64s(&[2, 2, 2], &[1, 2, 3, 4, 5, 6, 7, 8]);
+    let y = e("...ii->...i", vec![m.clone()]).run1();
+    assert_eq!(
+        (y.shape(), y.as_i64().unwrap()),
+        (&[2, 2][..], &[1, 4, 5, 8][..])
+    );
+    let a = i64s(&[2, 2], &[1, 2, 3, 4]);
+    let y = e("ij,jk", vec![a.clone(), a.clone()]).run1();
+    assert_eq!(y.as_i64().unwrap(), [7, 10, 15, 22]);
+    let y = e("ij,ij->", vec![a.clone(), a.clone()]).run1();
+    assert_eq!((y.shape(), y.as_i64().unwrap()), (&[][..], &[30][..]));
+    let y = e("ij->ji", vec![a.clone()]).run1();
+    assert_eq!(y.as_i64().unwrap(), [1, 3, 2, 4]);
+    // Bad equations: typed errors naming the node and the attribute.
+    for eq in ["ij,jk->ik", "ijk->i", "ij->iz", "i1->i"] {
+        let err = e(eq, vec![a.clone()]).run().unwrap_err();
+        assert!(
+            err.contains("`n`") && err.contains("equation"),
+            "{eq}: {err}"
+        );
+    }
+}
