@@ -14,13 +14,22 @@ NaN), everything else exactly. A case is
   refused  encore exited with an error message (a typed refusal), or the case's data are not
            tensors (sequences, optionals), which encore does not take.
 
-Usage (from the repository root, after `cargo build --release`):
+Usage (from the repository root, after `cargo build --release`; any onnx and numpy will read the
+data, e.g. the CI venv's onnx 1.23.2):
 
-  python3.11 -m venv .venv-onnx122 && .venv-onnx122/bin/pip install onnx==1.22.0 numpy
-  .venv-onnx122/bin/python scripts/onnx_node_tests.py --filter 'gathernd|pad|round|sin|cos'
+  .venv-ci/bin/python scripts/onnx_node_tests.py --fetch 1.22.0 --filter 'gathernd|pad|round'
+  .venv-ci/bin/python scripts/onnx_node_tests.py --fetch 1.22.0 --expect tests/onnx_node_pass.txt
+
+`--fetch VERSION` downloads that onnx wheel once (`pip download --no-deps`, the interpreter's own
+platform) and unpacks only its `onnx/backend/test/data/node` into `.cache/onnx-VERSION-node`
+(ignored by git); later runs read the cache. `--data DIR` names a node folder directly.
 
 It prints one line per case that is not a pass (with `--verbose`, every case), then a table
-per op and the totals. The exit status is 1 when any case is wrong or crashed.
+per op and the totals. The exit status is 1 when any case is wrong or crashed. With `--expect
+FILE` (one case name per line, `test_` prefix removed, `#` comments) it is also 1 when a listed
+case does not pass, or when a case passes that the file does not list: the list is the ratchet
+of what passes, so a new pass must be added to it (`--write-expect FILE` rewrites it from the
+run; review the diff).
 """
 
 import argparse
@@ -31,6 +40,8 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
+import zipfile
 
 import numpy as np
 import onnx
@@ -41,6 +52,38 @@ WIDEN = {np.float16: np.float32, np.float64: np.float32}
 
 def node_dir() -> str:
     return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "node")
+
+
+def fetch_node_data(version: str, cache_root: str) -> str:
+    """The node test folder of onnx `version`, downloaded and unpacked into the cache once."""
+    dest = os.path.join(cache_root, f"onnx-{version}-node")
+    node = os.path.join(dest, "onnx", "backend", "test", "data", "node")
+    done = os.path.join(dest, ".complete")
+    if os.path.exists(done):
+        return node
+    wheels = os.path.join(cache_root, "wheels")
+    os.makedirs(wheels, exist_ok=True)
+    pattern = os.path.join(wheels, f"onnx-{version}-*.whl")
+    if not glob.glob(pattern):
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
+             "--no-deps", "--only-binary=:all:", f"onnx=={version}", "-d", wheels],
+            check=True)
+    wheel = sorted(glob.glob(pattern))[0]
+    prefix = "onnx/backend/test/data/node/"
+    with zipfile.ZipFile(wheel) as z:
+        members = [m for m in z.namelist() if m.startswith(prefix)]
+        if not members:
+            sys.exit(f"{wheel} holds no {prefix} (onnx 1.23 and later do not ship it)")
+        z.extractall(dest, members)
+    open(done, "w").close()
+    return node
+
+
+def read_case_list(path: str) -> list:
+    with open(path) as f:
+        lines = (line.split("#", 1)[0].strip() for line in f)
+        return [line for line in lines if line]
 
 
 def load_pb(path: str):
@@ -137,13 +180,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--encore", default="target/release/encore")
     ap.add_argument("--data", default=None, help="the node test folder (default: the onnx wheel's)")
+    ap.add_argument("--fetch", metavar="VERSION", default=None,
+                    help="download onnx VERSION's node tests into --cache and use them")
+    ap.add_argument("--cache", default=".cache", help="where --fetch keeps the data")
+    ap.add_argument("--expect", metavar="FILE", default=None,
+                    help="the cases that must pass, and no others (exit 1 otherwise)")
+    ap.add_argument("--write-expect", metavar="FILE", default=None,
+                    help="write the passing cases to FILE")
     ap.add_argument("--filter", default="", help="regex on the case name (test_ prefix removed)")
     ap.add_argument("--timeout", type=float, default=30.0)
     ap.add_argument("--rtol", type=float, default=1e-3)
     ap.add_argument("--atol", type=float, default=1e-5)
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
-    cases = sorted(glob.glob(os.path.join(args.data or node_dir(), "test_*")))
+    data = args.data or (fetch_node_data(args.fetch, args.cache) if args.fetch else node_dir())
+    cases = sorted(glob.glob(os.path.join(data, "test_*")))
+    if not cases:
+        sys.exit(f"no node test cases in {data}")
+    start = time.monotonic()
+    passed = []
     rx = re.compile(args.filter)
     per_op = collections.defaultdict(collections.Counter)
     totals = collections.Counter()
@@ -154,6 +209,8 @@ def main() -> int:
         op, verdict, why = run_case(args.encore, case, args.timeout, args.rtol, args.atol)
         per_op[op][verdict] += 1
         totals[verdict] += 1
+        if verdict == "pass":
+            passed.append(name)
         if verdict != "pass" or args.verbose:
             print(f"{verdict:8} {name}: {why}")
     print(f"\n{'op':40} {'pass':>5} {'wrong':>5} {'crash':>5} {'refused':>7}")
@@ -162,7 +219,37 @@ def main() -> int:
         print(f"{op:40} {c['pass']:5} {c['wrong']:5} {c['crash']:5} {c['refused']:7}")
     print(f"{'total':40} {totals['pass']:5} {totals['wrong']:5} {totals['crash']:5} "
           f"{totals['refused']:7}")
-    return 1 if totals["wrong"] or totals["crash"] else 0
+    print(f"{sum(totals.values())} of the {len(cases)} cases in {data}, "
+          f"{time.monotonic() - start:.1f} s")
+    failed = bool(totals["wrong"] or totals["crash"])
+    if failed:
+        print(f"FAIL: {totals['wrong']} wrong, {totals['crash']} crashed (both must be 0)")
+    if args.write_expect:
+        with open(args.write_expect, "w") as f:
+            f.write("# ONNX backend node tests (onnx 1.22.0) that encore passes; checked by\n"
+                    "# scripts/onnx_node_tests.py --expect (CI). One case a line, test_ removed.\n")
+            f.writelines(f"{name}\n" for name in passed)
+        print(f"wrote {len(passed)} passing cases to {args.write_expect}")
+    if args.expect:
+        # Under --filter only the listed cases that the filter selects are checked.
+        expected = [c for c in read_case_list(args.expect) if rx.search(c)]
+        ran = {os.path.basename(c)[len("test_"):] for c in cases}
+        lost = [c for c in expected if c not in passed]
+        new = sorted(set(passed) - set(expected))
+        for c in lost:
+            why = "no longer passes" if c in ran else "is not in the data (renamed?)"
+            print(f"REGRESSION {c}: listed in {args.expect}, {why}")
+        for c in new:
+            print(f"NEW PASS   {c}: passes, not listed in {args.expect}")
+        if lost:
+            print(f"FAIL: {len(lost)} listed cases do not pass")
+        if new:
+            print(f"FAIL: {len(new)} cases pass that {args.expect} does not list; add them "
+                  f"(scripts/onnx_node_tests.py --fetch 1.22.0 --write-expect {args.expect})")
+        if not lost and not new:
+            print(f"the {len(expected)} cases of {args.expect} pass, and no other")
+        failed = failed or bool(lost or new)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

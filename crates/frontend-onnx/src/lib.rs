@@ -25,16 +25,24 @@
 //!   its second input's ONNX type where the model states it; to FLOAT16 and BFLOAT16 as a
 //!   rounding to their precision in f32, to DOUBLE as to FLOAT, see below);
 //! - shapes and indexing: Shape, Reshape, Transpose, Unsqueeze, Squeeze, Flatten, Concat, Gather,
-//!   GatherElements, GatherND, Pad (all four modes, axes from opset 18), Slice, Expand,
+//!   GatherElements, GatherND, ScatterND and ScatterElements (every reduction of the opset),
+//!   Pad (all four modes, axes from opset 18), Slice, Expand,
 //!   ConstantOfShape, Range, CumSum, Trilu;
 //! - reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd (axes as attribute or
 //!   input, per opset; an input that is not a constant is read at run time, except with
-//!   `noop_with_empty_axes`), and Size (a product of the Shape);
-//! - linear algebra and normalisation: MatMul, Gemm, Softmax and LogSoftmax (before opset 13
+//!   `noop_with_empty_axes`), ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum and
+//!   ReduceLogSumExp (as their definitions over ReduceSum, the last shifted by the maximum),
+//!   Size (a product of the Shape), and ArgMax and ArgMin (all attributes);
+//! - linear algebra and normalisation: MatMul, Gemm, Einsum (any valid equation, ellipses and
+//!   diagonals included, run by a direct summation loop: for small operands), Softmax and LogSoftmax (before opset 13
 //!   their 2-D coercion is imported exactly: one op on the last axis, else Flatten, Softmax and
 //!   Reshape; LogSoftmax as `(x - max) - log(sum(exp(x - max)))` by reductions),
 //!   LayerNormalization (opset 17+; its Mean and InvStdDev outputs, when used, by reductions
-//!   beside the op);
+//!   beside the op), RMSNormalization (opset 23, as its definition by reductions), Attention
+//!   (opset 23: 3-D and 4-D, MHA and GQA, bool and float masks, causal, softcap, past and
+//!   present caches, every `qk_matmul_output_mode`; as MatMul, Softmax and the rest; not
+//!   `nonpad_kv_seqlen`, sliding windows, or a mask shorter than the keys), RotaryEmbedding
+//!   (opset 23: 3-D and 4-D, both pairings, partial rotary dims, with or without position ids);
 //! - quantization: QuantizeLinear, DequantizeLinear (not blocked), DynamicQuantizeLinear,
 //!   MatMulInteger;
 //! - Constant, and Identity and Dropout, which add no node (Dropout's mask must be unused, and

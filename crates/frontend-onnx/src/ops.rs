@@ -1,7 +1,9 @@
 //! The mapping of each ONNX op (default domain, opsets 11 to 26) onto IR ops, with the ONNX rule
 //! for each output dtype.
 
-use ir::{BinaryOp, DType, GeluApprox, Op, Outlet, PadMode, ReduceOp, Tensor, UnaryOp};
+use ir::{
+    BinaryOp, DType, GeluApprox, Op, Outlet, PadMode, ReduceOp, ScatterReduction, Tensor, UnaryOp,
+};
 
 use crate::import::{node_label, Importer};
 use crate::proto::{AttributeProto, AttributeType, NodeProto, TensorProto};
@@ -81,6 +83,10 @@ impl<'m> NodeCtx<'m> {
 
     fn opt_int(&self, name: &str) -> Result<Option<i64>, ImportError> {
         Ok(self.attr(name, AttributeType::Int)?.map(|a| a.i))
+    }
+
+    fn opt_float(&self, name: &str) -> Result<Option<f32>, ImportError> {
+        Ok(self.attr(name, AttributeType::Float)?.map(|a| a.f))
     }
 
     fn flag(&self, name: &str) -> Result<bool, ImportError> {
@@ -681,6 +687,33 @@ impl<'m> Importer<'m> {
                     &[d],
                 )?;
             }
+            "ScatterND" | "ScatterElements" => {
+                x.arity(3, 3)?;
+                let ins = [x.input(0)?, x.input(1)?, x.input(2)?];
+                self.require_dtype(&x, 1, &[DType::I64, DType::I32])?;
+                let d = self.same_dtypes(&x, &[ins[0], ins[2]])?;
+                let reduction = match x.string("reduction")?.as_deref() {
+                    None => ScatterReduction::None,
+                    Some(r) => ScatterReduction::from_name(r)
+                        .filter(|_| opset >= 16)
+                        .filter(|r| {
+                            opset >= 18
+                                || !matches!(r, ScatterReduction::Max | ScatterReduction::Min)
+                        })
+                        .ok_or_else(|| {
+                            x.bad_attr("reduction", format!("`{r}` is not one of opset {opset}'s"))
+                        })?,
+                };
+                let op = if x.op_type() == "ScatterND" {
+                    Op::ScatterNd { reduction }
+                } else {
+                    Op::ScatterElements {
+                        axis: x.int("axis", 0)?,
+                        reduction,
+                    }
+                };
+                self.emit(n, op, &ins, &[d])?;
+            }
             "GatherND" => {
                 x.arity(2, 2)?;
                 let (a, idx) = (x.input(0)?, x.input(1)?);
@@ -838,60 +871,40 @@ impl<'m> Importer<'m> {
                     &[d],
                 )?;
             }
-            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" => {
-                let op = match x.op_type() {
-                    "ReduceMean" => ReduceOp::Mean,
-                    "ReduceSum" => ReduceOp::Sum,
-                    "ReduceMax" => ReduceOp::Max,
-                    "ReduceProd" => ReduceOp::Prod,
-                    _ => ReduceOp::Min,
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1"
+            | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => {
+                self.import_reduce(&x, opset)?;
+            }
+            "ArgMax" | "ArgMin" => {
+                x.arity(1, 1)?;
+                let op = Op::ArgReduce {
+                    min: x.op_type() == "ArgMin",
+                    axis: x.int("axis", 0)?,
+                    keepdims: x.int("keepdims", 1)? != 0,
+                    last: x.flag("select_last_index")?,
                 };
-                // ReduceSum took its axes as an input from opset 13, the others from opset 18.
-                let axes_as_input = opset >= if op == ReduceOp::Sum { 13 } else { 18 };
-                let a;
-                // Axes only known at run time: a second input of the IR op.
-                let mut dynamic_axes = None;
-                let axes = if axes_as_input {
-                    x.no_attr("axes", "an input")?;
-                    x.arity(1, 2)?;
-                    a = x.input(0)?;
-                    match x.opt(1) {
-                        None => vec![],
-                        Some(o) if self.graph.const_value(o).is_some() => {
-                            self.const_ints(&x, 1, "the axes must be constant")?
-                        }
-                        Some(o) => {
-                            self.require_dtype(&x, 1, &[DType::I64])?;
-                            if x.flag("noop_with_empty_axes")? {
-                                return Err(ImportError::NonConstantInput {
-                                    node: x.label.clone(),
-                                    input: x.input_name(1),
-                                    why: "with noop_with_empty_axes=1 encore needs the axes \
-                                          when importing"
-                                        .into(),
-                                });
-                            }
-                            dynamic_axes = Some(o);
-                            vec![]
-                        }
-                    }
-                } else {
-                    x.arity(1, 1)?;
-                    a = x.input(0)?;
-                    x.ints("axes")?.unwrap_or_default()
-                };
-                let d = self.dtype(a);
-                if axes.is_empty()
-                    && dynamic_axes.is_none()
-                    && axes_as_input
-                    && x.flag("noop_with_empty_axes")?
-                {
-                    self.alias(&x, a)?;
-                } else {
-                    let keepdims = x.int("keepdims", 1)? != 0;
-                    let ins: Vec<Outlet> = std::iter::once(a).chain(dynamic_axes).collect();
-                    self.emit(n, Op::Reduce { op, axes, keepdims }, &ins, &[d])?;
+                self.emit(n, op, &[x.input(0)?], &[DType::I64])?;
+            }
+            "Einsum" => {
+                let ins: Vec<Outlet> = (0..x.ins.len())
+                    .map(|i| x.input(i))
+                    .collect::<Result<_, _>>()?;
+                if ins.is_empty() {
+                    return Err(x.bad("has no operands"));
                 }
+                let d = self.same_dtypes(&x, &ins)?;
+                let equation = x
+                    .string("equation")?
+                    .ok_or_else(|| x.bad_attr("equation", "is missing"))?;
+                // The equation must fit the operands' ranks where they are declared.
+                let ranks: Option<Vec<usize>> = ins
+                    .iter()
+                    .map(|&o| self.graph.outlet_type(o).rank())
+                    .collect();
+                if let Some(r) = ranks {
+                    ir::einsum_plan(&equation, &r).map_err(|m| x.bad_attr("equation", m))?;
+                }
+                self.emit(n, Op::Einsum { equation }, &ins, &[d])?;
             }
             "MatMul" => {
                 x.arity(2, 2)?;
@@ -969,6 +982,9 @@ impl<'m> Importer<'m> {
                 }
                 self.emit(n, Op::LayerNorm { axis, epsilon }, &ins, &[d])?;
             }
+            "RMSNormalization" if opset >= 23 => self.rms_norm(&x)?,
+            "Attention" if opset >= 23 => self.attention(&x, opset)?,
+            "RotaryEmbedding" if opset >= 23 => self.rotary_embedding(&x)?,
             "QuantizeLinear" => {
                 x.arity(2, 3)?;
                 if x.int("block_size", 0)? != 0 {
@@ -1121,6 +1137,131 @@ impl<'m> Importer<'m> {
         Ok(())
     }
 
+    /// The Reduce* family. The five base reductions are IR ops; the others are imported as
+    /// their definitions over `reduce_sum` on the same axes: `ReduceL1 = sum |x|`, `ReduceL2 =
+    /// sqrt(sum x²)`, `ReduceSumSquare = sum x²`, `ReduceLogSum = log(sum x)` and
+    /// `ReduceLogSumExp = log(sum exp(x - m)) + m`, with `m` the maximum over the axes (taken as
+    /// 0 where it is ±inf, so that all -inf gives -inf and a +inf gives +inf), computed with
+    /// kept dims and then, when `keepdims` is 0, reduced by a `reduce_max` of the size-1 axes.
+    /// With `noop_with_empty_axes` and no axes the reduction is the identity (the rest stays).
+    fn import_reduce(&mut self, x: &NodeCtx<'m>, opset: i64) -> Result<(), ImportError> {
+        #[derive(PartialEq)]
+        enum Pre {
+            None,
+            Abs,
+            Square,
+            LogSumExp,
+        }
+        let op_type = x.op_type();
+        let (op, pre, post) = match op_type {
+            "ReduceMean" => (ReduceOp::Mean, Pre::None, None),
+            "ReduceSum" => (ReduceOp::Sum, Pre::None, None),
+            "ReduceMax" => (ReduceOp::Max, Pre::None, None),
+            "ReduceProd" => (ReduceOp::Prod, Pre::None, None),
+            "ReduceMin" => (ReduceOp::Min, Pre::None, None),
+            "ReduceL1" => (ReduceOp::Sum, Pre::Abs, None),
+            "ReduceL2" => (ReduceOp::Sum, Pre::Square, Some(UnaryOp::Sqrt)),
+            "ReduceSumSquare" => (ReduceOp::Sum, Pre::Square, None),
+            "ReduceLogSum" => (ReduceOp::Sum, Pre::None, Some(UnaryOp::Log)),
+            _ => (ReduceOp::Sum, Pre::LogSumExp, Some(UnaryOp::Log)),
+        };
+        if matches!(op_type, "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp") {
+            self.require_dtype(x, 0, &[DType::F32])?;
+        }
+        // ReduceSum took its axes as an input from opset 13, the others from opset 18.
+        let axes_as_input = opset >= if op_type == "ReduceSum" { 13 } else { 18 };
+        let a = x.input(0)?;
+        // Axes only known at run time: a second input of the IR op.
+        let mut dynamic_axes = None;
+        let axes = if axes_as_input {
+            x.no_attr("axes", "an input")?;
+            x.arity(1, 2)?;
+            match x.opt(1) {
+                None => vec![],
+                Some(o) if self.graph.const_value(o).is_some() => {
+                    self.const_ints(x, 1, "the axes must be constant")?
+                }
+                Some(o) => {
+                    self.require_dtype(x, 1, &[DType::I64])?;
+                    if x.flag("noop_with_empty_axes")? {
+                        return Err(ImportError::NonConstantInput {
+                            node: x.label.clone(),
+                            input: x.input_name(1),
+                            why: "with noop_with_empty_axes=1 encore needs the axes \
+                                  when importing"
+                                .into(),
+                        });
+                    }
+                    dynamic_axes = Some(o);
+                    vec![]
+                }
+            }
+        } else {
+            x.arity(1, 1)?;
+            x.ints("axes")?.unwrap_or_default()
+        };
+        let d = self.dtype(a);
+        let noop = axes.is_empty()
+            && dynamic_axes.is_none()
+            && axes_as_input
+            && x.flag("noop_with_empty_axes")?;
+        let keepdims = x.int("keepdims", 1)? != 0;
+        let n = x.n;
+        let reduce = |this: &mut Self, name: &str, op, keepdims, v: Outlet| {
+            if noop {
+                return Ok(v);
+            }
+            let ins: Vec<Outlet> = std::iter::once(v).chain(dynamic_axes).collect();
+            let r = Op::Reduce {
+                op,
+                axes: axes.clone(),
+                keepdims,
+            };
+            this.emit_aux(n, name, r, &ins, d)
+        };
+        let unary =
+            |this: &mut Self, name: &str, u, v| this.emit_aux(n, name, Op::Unary(u), &[v], d);
+        let binary = |this: &mut Self, name: &str, b, v, w| {
+            this.emit_aux(n, name, Op::Binary(b), &[v, w], d)
+        };
+        if pre == Pre::None && post.is_none() {
+            // A base reduction: the node's own output.
+            if noop {
+                return self.alias(x, a);
+            }
+            let ins: Vec<Outlet> = std::iter::once(a).chain(dynamic_axes).collect();
+            self.emit(n, Op::Reduce { op, axes, keepdims }, &ins, &[d])?;
+            return Ok(());
+        }
+        let mut max = None;
+        let v = match pre {
+            Pre::None => a,
+            Pre::Abs => unary(self, "abs", UnaryOp::Abs, a)?,
+            Pre::Square => binary(self, "square", BinaryOp::Mul, a, a)?,
+            Pre::LogSumExp => {
+                let m = reduce(self, "max", ReduceOp::Max, true, a)?;
+                let is_inf = Op::Unary(UnaryOp::IsInf);
+                let inf = self.emit_aux(n, "max_is_inf", is_inf, &[m], DType::Bool)?;
+                let zero = self.aux_const(x, "zero", Tensor::scalar(0f32));
+                let m = self.emit_aux(n, "shift", Op::Where, &[inf, zero, m], d)?;
+                max = Some(m);
+                let shifted = binary(self, "shifted", BinaryOp::Sub, a, m)?;
+                unary(self, "exp", UnaryOp::Exp, shifted)?
+            }
+        };
+        let mut r = reduce(self, "sum", op, keepdims || max.is_some(), v)?;
+        if let Some(u) = post {
+            r = unary(self, "post", u, r)?;
+        }
+        if let Some(m) = max {
+            r = binary(self, "add_max", BinaryOp::Add, r, m)?;
+            if !keepdims {
+                r = reduce(self, "drop_axes", ReduceOp::Max, false, r)?;
+            }
+        }
+        self.alias(x, r)
+    }
+
     /// Softmax over `axis`, or with `log` LogSoftmax as `(x - max) - log(sum(exp(x - max)))`
     /// over that axis. With `last` it is the node's own output, else a helper whose outlet is
     /// returned.
@@ -1156,6 +1297,57 @@ impl<'m> Importer<'m> {
         }
     }
 
+    /// The axes from `axis` to the last of `a`: negative ones when `axis` is (which needs no
+    /// rank), else from the declared rank (`why` says what needs them when it is unknown).
+    fn axes_from(
+        &self,
+        x: &NodeCtx<'m>,
+        a: Outlet,
+        axis: i64,
+        why: &str,
+    ) -> Result<Vec<i64>, ImportError> {
+        if axis < 0 {
+            return Ok((axis..0).collect());
+        }
+        let rank = self.graph.outlet_type(a).rank().ok_or_else(|| {
+            x.bad(format!(
+                "{why} with axis {axis}, and the rank of the input is not declared"
+            ))
+        })?;
+        Ok((axis..rank as i64).collect())
+    }
+
+    /// RMSNormalization (opset 23) as its definition: `x / sqrt(mean(x²) + epsilon) · scale`,
+    /// the mean over the axes from `axis` on, in f32 (`stash_type` 1, the only one taken).
+    fn rms_norm(&mut self, x: &NodeCtx<'m>) -> Result<(), ImportError> {
+        x.arity(2, 2)?;
+        let (a, scale) = (x.input(0)?, x.input(1)?);
+        let d = self.require_dtype(x, 0, &[DType::F32])?;
+        self.require_dtype(x, 1, &[DType::F32])?;
+        let stash = x.int("stash_type", 1)?;
+        if stash != crate::proto::DataType::Float as i64 {
+            return Err(x.bad_attr(
+                "stash_type",
+                format!("is {stash}; encore computes the statistics in FLOAT (1)"),
+            ));
+        }
+        let axes = self.axes_from(x, a, x.int("axis", -1)?, "RMSNormalization")?;
+        let n = x.n;
+        let sq = self.emit_aux(n, "sq", Op::Binary(BinaryOp::Mul), &[a, a], d)?;
+        let mean = Op::Reduce {
+            op: ReduceOp::Mean,
+            axes,
+            keepdims: true,
+        };
+        let ms = self.emit_aux(n, "mean_sq", mean, &[sq], d)?;
+        let eps = self.aux_const(x, "epsilon", Tensor::scalar(x.float("epsilon", 1e-5)?));
+        let me = self.emit_aux(n, "mean_sq_eps", Op::Binary(BinaryOp::Add), &[ms, eps], d)?;
+        let rms = self.emit_aux(n, "rms", Op::Unary(UnaryOp::Sqrt), &[me], d)?;
+        let normed = self.emit_aux(n, "normalized", Op::Binary(BinaryOp::Div), &[a, rms], d)?;
+        self.emit(n, Op::Binary(BinaryOp::Mul), &[normed, scale], &[d])?;
+        Ok(())
+    }
+
     /// LayerNormalization's outputs 1 and 2 when used: `Mean` and `InvStdDev` (`1 / sqrt(var +
     /// epsilon)`, the population variance) over the axes from `axis` on, kept as size-1 dims,
     /// computed by reductions beside the fused LayerNorm op, which yields output 0.
@@ -1166,17 +1358,7 @@ impl<'m> Importer<'m> {
         axis: i64,
         epsilon: f32,
     ) -> Result<(), ImportError> {
-        let axes: Vec<i64> = if axis < 0 {
-            (axis..0).collect()
-        } else {
-            let rank = self.graph.outlet_type(a).rank().ok_or_else(|| {
-                x.bad(format!(
-                    "its Mean or InvStdDev output is used with axis {axis}, and the rank of the \
-                     input is not declared"
-                ))
-            })?;
-            (axis..rank as i64).collect()
-        };
+        let axes = self.axes_from(x, a, axis, "its Mean or InvStdDev output is used")?;
         let d = self.require_dtype(x, 0, &[DType::F32])?;
         let n = x.n;
         let mean_op = |axes: &[i64]| Op::Reduce {
@@ -1193,15 +1375,397 @@ impl<'m> Importer<'m> {
         let sd = self.emit_aux(n, "std", Op::Unary(UnaryOp::Sqrt), &[ve], d)?;
         let inv = self.emit_aux(n, "inv_std", Op::Unary(UnaryOp::Reciprocal), &[sd], d)?;
         for (slot, o) in [(1, mean), (2, inv)] {
-            if let Some(name) = n.output.get(slot).filter(|s| self.is_used(s)) {
-                let declared = self.output_type(name, d)?;
-                if declared.shape.is_some() {
-                    self.graph.node_mut(o.node).outputs[o.slot] = declared;
-                }
-                self.values.insert(name.as_str(), o);
-            }
+            self.bind_output(x, slot, o, d)?;
         }
         Ok(())
+    }
+
+    /// Binds output `slot` of the node, when it is used, to `o` (computed by helper nodes),
+    /// with the type the model declares for it where it declares a shape.
+    fn bind_output(
+        &mut self,
+        x: &NodeCtx<'m>,
+        slot: usize,
+        o: Outlet,
+        d: DType,
+    ) -> Result<(), ImportError> {
+        if let Some(name) = x.n.output.get(slot).filter(|s| self.is_used(s)) {
+            let declared = self.output_type(name, d)?;
+            if declared.shape.is_some() {
+                self.graph.node_mut(o.node).outputs[o.slot] = declared;
+            }
+            self.values.insert(name.as_str(), o);
+        }
+        Ok(())
+    }
+
+    /// A fixed dim of `o`'s declared shape.
+    fn fixed_dim(&self, o: Outlet, axis: usize) -> Option<usize> {
+        let t = self.graph.outlet_type(o);
+        t.shape.as_ref()?.get(axis)?.as_fixed()
+    }
+
+    /// Attention (opset 23; 24 and 25 without `nonpad_kv_seqlen` and sliding windows) as its
+    /// definition: 3-D inputs split into heads (`[B, S, heads·D]` → `[B, heads, S, D]`),
+    /// `past_key`/`past_value` concatenated before the new keys and values (the `present`
+    /// outputs), the key and value heads repeated for grouped-query attention (`h0, h0, h1, h1,
+    /// …`), `(Q·√scale)(K·√scale)ᵀ` (scale `1/√D` by default), `softcap·tanh(s/softcap)` when
+    /// `softcap > 0`, plus the bias (a float mask added, a bool mask's false as -inf, and with
+    /// `is_causal` -inf where key `j > i + past length`), softmax over the keys (a row whose bias
+    /// is all -inf gives zeros), times V, heads merged back for 3-D inputs.
+    /// `qk_matmul_output` is the scores after softcap (modes 0 and 1), with the bias (2), or
+    /// after softmax (3). Needs the head counts and, without `scale`, the head size declared.
+    fn attention(&mut self, x: &NodeCtx<'m>, opset: i64) -> Result<(), ImportError> {
+        x.arity(3, 7)?;
+        if x.opt(6).is_some() {
+            return Err(x.bad(format!(
+                "input nonpad_kv_seqlen (opset {opset}) is not supported"
+            )));
+        }
+        for w in ["left_window_size", "right_window_size"] {
+            if x.int(w, -1)? != -1 {
+                return Err(x.bad_attr(w, "sliding-window attention is not supported"));
+            }
+        }
+        let (q, k, v) = (x.input(0)?, x.input(1)?, x.input(2)?);
+        let d = self.require_dtype(x, 0, &[DType::F32])?;
+        self.require_dtype(x, 1, &[DType::F32])?;
+        self.require_dtype(x, 2, &[DType::F32])?;
+        let (past_k, past_v) = (x.opt(4), x.opt(5));
+        if past_k.is_some() != past_v.is_some() {
+            return Err(x.bad("past_key and past_value must be given together"));
+        }
+        let mode = x.int("qk_matmul_output_mode", 0)?;
+        if !(0..=3).contains(&mode) {
+            return Err(x.bad_attr("qk_matmul_output_mode", format!("is {mode}, not 0 to 3")));
+        }
+        let rank = self.graph.outlet_type(q).rank();
+        let n = x.n;
+        let heads_attr = |name: &str| -> Result<Option<usize>, ImportError> {
+            match x.opt_int(name)? {
+                None => Ok(None),
+                Some(h) if h > 0 => Ok(Some(h as usize)),
+                Some(h) => Err(x.bad_attr(name, format!("is {h}, must be positive"))),
+            }
+        };
+        let (qh, kvh) = (heads_attr("q_num_heads")?, heads_attr("kv_num_heads")?);
+        let three_d = match rank {
+            Some(3) => true,
+            Some(4) => false,
+            r => {
+                return Err(x.bad(format!(
+                    "Q must be declared 3-D or 4-D, is {}",
+                    r.map_or("of unknown rank".into(), |r| format!("{r}-D"))
+                )))
+            }
+        };
+        let perm = Op::Transpose {
+            perm: vec![0, 2, 1, 3],
+        };
+        let (q, k, v, qh, kvh) = if three_d {
+            let (Some(qh), Some(kvh)) = (qh, kvh) else {
+                return Err(x.bad("3-D inputs need q_num_heads and kv_num_heads"));
+            };
+            let split = |this: &mut Self, name: &str, t: Outlet, h: usize| {
+                let shape = Tensor::from_vec(vec![4], vec![0i64, 0, h as i64, -1]);
+                let shape = this.aux_const(x, &format!("{name}_heads_shape"), shape);
+                let r = Op::Reshape { allowzero: false };
+                let t = this.emit_aux(n, &format!("{name}_heads"), r, &[t, shape], d)?;
+                this.emit_aux(n, &format!("{name}_bhsd"), perm.clone(), &[t], d)
+            };
+            let q = split(self, "q", q, qh)?;
+            let k = split(self, "k", k, kvh)?;
+            let v = split(self, "v", v, kvh)?;
+            (q, k, v, qh, kvh)
+        } else {
+            match (self.fixed_dim(q, 1), self.fixed_dim(k, 1)) {
+                (Some(a), Some(b)) => (q, k, v, a, b),
+                _ => return Err(x.bad("the head counts (dim 1 of Q and K) must be declared")),
+            }
+        };
+        if kvh == 0 || !qh.is_multiple_of(kvh) {
+            return Err(x.bad(format!(
+                "{qh} query heads are not a multiple of {kvh} key/value heads"
+            )));
+        }
+        let scale = match x.opt_float("scale")? {
+            Some(s) => s,
+            None => {
+                let head = if three_d {
+                    self.fixed_dim(x.input(0)?, 2).map(|h| h / qh)
+                } else {
+                    self.fixed_dim(q, 3)
+                };
+                let head = head.filter(|&h| h > 0).ok_or_else(|| {
+                    x.bad("without a scale attribute the head size of Q must be declared")
+                })?;
+                1.0 / (head as f32).sqrt()
+            }
+        };
+        let bin = |this: &mut Self, name: &str, b, l, r| {
+            this.emit_aux(n, name, Op::Binary(b), &[l, r], d)
+        };
+        // The caches: present = concat(past, new) on the sequence axis.
+        let (k, v) = match (past_k, past_v) {
+            (Some(pk), Some(pv)) => {
+                let cat = Op::Concat { axis: 2 };
+                let k = self.emit_aux(n, "present_key", cat.clone(), &[pk, k], d)?;
+                let v = self.emit_aux(n, "present_value", cat, &[pv, v], d)?;
+                (k, v)
+            }
+            _ => (k, v),
+        };
+        self.bind_output(x, 1, k, d)?;
+        self.bind_output(x, 2, v, d)?;
+        // Grouped-query attention: each key/value head serves qh / kvh query heads in a row.
+        let (k, v) = if qh != kvh {
+            let g = qh / kvh;
+            let idx: Vec<i64> = (0..qh as i64).map(|h| h / g as i64).collect();
+            let idx = self.aux_const(x, "gqa_heads", Tensor::from_vec(vec![qh], idx));
+            let gather = Op::Gather { axis: 1 };
+            let k = self.emit_aux(n, "k_gqa", gather.clone(), &[k, idx], d)?;
+            let v = self.emit_aux(n, "v_gqa", gather, &[v, idx], d)?;
+            (k, v)
+        } else {
+            (k, v)
+        };
+        let root = self.aux_const(x, "sqrt_scale", Tensor::scalar(scale.sqrt()));
+        let qs = bin(self, "q_scaled", BinaryOp::Mul, q, root)?;
+        let ks = bin(self, "k_scaled", BinaryOp::Mul, k, root)?;
+        let kt = Op::Transpose {
+            perm: vec![0, 1, 3, 2],
+        };
+        let kt = self.emit_aux(n, "k_t", kt, &[ks], d)?;
+        let mut scores = self.emit_aux(n, "qk", Op::MatMul, &[qs, kt], d)?;
+        let softcap = x.float("softcap", 0.0)?;
+        if softcap > 0.0 {
+            let c = self.aux_const(x, "softcap", Tensor::scalar(softcap));
+            let s = bin(self, "qk_div_cap", BinaryOp::Div, scores, c)?;
+            let t = self.emit_aux(n, "qk_tanh", Op::Unary(UnaryOp::Tanh), &[s], d)?;
+            scores = bin(self, "qk_capped", BinaryOp::Mul, t, c)?;
+        }
+        let bias = self.attention_bias(x, scores, k, past_k)?;
+        let biased = match bias {
+            Some(b) => bin(self, "qk_biased", BinaryOp::Add, scores, b)?,
+            None => scores,
+        };
+        let mut probs = self.emit_aux(n, "probs", Op::Softmax { axis: -1 }, &[biased], d)?;
+        if let Some(b) = bias {
+            // A row that may attend to no key: zeros, not the NaN of a softmax of -inf.
+            let row_max = Op::Reduce {
+                op: ReduceOp::Max,
+                axes: vec![-1],
+                keepdims: true,
+            };
+            let m = self.emit_aux(n, "bias_row_max", row_max, &[b], d)?;
+            let neg_inf = Op::Unary(UnaryOp::IsNegInf);
+            let masked = self.emit_aux(n, "row_masked", neg_inf, &[m], DType::Bool)?;
+            let zero = self.aux_const(x, "zero", Tensor::scalar(0f32));
+            probs = self.emit_aux(n, "probs_guarded", Op::Where, &[masked, zero, probs], d)?;
+        }
+        let qk_out = match mode {
+            0 | 1 => scores,
+            2 => biased,
+            _ => probs,
+        };
+        self.bind_output(x, 3, qk_out, d)?;
+        if three_d {
+            let y = self.emit_aux(n, "y_bhsd", Op::MatMul, &[probs, v], d)?;
+            let y = self.emit_aux(n, "y_bshd", perm, &[y], d)?;
+            let shape = Tensor::from_vec(vec![3], vec![0i64, 0, -1]);
+            let shape = self.aux_const(x, "y_shape", shape);
+            self.emit(n, Op::Reshape { allowzero: false }, &[y, shape], &[d])?;
+        } else {
+            self.emit(n, Op::MatMul, &[probs, v], &[d])?;
+        }
+        Ok(())
+    }
+
+    /// RotaryEmbedding (opset 23) as its definition: the input as `[B, S, heads, D]` (4-D
+    /// `[B, heads, S, D]` transposed, 3-D `[B, S, heads·D]` split by `num_heads`), the first
+    /// `rotary_embedding_dim` (default D) channels rotated in pairs, the halves (`x1 = x[..r/2]`,
+    /// `x2 = x[r/2..r]`) or with `interleaved` the even and odd channels: `x1·cos - x2·sin` and
+    /// `x1·sin + x2·cos`, with the caches `[B, S, r/2]` or, given `position_ids`, gathered
+    /// from `[max_positions, r/2]`; the rest passed through, then back to the input's layout.
+    /// The rotary dim must be known at import (the attribute or a declared head size).
+    fn rotary_embedding(&mut self, x: &NodeCtx<'m>) -> Result<(), ImportError> {
+        x.arity(3, 4)?;
+        let (input, cos, sin) = (x.input(0)?, x.input(1)?, x.input(2)?);
+        let d = self.require_dtype(x, 0, &[DType::F32])?;
+        self.require_dtype(x, 1, &[DType::F32])?;
+        self.require_dtype(x, 2, &[DType::F32])?;
+        let n = x.n;
+        let interleaved = x.flag("interleaved")?;
+        let heads = x.int("num_heads", 0)?;
+        let perm = Op::Transpose {
+            perm: vec![0, 2, 1, 3],
+        };
+        let ints = |this: &mut Self, name: &str, v: Vec<i64>| {
+            this.aux_const(x, name, Tensor::from_vec(vec![v.len()], v))
+        };
+        let (xs, head) = match self.graph.outlet_type(input).rank() {
+            Some(4) => {
+                let t = self.emit_aux(n, "bshd", perm.clone(), &[input], d)?;
+                (t, self.fixed_dim(input, 3))
+            }
+            Some(3) if heads > 0 => {
+                let shape = ints(self, "heads_shape", vec![0, 0, heads, -1]);
+                let r = Op::Reshape { allowzero: false };
+                let t = self.emit_aux(n, "bshd", r, &[input, shape], d)?;
+                (t, self.fixed_dim(input, 2).map(|h| h / heads as usize))
+            }
+            Some(3) => return Err(x.bad_attr("num_heads", "3-D input needs num_heads > 0")),
+            _ => return Err(x.bad("the input must be declared 3-D or 4-D")),
+        };
+        let rdim = match x.int("rotary_embedding_dim", 0)? {
+            0 => head.map(|h| h as i64).ok_or_else(|| {
+                x.bad("without rotary_embedding_dim the head size must be declared")
+            })?,
+            r => r,
+        };
+        if rdim <= 0 || rdim % 2 != 0 || head.is_some_and(|h| rdim > h as i64) {
+            return Err(x.bad_attr(
+                "rotary_embedding_dim",
+                format!("is {rdim}: must be even, positive and at most the head size"),
+            ));
+        }
+        let (cos, sin) = match x.opt(3) {
+            Some(pos) => {
+                self.require_dtype(x, 3, &[DType::I64])?;
+                let g = Op::Gather { axis: 0 };
+                let c = self.emit_aux(n, "cos", g.clone(), &[cos, pos], d)?;
+                (c, self.emit_aux(n, "sin", g, &[sin, pos], d)?)
+            }
+            None => (cos, sin),
+        };
+        let axis2 = ints(self, "heads_axis", vec![2]);
+        let unsq = Op::Unsqueeze { axes: vec![] };
+        let cos = self.emit_aux(n, "cos_heads", unsq.clone(), &[cos, axis2], d)?;
+        let sin = self.emit_aux(n, "sin_heads", unsq, &[sin, axis2], d)?;
+        let last = ints(self, "last_axis", vec![-1]);
+        let slice = |this: &mut Self, name: &str, from: i64, to: i64, step: i64| {
+            let (a, b) = (ints(this, name, vec![from]), ints(this, name, vec![to]));
+            let st = ints(this, name, vec![step]);
+            this.emit_aux(n, name, Op::Slice, &[xs, a, b, last, st], d)
+        };
+        let (x1, x2) = if interleaved {
+            (
+                slice(self, "x1", 0, rdim, 2)?,
+                slice(self, "x2", 1, rdim, 2)?,
+            )
+        } else {
+            let h = rdim / 2;
+            (slice(self, "x1", 0, h, 1)?, slice(self, "x2", h, rdim, 1)?)
+        };
+        let bin = |this: &mut Self, name: &str, b, l, r| {
+            this.emit_aux(n, name, Op::Binary(b), &[l, r], d)
+        };
+        let (c1, s2) = (
+            bin(self, "c1", BinaryOp::Mul, cos, x1)?,
+            bin(self, "s2", BinaryOp::Mul, sin, x2)?,
+        );
+        let (s1, c2) = (
+            bin(self, "s1", BinaryOp::Mul, sin, x1)?,
+            bin(self, "c2", BinaryOp::Mul, cos, x2)?,
+        );
+        let real = bin(self, "real", BinaryOp::Sub, c1, s2)?;
+        let imag = bin(self, "imag", BinaryOp::Add, s1, c2)?;
+        let cat = Op::Concat { axis: -1 };
+        let rotated = if interleaved {
+            let end = ints(self, "pair_axis", vec![-1]);
+            let unsq = Op::Unsqueeze { axes: vec![] };
+            let re = self.emit_aux(n, "real_pair", unsq.clone(), &[real, end], d)?;
+            let im = self.emit_aux(n, "imag_pair", unsq, &[imag, end], d)?;
+            let pairs = self.emit_aux(n, "pairs", cat.clone(), &[re, im], d)?;
+            let shape = ints(self, "rotated_shape", vec![0, 0, 0, -1]);
+            let r = Op::Reshape { allowzero: false };
+            self.emit_aux(n, "rotated", r, &[pairs, shape], d)?
+        } else {
+            self.emit_aux(n, "rotated", cat.clone(), &[real, imag], d)?
+        };
+        let out = if head.is_some_and(|h| rdim == h as i64) {
+            rotated
+        } else {
+            let rest = slice(self, "pass", rdim, i64::MAX, 1)?;
+            self.emit_aux(n, "with_rest", cat, &[rotated, rest], d)?
+        };
+        if self.graph.outlet_type(input).rank() == Some(4) {
+            self.emit(n, perm, &[out], &[d])?;
+        } else {
+            let shape = ints(self, "out_shape", vec![0, 0, -1]);
+            self.emit(n, Op::Reshape { allowzero: false }, &[out, shape], &[d])?;
+        }
+        Ok(())
+    }
+
+    /// The additive bias of [`Self::attention`]: the mask (bool: 0 where true, -inf where false)
+    /// plus, with `is_causal`, -inf above the diagonal offset by the past length; `None` when
+    /// there is neither.
+    fn attention_bias(
+        &mut self,
+        x: &NodeCtx<'m>,
+        scores: Outlet,
+        keys: Outlet,
+        past_k: Option<Outlet>,
+    ) -> Result<Option<Outlet>, ImportError> {
+        let n = x.n;
+        let d = DType::F32;
+        let zero = self.aux_const(x, "bias_zero", Tensor::scalar(0f32));
+        let neg_inf = self.aux_const(x, "bias_neg_inf", Tensor::scalar(f32::NEG_INFINITY));
+        let mask = match x.opt(3) {
+            None => None,
+            Some(m) => {
+                // ONNX pads a mask shorter than the keys with -inf; encore needs it whole.
+                let rank = self.graph.outlet_type(m).rank().unwrap_or(0);
+                let (ml, kl) = (
+                    rank.checked_sub(1).and_then(|a| self.fixed_dim(m, a)),
+                    self.fixed_dim(keys, 2),
+                );
+                if ml.is_none() || ml.zip(kl).is_some_and(|(a, b)| a != b) {
+                    return Err(x.bad(format!(
+                        "attn_mask must cover every key: its last dim is {}, there are {} keys                          (a shorter mask, padded by ONNX, is not supported)",
+                        ml.map_or("not declared".into(), |v| v.to_string()),
+                        kl.map_or("an unknown number of".into(), |v| v.to_string())
+                    )));
+                }
+                Some(
+                    match self.require_dtype(x, 3, &[DType::F32, DType::Bool])? {
+                        DType::Bool => {
+                            self.emit_aux(n, "mask_bias", Op::Where, &[m, zero, neg_inf], d)?
+                        }
+                        _ => m,
+                    },
+                )
+            }
+        };
+        if !x.flag("is_causal")? {
+            return Ok(mask);
+        }
+        // Ones of the scores' [q, kv] shape, lower triangle from diagonal `past length`.
+        let dims = Op::Shape {
+            start: -2,
+            end: None,
+        };
+        let qkv = self.emit_aux(n, "causal_shape", dims, &[scores], DType::I64)?;
+        let fill = Op::ConstantOfShape {
+            value: Tensor::from_vec(vec![1], vec![true]),
+        };
+        let ones = self.emit_aux(n, "causal_ones", fill, &[qkv], DType::Bool)?;
+        let mut ins = vec![ones];
+        if let Some(pk) = past_k {
+            let len = Op::Shape {
+                start: 2,
+                end: Some(3),
+            };
+            ins.push(self.emit_aux(n, "past_len", len, &[pk], DType::I64)?);
+        }
+        let tril = Op::Trilu { upper: false };
+        let allowed = self.emit_aux(n, "causal_allowed", tril, &ins, DType::Bool)?;
+        let causal = self.emit_aux(n, "causal_bias", Op::Where, &[allowed, zero, neg_inf], d)?;
+        Ok(Some(match mask {
+            Some(m) => self.emit_aux(n, "bias", Op::Binary(BinaryOp::Add), &[m, causal], d)?,
+            None => causal,
+        }))
     }
 
     /// `Pow(a, b)`: the result has `a`'s dtype, and ONNX (from opset 12) lets `b` be of another

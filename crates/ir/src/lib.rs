@@ -8,6 +8,7 @@
 //! This crate is internal to the workspace: its API may change; `runtime` is the stable surface.
 
 mod dtype;
+mod einsum;
 mod graph;
 mod op;
 mod shape;
@@ -16,10 +17,11 @@ pub mod text;
 mod verify;
 
 pub use dtype::DType;
+pub use einsum::{einsum_plan, EinsumPlan};
 pub use graph::{Graph, Node, NodeId, Outlet, Wire};
 pub use op::{
     u8_qparams, ActQuant, Attr, BinaryOp, EpilogueStep, GeluApprox, Op, OpKind, PadMode, ReduceOp,
-    UnaryOp, INLINE_LIMIT,
+    ScatterReduction, UnaryOp, INLINE_LIMIT,
 };
 pub use shape::{fixed_shape, is_symbol, Dim, Shape, TensorType};
 pub use tensor::{Element, Tensor};

@@ -128,6 +128,17 @@ pub enum PadMode {
     Wrap,
 }
 
+/// How a scatter combines an update with the element it lands on (ONNX `reduction`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScatterReduction {
+    /// The update replaces the element.
+    None,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
 macro_rules! name_table {
     ($ty:ident { $($v:ident => $s:literal),* $(,)? }) => {
         impl $ty {
@@ -152,6 +163,8 @@ name_table!(UnaryOp { Neg => "neg", Abs => "abs", Sqrt => "sqrt", Reciprocal => 
     IsInf => "is_inf", IsPosInf => "is_pos_inf", IsNegInf => "is_neg_inf" });
 name_table!(ReduceOp { Mean => "reduce_mean", Sum => "reduce_sum", Max => "reduce_max",
     Min => "reduce_min", Prod => "reduce_prod" });
+name_table!(ScatterReduction { None => "none", Add => "add", Mul => "mul", Max => "max",
+    Min => "min" });
 name_table!(GeluApprox { Erf => "erf", Tanh => "tanh" });
 name_table!(PadMode { Constant => "constant", Reflect => "reflect", Edge => "edge",
     Wrap => "wrap" });
@@ -417,6 +430,26 @@ pub enum Op {
     /// %2 = gather_nd[batch_dims=0](%0, %1) : f32[B,384]    # %0 : f32[B,S,384], %1 : i64[B,2]
     /// ```
     GatherNd { batch_dims: i64 },
+    /// `(data, indices, updates)` → `data` with, for each innermost row of `indices` (length
+    /// `k`), the slice of `data` it addresses by its first `k` coordinates combined with the
+    /// matching slice of `updates` (`indices.shape[..-1] ++ data.shape[k..]`) as `reduction`
+    /// says, in the order of the rows (ONNX `ScatterND`; negative indices count from the end).
+    ///
+    /// ```text
+    /// %3 = scatter_nd[reduction="add"](%0, %1, %2) : f32[4,8]    # %1 : i64[2,1], %2 : f32[2,8]
+    /// ```
+    ScatterNd { reduction: ScatterReduction },
+    /// `(data, indices, updates)` → `data` with each element of `updates` combined into the
+    /// element whose coordinates are its own with the one on `axis` replaced by the matching
+    /// element of `indices` (same shape as `updates`) (ONNX `ScatterElements`).
+    ///
+    /// ```text
+    /// %3 = scatter_elements[axis=1, reduction="none"](%0, %1, %2) : f32[2,5]
+    /// ```
+    ScatterElements {
+        axis: i64,
+        reduction: ScatterReduction,
+    },
     /// `(data, starts, ends, axes?, steps?)`.
     Slice,
     /// `(x, shape)` broadcast to `shape`.
@@ -465,6 +498,26 @@ pub enum Op {
         axes: Vec<i64>,
         keepdims: bool,
     },
+    /// `(x)` → i64: the index of the largest (`min`: smallest) element along `axis`, the first
+    /// one of equal values or with `last` the last one; NaN counts as the extreme, as in numpy
+    /// (ONNX `ArgMax` / `ArgMin`).
+    ///
+    /// ```text
+    /// %1 = arg_max[axis=-1, keepdims=false, last=false](%0) : i64[B,S]    # %0 : f32[B,S,V]
+    /// ```
+    ArgReduce {
+        min: bool,
+        axis: i64,
+        keepdims: bool,
+        last: bool,
+    },
+    /// `(x…)` → the products of the operands' elements summed as `equation` says (ONNX `Einsum`,
+    /// numpy's notation; see [`crate::einsum_plan`]).
+    ///
+    /// ```text
+    /// %2 = einsum[equation="bhqd,bhkd->bhqk"](%0, %1) : f32[B,12,S,S]
+    /// ```
+    Einsum { equation: String },
     /// `(a, b)` numpy matmul.
     MatMul,
     /// `(a, b, c?)`: `alpha·op(a)·op(b) + beta·c`.
@@ -580,7 +633,8 @@ impl Op {
             | Op::Linear
             | Op::FusedLinear { .. }
             | Op::QLinear { .. }
-            | Op::QMatMul => OpKind::Gemm,
+            | Op::QMatMul
+            | Op::Einsum { .. } => OpKind::Gemm,
             Op::Attention { .. } | Op::AttentionQkv { .. } => OpKind::Attention,
             Op::Binary(_)
             | Op::Unary(_)
@@ -593,7 +647,7 @@ impl Op {
             | Op::QuantizeLinear { .. }
             | Op::DequantizeLinear { .. }
             | Op::DynamicQuantizeLinear => OpKind::Elementwise,
-            Op::Reduce { .. } | Op::CumSum { .. } => OpKind::Reduce,
+            Op::Reduce { .. } | Op::CumSum { .. } | Op::ArgReduce { .. } => OpKind::Reduce,
             Op::Shape { .. }
             | Op::Reshape { .. }
             | Op::Transpose { .. }
@@ -604,6 +658,8 @@ impl Op {
             | Op::Gather { .. }
             | Op::GatherElements { .. }
             | Op::GatherNd { .. }
+            | Op::ScatterNd { .. }
+            | Op::ScatterElements { .. }
             | Op::Pad { .. }
             | Op::Trilu { .. }
             | Op::Slice
@@ -635,6 +691,8 @@ impl Op {
             Op::Gather { .. } => "gather",
             Op::GatherElements { .. } => "gather_elements",
             Op::GatherNd { .. } => "gather_nd",
+            Op::ScatterNd { .. } => "scatter_nd",
+            Op::ScatterElements { .. } => "scatter_elements",
             Op::Pad { .. } => "pad",
             Op::Trilu { .. } => "trilu",
             Op::Slice => "slice",
@@ -645,7 +703,10 @@ impl Op {
             Op::CumSum { .. } => "cumsum",
             Op::Flatten { .. } => "flatten",
             Op::Reduce { op, .. } => op.name(),
+            Op::ArgReduce { min: false, .. } => "arg_max",
+            Op::ArgReduce { min: true, .. } => "arg_min",
             Op::MatMul => "matmul",
+            Op::Einsum { .. } => "einsum",
             Op::Gemm { .. } => "gemm",
             Op::Softmax { .. } => "softmax",
             Op::LayerNorm { .. } => "layer_norm",
@@ -668,7 +729,7 @@ impl Op {
         match self {
             Op::Input { .. } | Op::Const { .. } => (0, 0),
             Op::Binary(_) => (2, 2),
-            Op::Where | Op::Range => (3, 3),
+            Op::Where | Op::Range | Op::ScatterNd { .. } | Op::ScatterElements { .. } => (3, 3),
             Op::Clip => (1, 3),
             Op::Unary(_)
             | Op::Cast { .. }
@@ -678,6 +739,7 @@ impl Op {
             | Op::Flatten { .. }
             | Op::Softmax { .. }
             | Op::DynamicQuantizeLinear
+            | Op::ArgReduce { .. }
             | Op::Gelu { .. } => (1, 1),
             Op::Reshape { .. }
             | Op::Gather { .. }
@@ -687,7 +749,7 @@ impl Op {
             | Op::Tile
             | Op::CumSum { .. }
             | Op::MatMul => (2, 2),
-            Op::Concat { .. } => (1, usize::MAX),
+            Op::Concat { .. } | Op::Einsum { .. } => (1, usize::MAX),
             Op::Split { .. }
             | Op::Reduce { .. }
             | Op::Unsqueeze { .. }
@@ -728,6 +790,7 @@ impl Op {
         use Attr::*;
         match self {
             Op::Input { name } => vec![("name", Str(name.clone()))],
+            Op::Einsum { equation } => vec![("equation", Str(equation.clone()))],
             Op::Const { value } => vec![("value", Tensor(value.clone()))],
             Op::Cast { to } => vec![("to", DType(*to))],
             Op::Shape { start, end } => {
@@ -748,6 +811,11 @@ impl Op {
             | Op::DequantizeLinear { axis } => vec![("axis", Int(*axis))],
             Op::ConstantOfShape { value } => vec![("value", Tensor(value.clone()))],
             Op::GatherNd { batch_dims } => vec![("batch_dims", Int(*batch_dims))],
+            Op::ScatterNd { reduction } => vec![("reduction", Str(reduction.name().to_string()))],
+            Op::ScatterElements { axis, reduction } => vec![
+                ("axis", Int(*axis)),
+                ("reduction", Str(reduction.name().to_string())),
+            ],
             Op::Pad { mode } => vec![("mode", Str(mode.name().to_string()))],
             Op::Trilu { upper } => vec![("upper", Bool(*upper))],
             Op::Split { axis, num_outputs } => vec![
@@ -760,6 +828,16 @@ impl Op {
             Op::Reduce { axes, keepdims, .. } => {
                 vec![("axes", Ints(axes.clone())), ("keepdims", Bool(*keepdims))]
             }
+            Op::ArgReduce {
+                axis,
+                keepdims,
+                last,
+                ..
+            } => vec![
+                ("axis", Int(*axis)),
+                ("keepdims", Bool(*keepdims)),
+                ("last", Bool(*last)),
+            ],
             Op::Gemm {
                 alpha,
                 beta,
@@ -869,6 +947,13 @@ impl Op {
             "gather_nd" => Op::GatherNd {
                 batch_dims: a.int("batch_dims")?,
             },
+            "scatter_nd" => Op::ScatterNd {
+                reduction: a.scatter_reduction()?,
+            },
+            "scatter_elements" => Op::ScatterElements {
+                axis: a.int("axis")?,
+                reduction: a.scatter_reduction()?,
+            },
             "slice" => Op::Slice,
             "expand" => Op::Expand,
             "tile" => Op::Tile,
@@ -883,7 +968,16 @@ impl Op {
             "flatten" => Op::Flatten {
                 axis: a.int("axis")?,
             },
+            "arg_max" | "arg_min" => Op::ArgReduce {
+                min: name == "arg_min",
+                axis: a.int("axis")?,
+                keepdims: a.bool("keepdims")?,
+                last: a.bool("last")?,
+            },
             "matmul" => Op::MatMul,
+            "einsum" => Op::Einsum {
+                equation: a.str("equation")?,
+            },
             "gemm" => Op::Gemm {
                 alpha: a.float("alpha")?,
                 beta: a.float("beta")?,
@@ -1040,6 +1134,11 @@ impl AttrReader<'_> {
             Attr::Tensor(v) => Ok(v),
             _ => Err(self.bad(key, "a tensor literal")),
         }
+    }
+    fn scatter_reduction(&mut self) -> Result<ScatterReduction, IrError> {
+        let s = self.str("reduction")?;
+        ScatterReduction::from_name(&s)
+            .ok_or_else(|| self.bad("reduction", "none, add, mul, max or min"))
     }
     fn epilogue(&mut self) -> Result<Vec<EpilogueStep>, IrError> {
         match self.need("epilogue")? {

@@ -242,7 +242,8 @@ output "s2" = %11.2
 }
 
 /// The ops added for issue 8 (sin, cos, round, reduce_prod, gather_nd, pad, round_to_f16,
-/// round_to_bf16, trilu) print and parse back
+/// round_to_bf16, trilu, arg_max, arg_min, scatter_nd, scatter_elements, einsum) print and
+/// parse back
 /// unchanged, attributes included.
 #[test]
 fn issue8_ops_round_trip() {
@@ -258,9 +259,19 @@ fn issue8_ops_round_trip() {
 %9 = round_to_f16(%8) : f32[2,3,6]  # /to_f16
 %10 = round_to_bf16(%9) : f32[2,3,6]  # /to_bf16
 %11 = trilu[upper=false](%10) : f32[2,3,6]  # /tril
+%12 = arg_max[axis=-1, keepdims=false, last=false](%11) : i64[2,3]  # /argmax
+%13 = arg_min[axis=0, keepdims=true, last=true](%11) : i64[1,3,6]  # /argmin
+%14 = scatter_nd[reduction="add"](%0, %1, %6) : f32[2,3,4]  # /snd
+%15 = scatter_elements[axis=-1, reduction="none"](%11, %13, %11) : f32[2,3,6]  # /se
+%16 = einsum[equation="ij->ji"](%1) : i64[1,2]  # /einsum
 output "p" = %5
 output "g" = %6
 output "pd" = %11
+output "am" = %12
+output "an" = %13
+output "snd" = %14
+output "se" = %15
+output "es" = %16
 "#;
     let g = text::parse(sample, None).unwrap();
     g.verify().unwrap();
@@ -272,5 +283,9 @@ output "pd" = %11
     assert!(
         text::parse(&sample.replace("reflect", "mirror"), None).is_err(),
         "an unknown pad mode must not parse"
+    );
+    assert!(
+        text::parse(&sample.replace("\"add\"", "\"sub\""), None).is_err(),
+        "an unknown scatter reduction must not parse"
     );
 }

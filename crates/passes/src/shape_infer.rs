@@ -587,6 +587,7 @@ fn infer(
             one(dtype(0), s)
         }
         Op::GatherElements { .. } => one(dtype(0), ins[1].shape.clone()),
+        Op::ScatterNd { .. } | Op::ScatterElements { .. } => one(dtype(0), ins[0].shape.clone()),
         Op::Trilu { .. } => {
             if ins[0].shape.as_ref().is_some_and(|s| s.len() < 2) {
                 return Err("trilu: the input has fewer than 2 dims".into());
@@ -766,6 +767,55 @@ fn infer(
                 }
             };
             one(dtype(0), s)
+        }
+        Op::Einsum { equation } => {
+            let shapes: Option<Vec<&Shape>> = ins.iter().map(|t| t.shape.as_ref()).collect();
+            let s = match shapes {
+                None => None,
+                Some(ss) => {
+                    let ranks: Vec<usize> = ss.iter().map(|s| s.len()).collect();
+                    let plan = ir::einsum_plan(equation, &ranks)?;
+                    // Each output label's dim: one that is not a broadcast 1, where known.
+                    let dim_of = |l: usize| {
+                        let dims = plan.operands.iter().zip(&ss).flat_map(|(ax, s)| {
+                            ax.iter()
+                                .zip(s.iter())
+                                .filter(move |(&a, _)| a == l)
+                                .map(|(_, d)| d)
+                        });
+                        let mut best = None;
+                        for d in dims {
+                            if d.as_fixed() != Some(1) {
+                                return Some(d.clone());
+                            }
+                            best = Some(d.clone());
+                        }
+                        best
+                    };
+                    let mut out = Vec::new();
+                    for &l in &plan.output {
+                        out.push(dim_of(l).unwrap_or_else(|| ctx.fresh()));
+                    }
+                    Some(out)
+                }
+            };
+            one(dtype(0), s)
+        }
+        Op::ArgReduce { axis, keepdims, .. } => {
+            let s = match &ins[0].shape {
+                None => None,
+                Some(s) => {
+                    let a = norm_axis(*axis, s.len())?;
+                    let mut o = s.clone();
+                    if *keepdims {
+                        o[a] = Dim::fixed(1);
+                    } else {
+                        o.remove(a);
+                    }
+                    Some(o)
+                }
+            };
+            one(DType::I64, s)
         }
         Op::Reduce { axes, keepdims, .. } => {
             // Axes given as an input: known when that input is a constant by now.

@@ -862,6 +862,16 @@ impl Session {
                 one(so::trilu(r(0), k, *upper, node)?)
             }
             Op::GatherNd { batch_dims } => one(so::gather_nd(r(0), r(1), *batch_dims, node)?),
+            Op::ScatterNd { .. } | Op::ScatterElements { .. } => {
+                let (axis, reduction) = match st.op {
+                    Op::ScatterElements { axis, reduction } => (Some(axis), reduction),
+                    Op::ScatterNd { reduction } => (None, reduction),
+                    _ => unreachable!("matched above"),
+                };
+                let (idx, upd) = (r(1).clone(), r(2).clone());
+                let data = take(ins, 0).into_owned();
+                one(so::scatter(data, &idx, &upd, axis, reduction, node)?)
+            }
             Op::Slice => {
                 let args: Vec<&TensorValue> = ins[1..].iter().map(|i| i.get()).collect();
                 one(so::slice(r(0), &args, node)?)
@@ -877,6 +887,12 @@ impl Session {
             Op::CumSum { exclusive, reverse } => {
                 one(so::cumsum(r(0), r(1), *exclusive, *reverse, node)?)
             }
+            Op::ArgReduce {
+                min,
+                axis,
+                keepdims,
+                last,
+            } => one(so::arg_reduce(r(0), *min, *axis, *keepdims, *last, node)?),
             Op::Reduce { op, axes, keepdims } => match ins.get(1) {
                 None => one(so::reduce(r(0), *op, axes, *keepdims, node)?),
                 Some(a) => {
@@ -899,6 +915,10 @@ impl Session {
                 Some(r(5)),
                 node,
             )?),
+            Op::Einsum { equation } => {
+                let xs: Vec<&TensorValue> = ins.iter().map(|i| i.get()).collect();
+                one(nn::einsum(equation, &xs, node)?)
+            }
             Op::MatMul => match packed {
                 Some(w) => one(nn::linear(r(0), w, None, ctx, node, "matmul")?),
                 None => one(nn::matmul(r(0), r(1), ctx, node)?),

@@ -67,6 +67,15 @@ fn int_attr(name: &str, v: i64) -> AttributeProto {
     }
 }
 
+fn float_attr(name: &str, v: f32) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Float as i32,
+        f: v,
+        ..Default::default()
+    }
+}
+
 /// One node `op` at `opset` reading `inputs` (named `in0`, `in1`, …; an empty name is an absent
 /// input) and producing `outputs`.
 struct Case {
@@ -1008,4 +1017,609 @@ fn xor() {
         .run()
         .unwrap_err();
     assert!(e.contains("`n`") && e.contains("i64"), "{e}");
+}
+
+/// ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum and ReduceLogSumExp (imported as their
+/// definitions over reduce_sum) against f64, both axes forms and keepdims; LogSumExp stays
+/// finite for large values and gives ±inf where the answer is infinite.
+#[test]
+fn reduce_l1_l2_sum_square_log_sum_log_sum_exp() {
+    let xs: Vec<f32> = vec![1.0, -2.0, 3.0, 0.5, -4.0, 2.5];
+    let x = f32s(&[2, 3], &xs);
+    type F = fn(&[f64]) -> f64;
+    let defs: [(&str, F); 5] = [
+        ("ReduceL1", |r| r.iter().map(|v| v.abs()).sum()),
+        ("ReduceL2", |r| r.iter().map(|v| v * v).sum::<f64>().sqrt()),
+        ("ReduceSumSquare", |r| r.iter().map(|v| v * v).sum()),
+        ("ReduceLogSum", |r| r.iter().sum::<f64>().ln()),
+        ("ReduceLogSumExp", |r| {
+            r.iter().map(|v| v.exp()).sum::<f64>().ln()
+        }),
+    ];
+    for (op, f) in defs {
+        let rows: Vec<Vec<f64>> = xs
+            .chunks(3)
+            .map(|c| c.iter().map(|&v| v as f64).collect())
+            .collect();
+        for (opset, keep) in [(13, 1), (18, 0)] {
+            let mut c = Case::new(op, opset, vec![x.clone()]).attr(int_attr("keepdims", keep));
+            if opset >= 18 {
+                c.inputs.push(Some(i64s(&[1], &[-1])));
+            } else {
+                c = c.attr(AttributeProto {
+                    name: "axes".into(),
+                    r#type: AttributeType::Ints as i32,
+                    ints: vec![1],
+                    ..Default::default()
+                });
+            }
+            let y = c.run1();
+            assert_eq!(
+                y.shape(),
+                if keep == 1 { &[2, 1][..] } else { &[2][..] },
+                "{op}"
+            );
+            for (got, row) in y.as_f32().unwrap().iter().zip(&rows) {
+                let want = f(row);
+                if want.is_nan() {
+                    assert!(got.is_nan(), "{op} {row:?}: {got}, want NaN");
+                } else {
+                    let tol = 1e-6 * want.abs().max(1.0);
+                    assert!(
+                        (*got as f64 - want).abs() <= tol,
+                        "{op} {row:?}: {got}, want {want}"
+                    );
+                }
+            }
+        }
+    }
+    let lse = |v: &[f32]| Case::new("ReduceLogSumExp", 18, vec![f32s(&[v.len()], v)]).run1();
+    let y = lse(&[1000.0, 1000.0]);
+    assert!(
+        (y.as_f32().unwrap()[0] - (1000.0 + 2f32.ln())).abs() < 1e-3,
+        "{y:?}"
+    );
+    assert_eq!(
+        lse(&[f32::NEG_INFINITY; 2]).as_f32().unwrap(),
+        [f32::NEG_INFINITY]
+    );
+    assert_eq!(
+        lse(&[f32::INFINITY, 1.0]).as_f32().unwrap(),
+        [f32::INFINITY]
+    );
+    // Integers have no logarithm here: a typed error naming the node.
+    let e = Case::new("ReduceL2", 18, vec![i64s(&[2], &[3, 4])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("i64"), "{e}");
+    let y = Case::new("ReduceSumSquare", 18, vec![i64s(&[2], &[3, -4])]).run1();
+    assert_eq!(y.as_i64().unwrap(), [25]);
+}
+
+/// ReduceMax and ReduceMin of bools: any and all.
+#[test]
+fn reduce_max_min_of_bools() {
+    let b = TensorValue::from_bool(vec![2, 2], vec![true, false, false, false]).unwrap();
+    for (op, want) in [("ReduceMax", [true, false]), ("ReduceMin", [false, false])] {
+        let y = Case::new(op, 20, vec![b.clone(), i64s(&[1], &[1])])
+            .attr(int_attr("keepdims", 0))
+            .run1();
+        assert_eq!(y.as_bool().unwrap(), want, "{op}");
+    }
+    let e = Case::new("ReduceSum", 18, vec![b]).run().unwrap_err();
+    assert!(e.contains("bool"), "{e}");
+}
+
+/// RMSNormalization (opset 23) against f64 over the last axis and over the last two (axis 1 of
+/// a rank-3 input), with a scale; stash_type other than FLOAT is a typed error.
+#[test]
+fn rms_normalization() {
+    let xs: Vec<f32> = (0..12).map(|v| v as f32 * 0.7 - 3.0).collect();
+    let x = f32s(&[2, 2, 3], &xs);
+    for (axis, group, scale) in [(-1i64, 3usize, vec![3usize]), (1, 6, vec![2, 3])] {
+        let sv: Vec<f32> = (0..group).map(|i| 0.5 + i as f32 * 0.25).collect();
+        let y = Case::new("RMSNormalization", 23, vec![x.clone(), f32s(&scale, &sv)])
+            .attr(int_attr("axis", axis))
+            .run1();
+        assert_eq!(y.shape(), [2, 2, 3]);
+        for (g, (got, xin)) in y
+            .as_f32()
+            .unwrap()
+            .chunks(group)
+            .zip(xs.chunks(group))
+            .enumerate()
+        {
+            let ms = xin.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / group as f64;
+            let rms = (ms + 1e-5).sqrt();
+            for (i, (&o, &v)) in got.iter().zip(xin).enumerate() {
+                let want = v as f64 / rms * sv[i] as f64;
+                assert!(
+                    (o as f64 - want).abs() < 1e-5,
+                    "axis {axis} group {g}: {o} vs {want}"
+                );
+            }
+        }
+    }
+    let e = Case::new("RMSNormalization", 23, vec![x, f32s(&[3], &[1.0; 3])])
+        .attr(int_attr("stash_type", 10))
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("stash_type"), "{e}");
+}
+
+/// ArgMax and ArgMin: first or last of ties, each axis, keepdims, NaN as the extreme (numpy),
+/// integer inputs; an empty axis is a typed error.
+#[test]
+fn arg_max_and_arg_min() {
+    let x = f32s(&[2, 3], &[1.0, 5.0, 5.0, -2.0, -2.0, 0.0]);
+    let arg = |op: &'static str, x: &TensorValue, axis: i64, keep: i64, last: i64| {
+        Case::new(op, 13, vec![x.clone()])
+            .attr(int_attr("axis", axis))
+            .attr(int_attr("keepdims", keep))
+            .attr(int_attr("select_last_index", last))
+            .run1()
+    };
+    let y = arg("ArgMax", &x, 1, 0, 0);
+    assert_eq!((y.shape(), y.as_i64().unwrap()), (&[2][..], &[1, 2][..]));
+    let y = arg("ArgMax", &x, -1, 1, 1);
+    assert_eq!((y.shape(), y.as_i64().unwrap()), (&[2, 1][..], &[2, 2][..]));
+    let y = arg("ArgMin", &x, 1, 0, 0);
+    assert_eq!(y.as_i64().unwrap(), [0, 0]);
+    let y = arg("ArgMin", &x, 1, 0, 1);
+    assert_eq!(y.as_i64().unwrap(), [0, 1]);
+    let y = arg("ArgMin", &x, 0, 1, 0);
+    assert_eq!(
+        (y.shape(), y.as_i64().unwrap()),
+        (&[1, 3][..], &[1, 1, 1][..])
+    );
+    let nan = f32s(&[4], &[1.0, f32::NAN, 7.0, f32::NAN]);
+    assert_eq!(arg("ArgMax", &nan, 0, 0, 0).as_i64().unwrap(), [1]);
+    assert_eq!(arg("ArgMin", &nan, 0, 0, 1).as_i64().unwrap(), [3]);
+    let ints = i64s(&[3], &[i64::MIN, i64::MAX, i64::MAX - 1]);
+    assert_eq!(arg("ArgMax", &ints, 0, 0, 0).as_i64().unwrap(), [1]);
+    assert_eq!(arg("ArgMin", &ints, 0, 0, 0).as_i64().unwrap(), [0]);
+    let e = Case::new("ArgMax", 13, vec![f32s(&[2, 0], &[])])
+        .attr(int_attr("axis", 1))
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("empty"), "{e}");
+}
+
+/// softmax(q·kᵀ·scale + bias)·v in f64 for one batch of 4-D attention (`[heads, S, D]`), the
+/// key/value heads shared by `qh / kvh` query heads in a row; `allowed(i, j)` masks keys, and a
+/// row with no allowed key gives zeros.
+#[allow(clippy::too_many_arguments)]
+fn attention_reference(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    (qh, kvh, s, l, dh): (usize, usize, usize, usize, usize),
+    scale: f64,
+    softcap: f64,
+    allowed: impl Fn(usize, usize) -> bool,
+) -> Vec<f64> {
+    let mut out = vec![0.0; qh * s * dh];
+    for h in 0..qh {
+        let kh = h / (qh / kvh);
+        for i in 0..s {
+            let mut w: Vec<f64> = (0..l)
+                .map(|j| {
+                    let dot: f64 = (0..dh)
+                        .map(|c| q[(h * s + i) * dh + c] as f64 * k[(kh * l + j) * dh + c] as f64)
+                        .sum();
+                    let x = dot * scale;
+                    let x = if softcap > 0.0 {
+                        softcap * (x / softcap).tanh()
+                    } else {
+                        x
+                    };
+                    if allowed(i, j) {
+                        x
+                    } else {
+                        f64::NEG_INFINITY
+                    }
+                })
+                .collect();
+            let m = w.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            if m == f64::NEG_INFINITY {
+                continue;
+            }
+            w.iter_mut().for_each(|x| *x = (*x - m).exp());
+            let sum: f64 = w.iter().sum();
+            for c in 0..dh {
+                out[(h * s + i) * dh + c] = (0..l)
+                    .map(|j| w[j] / sum * v[(kh * l + j) * dh + c] as f64)
+                    .sum();
+            }
+        }
+    }
+    out
+}
+
+/// Attention (opset 23) against f64: 4-D MHA with a bool mask (one row fully masked: zeros),
+/// grouped-query causal with a softcap, 3-D inputs split into heads with a past cache and the
+/// present outputs; unsupported forms are typed errors.
+#[test]
+fn attention_opset_23() {
+    let vals = |n: usize, seed: f32| -> Vec<f32> {
+        (0..n)
+            .map(|i| (i as f32 * 0.37 + seed).sin() * 1.5)
+            .collect()
+    };
+    let check = |got: &TensorValue, want: &[f64], what: &str| {
+        for (g, w) in got.as_f32().unwrap().iter().zip(want) {
+            assert!((*g as f64 - w).abs() < 1e-5, "{what}: {g} vs {w}");
+        }
+    };
+    // MHA, 2 heads, 3 queries, 4 keys, head size 2; query row 1 may attend to no key.
+    let (qh, s, l, dh) = (2, 3, 4, 2);
+    let (q, k, v) = (
+        vals(qh * s * dh, 0.1),
+        vals(qh * l * dh, 0.7),
+        vals(qh * l * dh, 1.3),
+    );
+    let allowed = |i: usize, j: usize| i != 1 && !(i + j).is_multiple_of(3);
+    let mask: Vec<bool> = (0..s * l).map(|p| allowed(p / l, p % l)).collect();
+    let y = Case::new(
+        "Attention",
+        23,
+        vec![
+            f32s(&[1, qh, s, dh], &q),
+            f32s(&[1, qh, l, dh], &k),
+            f32s(&[1, qh, l, dh], &v),
+            TensorValue::from_bool(vec![s, l], mask).unwrap(),
+        ],
+    )
+    .run1();
+    let want = attention_reference(
+        &q,
+        &k,
+        &v,
+        (qh, qh, s, l, dh),
+        1.0 / 2f64.sqrt(),
+        0.0,
+        allowed,
+    );
+    assert_eq!(y.shape(), [1, qh, s, dh]);
+    check(&y, &want, "mha bool mask");
+    assert!(y.as_f32().unwrap()[dh..2 * dh].iter().all(|&v| v == 0.0));
+    // GQA: 4 query heads over 2 key/value heads, causal, softcap 2, scale 0.3.
+    let (qh, kvh, s) = (4, 2, 4);
+    let (q, k, v) = (
+        vals(qh * s * dh, 0.2),
+        vals(kvh * s * dh, 0.5),
+        vals(kvh * s * dh, 0.9),
+    );
+    let y = Case::new(
+        "Attention",
+        23,
+        vec![
+            f32s(&[1, qh, s, dh], &q),
+            f32s(&[1, kvh, s, dh], &k),
+            f32s(&[1, kvh, s, dh], &v),
+        ],
+    )
+    .attr(int_attr("is_causal", 1))
+    .attr(float_attr("softcap", 2.0))
+    .attr(float_attr("scale", 0.3))
+    .run1();
+    let want = attention_reference(&q, &k, &v, (qh, kvh, s, s, dh), 0.3, 2.0, |i, j| j <= i);
+    check(&y, &want, "gqa causal softcap");
+    // 3-D: [1, 2, 2 heads · 2] with a past of 2 keys (causal: query i sees keys ≤ i + 2).
+    let (h, s, p) = (2, 2, 2);
+    let (q3, k3, v3) = (
+        vals(s * h * dh, 0.3),
+        vals(s * h * dh, 0.4),
+        vals(s * h * dh, 0.6),
+    );
+    let (pk, pv) = (vals(h * p * dh, 1.1), vals(h * p * dh, 1.7));
+    let mut c = Case::new(
+        "Attention",
+        23,
+        vec![
+            f32s(&[1, s, h * dh], &q3),
+            f32s(&[1, s, h * dh], &k3),
+            f32s(&[1, s, h * dh], &v3),
+        ],
+    )
+    .attr(int_attr("q_num_heads", h as i64))
+    .attr(int_attr("kv_num_heads", h as i64))
+    .attr(int_attr("is_causal", 1));
+    c.inputs.push(None);
+    c.inputs.push(Some(f32s(&[1, h, p, dh], &pk)));
+    c.inputs.push(Some(f32s(&[1, h, p, dh], &pv)));
+    c.outputs = vec!["y", "present_key", "present_value"];
+    let outs = c.run().unwrap();
+    // Heads first ([h, S, D]), the past before the new keys.
+    let heads = |t: &[f32]| -> Vec<f32> {
+        (0..h)
+            .flat_map(|hh| (0..s).flat_map(move |i| (0..dh).map(move |c| (hh, i, c))))
+            .map(|(hh, i, c)| t[(i * h + hh) * dh + c])
+            .collect()
+    };
+    let cat = |past: &[f32], new: &[f32]| -> Vec<f32> {
+        (0..h)
+            .flat_map(|hh| {
+                let mut r = past[hh * p * dh..(hh + 1) * p * dh].to_vec();
+                r.extend_from_slice(&new[hh * s * dh..(hh + 1) * s * dh]);
+                r
+            })
+            .collect()
+    };
+    let (kk, vv) = (cat(&pk, &heads(&k3)), cat(&pv, &heads(&v3)));
+    assert_eq!(outs[1].shape(), [1, h, p + s, dh]);
+    assert_eq!(outs[1].as_f32().unwrap(), kk);
+    assert_eq!(outs[2].as_f32().unwrap(), vv);
+    let want = attention_reference(
+        &heads(&q3),
+        &kk,
+        &vv,
+        (h, h, s, p + s, dh),
+        0.5f64.sqrt(),
+        0.0,
+        |i, j| j <= i + p,
+    );
+    // Back to [1, S, heads · D].
+    let want: Vec<f64> = (0..s)
+        .flat_map(|i| (0..h).flat_map(move |hh| (0..dh).map(move |c| (hh, i, c))))
+        .map(|(hh, i, c)| want[(hh * s + i) * dh + c])
+        .collect();
+    assert_eq!(outs[0].shape(), [1, s, h * dh]);
+    check(&outs[0], &want, "3-D with past");
+    // 3-D without head counts, and a sliding window: typed errors naming the node.
+    let e = Case::new("Attention", 23, vec![f32s(&[1, 2, 4], &[0.0; 8]); 3])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("q_num_heads"), "{e}");
+    let e = Case::new("Attention", 25, vec![f32s(&[1, 1, 2, 2], &[0.0; 4]); 3])
+        .attr(int_attr("left_window_size", 2))
+        .run()
+        .unwrap_err();
+    assert!(e.contains("left_window_size"), "{e}");
+}
+
+/// RotaryEmbedding (opset 23): 4-D with position ids, both pairings (halves and interleaved),
+/// a partial rotary dim, and 3-D input with num_heads, against a direct computation.
+#[test]
+fn rotary_embedding() {
+    let (h, s, dh) = (2usize, 2usize, 4usize);
+    let xs: Vec<f32> = (0..h * s * dh).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let angles: Vec<f32> = (0..3 * 2).map(|i| i as f32 * 0.3).collect();
+    let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+    let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+    let pos = [2usize, 0];
+    // One head row `x` (rotary dim `r`) at position `p` (two angles a position in the table).
+    let rotate = |x: &[f32], p: usize, r: usize, interleaved: bool| -> Vec<f32> {
+        let mut y = x.to_vec();
+        for i in 0..r / 2 {
+            let (a, b) = if interleaved {
+                (2 * i, 2 * i + 1)
+            } else {
+                (i, i + r / 2)
+            };
+            let (c, sn) = (cos[p * 2 + i], sin[p * 2 + i]);
+            y[a] = x[a] * c - x[b] * sn;
+            y[b] = x[a] * sn + x[b] * c;
+        }
+        y
+    };
+    for (interleaved, r) in [(0, 4), (1, 4), (0, 2), (1, 2)] {
+        let caches = |v: &[f32]| -> Vec<f32> {
+            (0..3)
+                .flat_map(|p| v[p * 2..p * 2 + r / 2].to_vec())
+                .collect()
+        };
+        let y = Case::new(
+            "RotaryEmbedding",
+            23,
+            vec![
+                f32s(&[1, h, s, dh], &xs),
+                f32s(&[3, r / 2], &caches(&cos)),
+                f32s(&[3, r / 2], &caches(&sin)),
+                i64s(&[1, s], &pos.map(|p| p as i64)),
+            ],
+        )
+        .attr(int_attr("interleaved", interleaved))
+        .attr(int_attr(
+            "rotary_embedding_dim",
+            if r == dh { 0 } else { r as i64 },
+        ))
+        .run1();
+        let want: Vec<f32> = (0..h)
+            .flat_map(|hh| (0..s).map(move |i| (hh, i)))
+            .flat_map(|(hh, i)| {
+                let row = &xs[(hh * s + i) * dh..(hh * s + i + 1) * dh];
+                rotate(row, pos[i], r, interleaved == 1)
+            })
+            .collect();
+        assert_eq!(y.shape(), [1, h, s, dh]);
+        for (g, w) in y.as_f32().unwrap().iter().zip(&want) {
+            assert!(
+                (g - w).abs() < 1e-6,
+                "interleaved {interleaved} dim {r}: {g} vs {w}"
+            );
+        }
+    }
+    // 3-D [1, S, heads·D] with the caches per token (no position ids).
+    let x3: Vec<f32> = (0..s * h * dh).map(|i| (i as f32 * 0.7).sin()).collect();
+    let c3: Vec<f32> = pos
+        .iter()
+        .flat_map(|&p| cos[p * 2..p * 2 + 2].to_vec())
+        .collect();
+    let s3: Vec<f32> = pos
+        .iter()
+        .flat_map(|&p| sin[p * 2..p * 2 + 2].to_vec())
+        .collect();
+    let y = Case::new(
+        "RotaryEmbedding",
+        23,
+        vec![
+            f32s(&[1, s, h * dh], &x3),
+            f32s(&[1, s, 2], &c3),
+            f32s(&[1, s, 2], &s3),
+        ],
+    )
+    .attr(int_attr("num_heads", h as i64))
+    .run1();
+    let want: Vec<f32> = (0..s * h)
+        .flat_map(|t| rotate(&x3[t * dh..(t + 1) * dh], pos[t / h], dh, false))
+        .collect();
+    assert_eq!(y.shape(), [1, s, h * dh]);
+    for (g, w) in y.as_f32().unwrap().iter().zip(&want) {
+        assert!((g - w).abs() < 1e-6, "3-D: {g} vs {w}");
+    }
+    let e = Case::new("RotaryEmbedding", 23, vec![f32s(&[1, 2, 8], &[0.0; 16]); 3])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("num_heads"), "{e}");
+}
+
+/// ScatterND and ScatterElements: the examples of the ONNX spec, every reduction, negative
+/// indices; indices out of range and mismatched updates are typed errors.
+#[test]
+fn scatter_nd_and_scatter_elements() {
+    let s = |op: &'static str, opset: i64, ins: Vec<TensorValue>, red: Option<&str>| {
+        let mut c = Case::new(op, opset, ins);
+        if let Some(r) = red {
+            c = c.attr(AttributeProto {
+                name: "reduction".into(),
+                r#type: AttributeType::String as i32,
+                s: r.as_bytes().to_vec().into(),
+                ..Default::default()
+            });
+        }
+        c
+    };
+    // ScatterND, spec example 1: data [1..8], indices [[4],[3],[1],[7]].
+    let data = f32s(&[8], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+    let idx = i64s(&[4, 1], &[4, 3, 1, -1]);
+    let upd = f32s(&[4], &[9.0, 10.0, 11.0, 12.0]);
+    let y = s(
+        "ScatterND",
+        11,
+        vec![data.clone(), idx.clone(), upd.clone()],
+        None,
+    )
+    .run1();
+    assert_eq!(
+        y.as_f32().unwrap(),
+        [1.0, 11.0, 3.0, 10.0, 9.0, 6.0, 7.0, 12.0]
+    );
+    for (red, want) in [
+        ("add", [1.0, 13.0, 3.0, 14.0, 14.0, 6.0, 7.0, 20.0]),
+        ("mul", [1.0, 22.0, 3.0, 40.0, 45.0, 6.0, 7.0, 96.0]),
+        ("max", [1.0, 11.0, 3.0, 10.0, 9.0, 6.0, 7.0, 12.0]),
+        ("min", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]),
+    ] {
+        let ins = vec![data.clone(), idx.clone(), upd.clone()];
+        let y = s("ScatterND", 18, ins, Some(red)).run1();
+        assert_eq!(y.as_f32().unwrap(), want, "{red}");
+    }
+    // Slices: rows 0 and 2 of a [3, 2] replaced.
+    let y = s(
+        "ScatterND",
+        16,
+        vec![
+            i64s(&[3, 2], &[0; 6]),
+            i64s(&[2, 1], &[0, 2]),
+            i64s(&[2, 2], &[1, 2, 3, 4]),
+        ],
+        None,
+    )
+    .run1();
+    assert_eq!(y.as_i64().unwrap(), [1, 2, 0, 0, 3, 4]);
+    // ScatterElements, spec example: axis 1, data [[1,2,3,4,5]], indices [[1,3]].
+    let data = f32s(&[1, 5], &[1.0, 2.0, 3.0, 4.0, 5.0]);
+    let ins = vec![data, i64s(&[1, 2], &[1, -2]), f32s(&[1, 2], &[1.1, 2.1])];
+    let y = s("ScatterElements", 13, ins.clone(), None)
+        .attr(int_attr("axis", 1))
+        .run1();
+    assert_eq!(y.as_f32().unwrap(), [1.0, 1.1, 3.0, 2.1, 5.0]);
+    let y = s("ScatterElements", 18, ins, Some("add"))
+        .attr(int_attr("axis", 1))
+        .run1();
+    assert_eq!(y.as_f32().unwrap(), [1.0, 3.1, 3.0, 6.1, 5.0]);
+    // Out of range, and max before opset 18: typed errors naming the node.
+    let e = s(
+        "ScatterND",
+        11,
+        vec![
+            f32s(&[2], &[0.0; 2]),
+            i64s(&[1, 1], &[2]),
+            f32s(&[1], &[1.0]),
+        ],
+        None,
+    )
+    .run()
+    .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("out of range"), "{e}");
+    let e = s(
+        "ScatterND",
+        16,
+        vec![
+            f32s(&[2], &[0.0; 2]),
+            i64s(&[1, 1], &[0]),
+            f32s(&[1], &[1.0]),
+        ],
+        Some("max"),
+    )
+    .run()
+    .unwrap_err();
+    assert!(e.contains("reduction"), "{e}");
+}
+
+/// Einsum: the attention forms of transformer exports against MatMul-by-hand, a diagonal with
+/// an ellipsis, an implicit output, a full contraction, and bad equations as typed errors.
+#[test]
+fn einsum() {
+    let e = |eq: &str, ins: Vec<TensorValue>| {
+        Case::new("Einsum", 12, ins).attr(AttributeProto {
+            name: "equation".into(),
+            r#type: AttributeType::String as i32,
+            s: eq.as_bytes().to_vec().into(),
+            ..Default::default()
+        })
+    };
+    let (b, h, q, k, d) = (1, 2, 3, 4, 2);
+    let qs: Vec<f32> = (0..b * h * q * d).map(|i| i as f32 * 0.5 - 2.0).collect();
+    let ks: Vec<f32> = (0..b * h * k * d).map(|i| (i as f32 * 0.3).cos()).collect();
+    let y = e(
+        "bhqd,bhkd->bhqk",
+        vec![f32s(&[b, h, q, d], &qs), f32s(&[b, h, k, d], &ks)],
+    )
+    .run1();
+    assert_eq!(y.shape(), [b, h, q, k]);
+    let want: Vec<f32> = (0..h)
+        .flat_map(|hh| (0..q).flat_map(move |i| (0..k).map(move |j| (hh, i, j))))
+        .map(|(hh, i, j)| {
+            (0..d)
+                .map(|c| qs[(hh * q + i) * d + c] * ks[(hh * k + j) * d + c])
+                .sum()
+        })
+        .collect();
+    for (g, w) in y.as_f32().unwrap().iter().zip(&want) {
+        assert!((g - w).abs() < 1e-5, "{g} vs {w}");
+    }
+    // Diagonal of each matrix in a batch, and an implicit output (ij,jk -> ik).
+    let m = i64s(&[2, 2, 2], &[1, 2, 3, 4, 5, 6, 7, 8]);
+    let y = e("...ii->...i", vec![m.clone()]).run1();
+    assert_eq!(
+        (y.shape(), y.as_i64().unwrap()),
+        (&[2, 2][..], &[1, 4, 5, 8][..])
+    );
+    let a = i64s(&[2, 2], &[1, 2, 3, 4]);
+    let y = e("ij,jk", vec![a.clone(), a.clone()]).run1();
+    assert_eq!(y.as_i64().unwrap(), [7, 10, 15, 22]);
+    let y = e("ij,ij->", vec![a.clone(), a.clone()]).run1();
+    assert_eq!((y.shape(), y.as_i64().unwrap()), (&[][..], &[30][..]));
+    let y = e("ij->ji", vec![a.clone()]).run1();
+    assert_eq!(y.as_i64().unwrap(), [1, 3, 2, 4]);
+    // Bad equations: typed errors naming the node and the attribute.
+    for eq in ["ij,jk->ik", "ijk->i", "ij->iz", "i1->i"] {
+        let err = e(eq, vec![a.clone()]).run().unwrap_err();
+        assert!(
+            err.contains("`n`") && err.contains("equation"),
+            "{eq}: {err}"
+        );
+    }
 }

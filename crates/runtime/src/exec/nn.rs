@@ -5,6 +5,7 @@ use super::{broadcast_shape, broadcast_strides, norm_axis, strides_of, Ctx, Inpu
 use crate::gemm::{gemm_packed, gemm_unpacked, PackedWeight};
 use crate::value::TensorValue;
 use crate::Error;
+use ir::DType;
 
 /// How a numpy matmul of two shapes splits into 2-D products.
 pub(crate) struct MatMulPlan {
@@ -325,4 +326,99 @@ pub(crate) fn layer_norm(
         });
     }
     Ok(TensorValue::raw(x.shape().to_vec(), out))
+}
+
+/// ONNX `Einsum` (see [`ir::Op::Einsum`]) by direct summation over every label: a reference
+/// loop, not a GEMM, so it is meant for small operands (f32, i64, i32).
+pub(crate) fn einsum(
+    equation: &str,
+    xs: &[&TensorValue],
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let bad = |m: String| Error::op(node, "einsum", m);
+    let ranks: Vec<usize> = xs.iter().map(|x| x.rank()).collect();
+    let plan = ir::einsum_plan(equation, &ranks).map_err(bad)?;
+    // Each label's size (operands agree, or are 1 and broadcast), and each operand's stride
+    // per label (summed where a label repeats: the diagonal; 0 where broadcast).
+    let mut size = vec![1usize; plan.labels];
+    for (ax, x) in plan.operands.iter().zip(xs) {
+        for (&l, &d) in ax.iter().zip(x.shape()) {
+            if d != 1 && size[l] != 1 && size[l] != d {
+                return Err(bad(format!(
+                    "label sizes {} and {d} differ ({equation})",
+                    size[l]
+                )));
+            }
+            if d != 1 {
+                size[l] = d;
+            }
+        }
+    }
+    let strides: Vec<Vec<usize>> = plan
+        .operands
+        .iter()
+        .zip(xs)
+        .map(|(ax, x)| {
+            let st = strides_of(x.shape());
+            let mut s = vec![0usize; plan.labels];
+            for ((&l, &d), &k) in ax.iter().zip(x.shape()).zip(&st) {
+                if d != 1 {
+                    s[l] += k;
+                }
+            }
+            s
+        })
+        .collect();
+    let summed: Vec<usize> = (0..plan.labels)
+        .filter(|l| !plan.output.contains(l))
+        .collect();
+    let out_shape: Vec<usize> = plan.output.iter().map(|&l| size[l]).collect();
+    let n_out: usize = out_shape.iter().product();
+    let n_sum: usize = summed.iter().map(|&l| size[l]).product();
+    // The offsets of every operand at output position `o` and summed position `s`.
+    let offsets = |o: usize, s: usize| -> Vec<usize> {
+        let mut idx = vec![0usize; plan.labels];
+        let mut r = o;
+        for &l in plan.output.iter().rev() {
+            idx[l] = r % size[l];
+            r /= size[l];
+        }
+        let mut r = s;
+        for &l in summed.iter().rev() {
+            idx[l] = r % size[l];
+            r /= size[l];
+        }
+        strides
+            .iter()
+            .map(|st| idx.iter().zip(st).map(|(i, s)| i * s).sum())
+            .collect()
+    };
+    macro_rules! go {
+        ($get:ident, $t:ty, $zero:expr, $one:expr) => {{
+            let vs: Vec<&[$t]> = xs
+                .iter()
+                .map(|x| {
+                    x.$get()
+                        .ok_or_else(|| bad(format!("operands differ in dtype ({})", x.dtype())))
+                })
+                .collect::<Result<_, _>>()?;
+            let mut out = vec![$zero; n_out];
+            for (o, y) in out.iter_mut().enumerate() {
+                for s in 0..n_sum {
+                    let p = offsets(o, s)
+                        .iter()
+                        .zip(&vs)
+                        .fold($one, |acc, (&off, v)| acc * v[off]);
+                    *y += p;
+                }
+            }
+            TensorValue::raw(out_shape, out)
+        }};
+    }
+    Ok(match xs[0].dtype() {
+        DType::F32 => go!(as_f32, f32, 0.0f32, 1.0f32),
+        DType::I64 => go!(as_i64, i64, 0i64, 1i64),
+        DType::I32 => go!(as_i32, i32, 0i32, 1i32),
+        d => return Err(bad(format!("not defined on {d}"))),
+    })
 }

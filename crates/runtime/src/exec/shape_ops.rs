@@ -1,7 +1,7 @@
 //! Ops that move data without arithmetic (shape, reshape, transpose, gather, slice, …) plus the
 //! small integer ops of shape subgraphs (range, cumsum) and reductions.
 
-use ir::{DType, PadMode, ReduceOp};
+use ir::{DType, PadMode, ReduceOp, ScatterReduction};
 
 use super::{broadcast_shape, broadcast_strides, for_each_row, norm_axis, strides_of, Input};
 use crate::map_data;
@@ -517,6 +517,158 @@ pub(crate) fn gather_nd(
         .flat_map(|&s| v[s..s + inner].iter().copied())
         .collect());
     Ok(TensorValue::raw_data(out_shape, d))
+}
+
+/// The (destination in `data`, source in `updates`) element pairs of a scatter, in update
+/// order: ScatterND when `axis` is `None` (see [`ir::Op::ScatterNd`]), else ScatterElements
+/// on `axis` (see [`ir::Op::ScatterElements`]). Indices out of range are errors.
+fn scatter_pairs(
+    ds: &[usize],
+    indices: &TensorValue,
+    us: &[usize],
+    axis: Option<i64>,
+    node: &str,
+) -> Result<Vec<(usize, usize)>, Error> {
+    let name = if axis.is_some() {
+        "scatter_elements"
+    } else {
+        "scatter_nd"
+    };
+    let bad = |m: String| Error::op(node, name, m);
+    let idx = ints(indices, node, name, "indices")?;
+    let is = indices.shape();
+    let wrap = |i: i64, dim: usize| -> Result<usize, Error> {
+        let j = if i < 0 { i + dim as i64 } else { i };
+        usize::try_from(j)
+            .ok()
+            .filter(|&j| j < dim)
+            .ok_or_else(|| bad(format!("index {i} is out of range for a dim of {dim}")))
+    };
+    let dst = strides_of(ds);
+    match axis {
+        None => {
+            let k = *is
+                .last()
+                .ok_or_else(|| bad("indices must have rank >= 1".into()))?;
+            let want: Vec<usize> = is[..is.len() - 1]
+                .iter()
+                .chain(ds.get(k..).unwrap_or(&[]))
+                .copied()
+                .collect();
+            if k == 0 || k > ds.len() || us != want.as_slice() {
+                return Err(bad(format!(
+                    "updates {us:?} do not match indices {is:?} into data {ds:?}"
+                )));
+            }
+            let slice: usize = ds[k..].iter().product();
+            let mut pairs = Vec::with_capacity(us.iter().product());
+            for (row, coords) in idx.chunks(k).enumerate() {
+                let mut base = 0;
+                for (j, &c) in coords.iter().take(k).enumerate() {
+                    base += wrap(c, ds[j])? * dst[j];
+                }
+                pairs.extend((0..slice).map(|e| (base + e, row * slice + e)));
+            }
+            Ok(pairs)
+        }
+        Some(axis) => {
+            let a = norm_axis(axis, ds.len(), node, name)?;
+            if is != us || is.len() != ds.len() {
+                return Err(bad(format!(
+                    "indices {is:?} and updates {us:?} must have one shape, of data {ds:?}'s rank"
+                )));
+            }
+            let src = strides_of(is);
+            let mut pairs = Vec::with_capacity(idx.len());
+            for (p, &i) in idx.iter().enumerate() {
+                let mut off = 0;
+                for d in 0..is.len() {
+                    let c = if d == a {
+                        wrap(i, ds[d])?
+                    } else {
+                        p / src[d] % is[d]
+                    };
+                    if c >= ds[d] {
+                        return Err(bad(format!("indices {is:?} exceed data {ds:?}")));
+                    }
+                    off += c * dst[d];
+                }
+                pairs.push((off, p));
+            }
+            Ok(pairs)
+        }
+    }
+}
+
+/// Applies the `pairs` of a scatter to `out`, combining as `f` says.
+fn scatter_apply<T: Copy>(
+    out: &mut [T],
+    upd: &[T],
+    pairs: &[(usize, usize)],
+    f: impl Fn(T, T) -> T,
+) {
+    for &(d, s) in pairs {
+        out[d] = f(out[d], upd[s]);
+    }
+}
+
+/// ONNX `ScatterND` (`axis` None) and `ScatterElements`: `data` with `updates` combined in.
+pub(crate) fn scatter(
+    data: TensorValue,
+    indices: &TensorValue,
+    updates: &TensorValue,
+    axis: Option<i64>,
+    reduction: ScatterReduction,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let name = if axis.is_some() {
+        "scatter_elements"
+    } else {
+        "scatter_nd"
+    };
+    if updates.dtype() != data.dtype() {
+        return Err(Error::op(
+            node,
+            name,
+            format!("updates are {}, data {}", updates.dtype(), data.dtype()),
+        ));
+    }
+    let pairs = scatter_pairs(data.shape(), indices, updates.shape(), axis, node)?;
+    let (shape, mut d) = data.into_parts();
+    macro_rules! go {
+        ($out:expr, $upd:expr) => {{
+            let upd = $upd.expect("same dtype");
+            match reduction {
+                ScatterReduction::None => scatter_apply($out, upd, &pairs, |_, u| u),
+                ScatterReduction::Add => scatter_apply($out, upd, &pairs, |a, u| a + u),
+                ScatterReduction::Mul => scatter_apply($out, upd, &pairs, |a, u| a * u),
+                ScatterReduction::Max => {
+                    scatter_apply($out, upd, &pairs, |a, u| if u > a { u } else { a })
+                }
+                ScatterReduction::Min => {
+                    scatter_apply($out, upd, &pairs, |a, u| if u < a { u } else { a })
+                }
+            }
+        }};
+    }
+    match &mut d {
+        TensorData::F32(v) => go!(v, updates.as_f32()),
+        TensorData::I64(v) => go!(v, updates.as_i64()),
+        TensorData::I32(v) => go!(v, updates.as_i32()),
+        TensorData::I8(v) => go!(v, updates.as_i8()),
+        TensorData::U8(v) => go!(v, updates.as_u8()),
+        TensorData::Bool(v) if reduction == ScatterReduction::None => {
+            scatter_apply(v, updates.as_bool().expect("same dtype"), &pairs, |_, u| u)
+        }
+        TensorData::Bool(_) => {
+            return Err(Error::op(
+                node,
+                name,
+                format!("reduction {} is not defined on bool", reduction.name()),
+            ))
+        }
+    }
+    Ok(TensorValue::raw_data(shape, d))
 }
 
 /// ONNX `Trilu`: see [`ir::Op::Trilu`].
@@ -1057,6 +1209,78 @@ pub(crate) fn cumsum(
 }
 
 /// `reduce_*[axes, keepdims]` over f32, i64 or i32.
+/// The index of the extreme element of each lane of `v` (`outer × dim × inner`, the lane along
+/// `dim`); `beats(v, best)` says whether `v` replaces the best so far (on ties with `last`).
+fn arg_reduce_typed<T: Copy>(
+    v: &[T],
+    (outer, dim, inner): (usize, usize, usize),
+    beats: impl Fn(T, T) -> bool,
+    last: bool,
+    tie: impl Fn(T, T) -> bool,
+) -> Vec<i64> {
+    let mut out = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| v[(o * dim + k) * inner + i];
+            let mut best = 0;
+            for k in 1..dim {
+                if beats(at(k), at(best)) || (last && tie(at(k), at(best))) {
+                    best = k;
+                }
+            }
+            out.push(best as i64);
+        }
+    }
+    out
+}
+
+/// ONNX `ArgMax` / `ArgMin`: see [`ir::Op::ArgReduce`].
+pub(crate) fn arg_reduce(
+    x: &TensorValue,
+    min: bool,
+    axis: i64,
+    keepdims: bool,
+    last: bool,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let name = if min { "arg_min" } else { "arg_max" };
+    let a = norm_axis(axis, x.rank(), node, name)?;
+    let sh = x.shape();
+    if sh[a] == 0 {
+        return Err(Error::op(node, name, format!("axis {axis} is empty")));
+    }
+    let lanes = (
+        sh[..a].iter().product(),
+        sh[a],
+        sh[a + 1..].iter().product(),
+    );
+    // `better(v, best)` for values with a total order; NaN beats any number (numpy's rule).
+    fn ordered<T: PartialOrd>(min: bool) -> impl Fn(T, T) -> bool {
+        move |v: T, best: T| if min { v < best } else { v > best }
+    }
+    let out = match x.data() {
+        TensorData::F32(v) => {
+            let better = ordered::<f32>(min);
+            let beats = |v: f32, b: f32| (v.is_nan() && !b.is_nan()) || better(v, b);
+            arg_reduce_typed(v, lanes, beats, last, |v, b| {
+                v == b || v.is_nan() && b.is_nan()
+            })
+        }
+        TensorData::I64(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
+        TensorData::I32(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
+        TensorData::I8(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
+        TensorData::U8(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
+        TensorData::Bool(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
+    };
+    let mut shape = sh.to_vec();
+    if keepdims {
+        shape[a] = 1;
+    } else {
+        shape.remove(a);
+    }
+    Ok(TensorValue::raw_data(shape, TensorData::I64(out)))
+}
+
 pub(crate) fn reduce(
     x: &TensorValue,
     op: ReduceOp,
@@ -1161,6 +1385,13 @@ pub(crate) fn reduce(
         TensorData::I32(v) => {
             TensorData::I32(go!(v, i32, 0, i32::MIN, i32::MAX, |s: i32, c: usize| s
                 / (c.max(1) as i32)))
+        }
+        // Bools have an order (false < true): Max is any, Min is all (the empty set gives
+        // false and true, the identities); the sums and products are not defined on them.
+        TensorData::Bool(v) if matches!(op, ReduceOp::Max | ReduceOp::Min) => {
+            let bytes: Vec<u8> = v.iter().map(|&b| u8::from(b)).collect();
+            let r = go!(&bytes, u8, 0, 0, 1, |s: u8, _: usize| s);
+            TensorData::Bool(r.into_iter().map(|b| b != 0).collect())
         }
         d => {
             return Err(Error::op(
