@@ -100,6 +100,22 @@ fn unfused_session(model: &Model, threads: usize) -> Result<Session, Error> {
 /// Runs the FP32 model (decluttered, not fused, so every linear layer is visible) on `batches`
 /// and records, for each linear layer's input, the per-channel minimum and maximum over the real
 /// tokens. `progress(done, total)` is called after each batch.
+///
+/// ```no_run
+/// use runtime::quantize::{calibrate, CalibrationBatch};
+/// use runtime::text::{Tokenizer, TokenizerOptions};
+/// let model = runtime::Model::load("../shared/models/minilm-l6/model.onnx")?;
+/// let tok = Tokenizer::from_file("../shared/models/minilm-l6/tokenizer.json", TokenizerOptions::default())?;
+/// let enc = tok.encode(&["some calibration text", "and more of it"])?;
+/// let feeds = vec![
+///     ("input_ids".to_string(), enc.input_ids.clone()),
+///     ("attention_mask".to_string(), enc.attention_mask.clone()),
+///     ("token_type_ids".to_string(), enc.token_type_ids.clone()),
+/// ];
+/// let stats = calibrate(&model, &[CalibrationBatch::from_feeds(feeds)], 2, &mut |_, _| {})?;
+/// println!("{} layers observed", stats.layers.len());
+/// # Ok::<(), runtime::Error>(())
+/// ```
 pub fn calibrate(
     model: &Model,
     batches: &[CalibrationBatch],
@@ -292,6 +308,16 @@ fn run_quantize(
 /// The INT8 model: declutter, then the `quantize` pipeline (SmoothQuant and s8 weights with the
 /// statistics, activations as `opts` says), then `fuse`. Static activations need statistics;
 /// dynamic ones quantize every linear layer without them (and skip SmoothQuant).
+///
+/// ```no_run
+/// use runtime::quantize::{quantize, QuantizeOptions};
+/// let fp32 = runtime::Model::load("../shared/models/minilm-l6/model.onnx")?;
+/// // Dynamic (per-token) activations need no calibration statistics.
+/// let (int8, report) = quantize(&fp32, None, &QuantizeOptions::default())?;
+/// println!("{} layers in INT8", report.quantized_layers().len());
+/// int8.save("minilm.int8.encore")?; // `Model::load` opens it again, memory-mapped
+/// # Ok::<(), runtime::Error>(())
+/// ```
 pub fn quantize(
     model: &Model,
     stats: Option<&CalibrationStats>,
