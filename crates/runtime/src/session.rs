@@ -838,9 +838,9 @@ impl Session {
         match &st.op {
             Op::Input { .. } | Op::Const { .. } => unreachable!("not steps"),
             Op::Binary(b) => {
-                let a = take(ins, 0);
-                let bb = take(ins, 1);
-                one(ew::binary(*b, a, bb, node)?)
+                // Operands not reused in place stay in `ins`, which the caller recycles.
+                let (x, y) = ins.split_at_mut(1);
+                one(ew::binary(*b, &mut x[0], &mut y[0], node)?)
             }
             Op::Unary(u) => one(ew::unary(*u, take(ins, 0), ctx, node)?),
             Op::Where => one(ew::where_op(r(0), r(1), r(2), node)?),
@@ -884,7 +884,8 @@ impl Session {
             }
             Op::Gather { axis } => {
                 let allow_negative = !matches!(st.lookup, Lookup::Token { .. });
-                match so::gather(r(0), r(1), *axis, allow_negative, node)? {
+                let arena = Some(&mut *ctx.arena);
+                match so::gather(r(0), r(1), *axis, allow_negative, arena, node)? {
                     Ok(t) => one(t),
                     Err(oor) => Err(self.lookup_error(st, oor, given)),
                 }
