@@ -243,6 +243,7 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
             max_batch: None,
             optimize: true,
             fuse: !args.no_fuse,
+            kernel: None,
         },
     )?;
     let compile_s = t0.elapsed().as_secs_f64();

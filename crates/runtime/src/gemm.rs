@@ -1,7 +1,7 @@
 //! FP32 matrix products on the codegen kernels: weights packed once at compile time
 //! ([`PackedWeight`]), activations × activations packed per call.
 
-use codegen::kernels::{gemm_f32, gemm_f32_unpacked, EpilogueF32, PackedF32};
+use codegen::kernels::{gemm_f32, gemm_f32_unpacked, EpilogueF32, Int8Kernel, PackedF32};
 
 use crate::exec::Ctx;
 
@@ -9,9 +9,22 @@ use crate::exec::Ctx;
 pub(crate) struct PackedWeight(PackedF32);
 
 impl PackedWeight {
-    /// Packs `b`, which is `[k, n]` row-major, or `[n, k]` when `transposed`.
-    pub fn pack(b: &[f32], k: usize, n: usize, transposed: bool) -> PackedWeight {
-        PackedWeight(PackedF32::pack(b, k, n, transposed))
+    /// Packs `b`, which is `[k, n]` row-major, or `[n, k]` when `transposed`, for the f32
+    /// kernel of `kernel`'s ISA level when given (it must be supported), else the picker's.
+    pub fn pack(
+        b: &[f32],
+        k: usize,
+        n: usize,
+        transposed: bool,
+        kernel: Option<Int8Kernel>,
+    ) -> PackedWeight {
+        PackedWeight(match kernel {
+            Some(kern) => {
+                let ld = if transposed { k } else { n };
+                PackedF32::pack_strided(kern.f32_counterpart(), b, k, n, ld, transposed)
+            }
+            None => PackedF32::pack(b, k, n, transposed),
+        })
     }
 
     pub fn k(&self) -> usize {
@@ -69,12 +82,18 @@ pub(crate) fn gemm_unpacked(
 pub(crate) struct PackedWeightI8(codegen::kernels::PackedI8);
 
 impl PackedWeightI8 {
+    /// Packs `w` (`[k, n]` row-major) for `kernel` when given, else for the picker's kernel.
     pub fn pack(
         w: &[i8],
         k: usize,
         n: usize,
+        kernel: Option<Int8Kernel>,
     ) -> Result<PackedWeightI8, codegen::kernels::KernelError> {
-        codegen::kernels::PackedI8::pack(w, k, n, false).map(PackedWeightI8)
+        match kernel {
+            Some(kern) => codegen::kernels::PackedI8::pack_for(kern, w, k, n, n, false),
+            None => codegen::kernels::PackedI8::pack(w, k, n, false),
+        }
+        .map(PackedWeightI8)
     }
 
     pub fn k(&self) -> usize {

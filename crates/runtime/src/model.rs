@@ -34,6 +34,20 @@ impl Model {
     /// Opens a model: an ONNX file (weights memory-mapped where the importer can), or a compiled
     /// model file written by [`Model::save`] (`.encore`: quantized and fused, weights
     /// memory-mapped). The kind is told by the file's content, not its name.
+    ///
+    /// ```no_run
+    /// let fp32 = runtime::Model::load("../shared/models/minilm-l6/model.onnx")?;
+    /// let int8 = runtime::Model::load("minilm.int8.encore")?; // written by `Model::save`
+    /// assert!(!fp32.is_quantized() && int8.is_quantized());
+    /// # Ok::<(), runtime::Error>(())
+    /// ```
+    ///
+    /// A missing or malformed file is an error that names it:
+    ///
+    /// ```
+    /// let err = runtime::Model::load("/no/such/model.onnx").unwrap_err();
+    /// assert!(err.to_string().contains("/no/such/model.onnx"), "{err}");
+    /// ```
     pub fn load(path: impl AsRef<Path>) -> Result<Model, Error> {
         let path = path.as_ref();
         let graph = if crate::compiled::is_compiled(path) {

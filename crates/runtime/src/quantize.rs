@@ -100,6 +100,22 @@ fn unfused_session(model: &Model, threads: usize) -> Result<Session, Error> {
 /// Runs the FP32 model (decluttered, not fused, so every linear layer is visible) on `batches`
 /// and records, for each linear layer's input, the per-channel minimum and maximum over the real
 /// tokens. `progress(done, total)` is called after each batch.
+///
+/// ```no_run
+/// use runtime::quantize::{calibrate, CalibrationBatch};
+/// use runtime::text::{Tokenizer, TokenizerOptions};
+/// let model = runtime::Model::load("../shared/models/minilm-l6/model.onnx")?;
+/// let tok = Tokenizer::from_file("../shared/models/minilm-l6/tokenizer.json", TokenizerOptions::default())?;
+/// let enc = tok.encode(&["some calibration text", "and more of it"])?;
+/// let feeds = vec![
+///     ("input_ids".to_string(), enc.input_ids.clone()),
+///     ("attention_mask".to_string(), enc.attention_mask.clone()),
+///     ("token_type_ids".to_string(), enc.token_type_ids.clone()),
+/// ];
+/// let stats = calibrate(&model, &[CalibrationBatch::from_feeds(feeds)], 2, &mut |_, _| {})?;
+/// println!("{} layers observed", stats.layers.len());
+/// # Ok::<(), runtime::Error>(())
+/// ```
 pub fn calibrate(
     model: &Model,
     batches: &[CalibrationBatch],
@@ -290,6 +306,16 @@ fn run_quantize(
 /// quantize every linear layer without them (and skip SmoothQuant). The `fuse` pipeline runs
 /// when a session compiles the model, so the model (and its file) keeps every quantized layer
 /// under its own name, as `eval --per-layer` and the accuracy gate need.
+///
+/// ```no_run
+/// use runtime::quantize::{quantize, QuantizeOptions};
+/// let fp32 = runtime::Model::load("../shared/models/minilm-l6/model.onnx")?;
+/// // Dynamic (per-token) activations need no calibration statistics.
+/// let (int8, report) = quantize(&fp32, None, &QuantizeOptions::default())?;
+/// println!("{} layers in INT8", report.quantized_layers().len());
+/// int8.save("minilm.int8.encore")?; // `Model::load` opens it again, memory-mapped
+/// # Ok::<(), runtime::Error>(())
+/// ```
 pub fn quantize(
     model: &Model,
     stats: Option<&CalibrationStats>,

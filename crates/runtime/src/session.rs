@@ -45,6 +45,12 @@ pub struct CompileOptions {
     /// After declutter, run the `fuse` pipeline (quantized dialects onto the integer GEMMs,
     /// epilogue fusion). Off only to observe unfused layers (calibration) or to debug.
     pub fuse: bool,
+    /// Forces the microkernel family of the weight GEMMs: int8 layers run this kernel, f32
+    /// layers the f32 kernel of the same ISA level ([`crate::Kernel::f32_counterpart`]).
+    /// `None`: the picker's choice for this CPU (which honours `ENCORE_KERNEL`). Products of two
+    /// activations (attention) always follow the picker. A kernel this CPU lacks is an error at
+    /// [`Session::new`].
+    pub kernel: Option<crate::Kernel>,
 }
 
 impl Default for CompileOptions {
@@ -56,6 +62,7 @@ impl Default for CompileOptions {
             max_batch: None,
             optimize: true,
             fuse: true,
+            kernel: None,
         }
     }
 }
@@ -191,6 +198,12 @@ fn trace_to_sliced_const(g: &Graph, mut o: Outlet) -> Option<usize> {
 impl Session {
     /// Compiles `model`: optional declutter, topological order, weight packing, liveness.
     pub fn new(model: &Model, opts: CompileOptions) -> Result<Session, Error> {
+        if let Some(k) = opts.kernel.filter(|k| !k.is_supported()) {
+            return Err(Error::Invalid(format!(
+                "kernel `{}` is not supported on this CPU",
+                k.name()
+            )));
+        }
         let graph = if opts.optimize {
             optimize(model.graph().clone(), opts.fuse)?
         } else {
@@ -299,7 +312,7 @@ impl Session {
                                 format!("weight must be i8[k, n], got {}{sh:?}", t.dtype()),
                             )
                         })?;
-                    let p = PackedWeightI8::pack(&v, sh[0], sh[1])
+                    let p = PackedWeightI8::pack(&v, sh[0], sh[1], opts.kernel)
                         .map_err(|e| Error::op(&n.name, n.op.name(), e.to_string()))?;
                     packed_i8.push(p);
                     Weight::PackedI8(packed_i8.len() - 1)
@@ -327,7 +340,7 @@ impl Session {
                     } else {
                         (sh[0], sh[1])
                     };
-                    packed.push(PackedWeight::pack(&v, k, nn, trans));
+                    packed.push(PackedWeight::pack(&v, k, nn, trans, opts.kernel));
                     Weight::Packed(packed.len() - 1)
                 }
                 None => Weight::None,
@@ -608,7 +621,31 @@ impl Session {
     }
 
     /// Runs the model. `inputs` are `(name, tensor)` pairs, one per model input in any order.
-    /// Returns the outputs in the model's order.
+    /// Returns the outputs in the model's order. Takes `&self`: threads may share one session
+    /// (each run takes its own buffers) and get the results they would get alone.
+    ///
+    /// ```
+    /// use runtime::{Model, Session, TensorValue};
+    /// let g = ir::text::parse(
+    ///     "%0 = input[name=\"x\"] : f32[B,2]\n%1 = relu(%0) : f32[B,2]\noutput \"y\" = %1\n",
+    ///     None,
+    /// ).unwrap();
+    /// let session = Session::builder(&Model::from_graph(g)?).threads(1).build()?;
+    /// std::thread::scope(|s| {
+    ///     for t in 0..4 {
+    ///         let session = &session;
+    ///         s.spawn(move || {
+    ///             let x = TensorValue::from_f32(vec![1, 2], vec![t as f32, -1.0]).unwrap();
+    ///             let out = session.run(&[("x", x)]).unwrap();
+    ///             assert_eq!(out[0].1.as_f32().unwrap(), &[t as f32, 0.0]);
+    ///         });
+    ///     }
+    /// });
+    /// // Bad inputs are typed errors, not panics.
+    /// let wrong = TensorValue::from_i64(vec![1, 2], vec![1, 2])?;
+    /// assert!(matches!(session.run(&[("x", wrong)]), Err(runtime::Error::InputDType { .. })));
+    /// # Ok::<(), runtime::Error>(())
+    /// ```
     pub fn run(&self, inputs: &[(&str, TensorValue)]) -> Result<Vec<(String, TensorValue)>, Error> {
         self.run_inner(inputs, None, None)
     }
@@ -801,9 +838,9 @@ impl Session {
         match &st.op {
             Op::Input { .. } | Op::Const { .. } => unreachable!("not steps"),
             Op::Binary(b) => {
-                let a = take(ins, 0);
-                let bb = take(ins, 1);
-                one(ew::binary(*b, a, bb, node)?)
+                // Operands not reused in place stay in `ins`, which the caller recycles.
+                let (x, y) = ins.split_at_mut(1);
+                one(ew::binary(*b, &mut x[0], &mut y[0], node)?)
             }
             Op::Unary(u) => one(ew::unary(*u, take(ins, 0), ctx, node)?),
             Op::Where => one(ew::where_op(r(0), r(1), r(2), node)?),
@@ -847,7 +884,8 @@ impl Session {
             }
             Op::Gather { axis } => {
                 let allow_negative = !matches!(st.lookup, Lookup::Token { .. });
-                match so::gather(r(0), r(1), *axis, allow_negative, node)? {
+                let arena = Some(&mut *ctx.arena);
+                match so::gather(r(0), r(1), *axis, allow_negative, arena, node)? {
                     Ok(t) => one(t),
                     Err(oor) => Err(self.lookup_error(st, oor, given)),
                 }

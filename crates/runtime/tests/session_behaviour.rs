@@ -157,3 +157,93 @@ fn lookup_rows_finds_the_table_of_every_model_form() {
         }
     }
 }
+
+/// What the builder sets is what the session runs with: threads, the batch limit, no
+/// optimisation (the imported graph's own ops run).
+#[test]
+fn the_builder_sets_the_compile_options() {
+    let Some(dir) = models_dir("session builder") else {
+        return;
+    };
+    let man = manifest(&dir);
+    let entry = model_entry(&man, "tiny-bert").clone();
+    let model = Model::load(dir.join(entry["file"].as_str().unwrap())).unwrap();
+    let s = Session::builder(&model)
+        .threads(3)
+        .max_batch(1)
+        .optimize(false)
+        .fuse(false)
+        .build()
+        .unwrap();
+    let o = s.options();
+    assert_eq!(
+        (o.threads, o.max_batch, o.optimize, o.fuse),
+        (3, Some(1), false, false)
+    );
+    assert!(s
+        .graph()
+        .node_ids()
+        .all(|id| s.graph().node(id).op.name() != "attention"));
+    let b = ref_batches(&dir, &entry)
+        .into_iter()
+        .find(|b| b.input("input_ids").shape()[0] > 1)
+        .expect("a reference batch of more than one sequence");
+    assert!(matches!(
+        s.run(&b.feeds()),
+        Err(runtime::Error::BatchTooLarge { max_batch: 1, .. })
+    ));
+    let defaults = Session::builder(&model).build().unwrap();
+    assert!(defaults.options().optimize && defaults.options().fuse);
+    assert_eq!(defaults.options().kernel, None);
+}
+
+/// A forced kernel runs every weight GEMM: each kernel this CPU runs (the scalar reference
+/// among them) gives the picked kernel's results to rounding, and a kernel this CPU lacks is
+/// refused at build time.
+#[test]
+fn a_forced_kernel_gives_the_picked_kernels_results() {
+    use runtime::Kernel;
+    for id in ["tiny-bert", "tiny-bert-qdq"] {
+        let Some(dir) = models_dir("forced kernel") else {
+            return;
+        };
+        let man = manifest(&dir);
+        let entry = model_entry(&man, id).clone();
+        let model = Model::load(dir.join(entry["file"].as_str().unwrap())).unwrap();
+        let picked = Session::builder(&model).threads(2).build().unwrap();
+        for k in Kernel::ALL {
+            let built = Session::builder(&model).threads(2).kernel(k).build();
+            let Ok(forced) = built else {
+                assert!(
+                    !k.is_supported(),
+                    "{id}: {} refused: {:?}",
+                    k.name(),
+                    built.err()
+                );
+                continue;
+            };
+            assert!(
+                k.is_supported(),
+                "{id}: {} built though unsupported",
+                k.name()
+            );
+            assert_eq!(forced.options().kernel, Some(k));
+            for b in ref_batches(&dir, &entry) {
+                let (x, y) = (
+                    picked.run(&b.feeds()).unwrap(),
+                    forced.run(&b.feeds()).unwrap(),
+                );
+                for ((name, p), (_, f)) in x.iter().zip(&y) {
+                    let e = compare(f, p, None);
+                    assert!(
+                        e.valid_max < 1e-3,
+                        "{id} {} {name} with {}: max error {}",
+                        b.name,
+                        k.name(),
+                        e.valid_max
+                    );
+                }
+            }
+        }
+    }
+}

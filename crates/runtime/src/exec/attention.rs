@@ -10,6 +10,22 @@ use crate::Error;
 /// is exactly 0 in f32, so leaving the key out gives bit-identical probabilities.
 const MASKED: f32 = -1.0e30;
 
+thread_local! {
+    /// Attention scratch of this thread (one head's query tail, Kᵀ, V, scores and output),
+    /// grown to the largest shape seen: a steady-state run allocates none.
+    static SCRATCH: std::cell::Cell<[Vec<f32>; 5]> = std::cell::Cell::new(Default::default());
+}
+
+/// The first `len` elements of `v`, zeroed (grown when short), as a fresh buffer would be.
+fn zeroed(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    let s = &mut v[..len];
+    s.fill(0.0);
+    s
+}
+
 /// Rows of q, k or v inside a tensor: element `(row, c)` is `data[row·ld + offset + c]`.
 #[derive(Clone, Copy)]
 struct Rows<'a> {
@@ -193,12 +209,16 @@ fn attend(
     let dh_pad = dh.div_ceil(JB) * JB;
     let direct_heads = dh == dh_pad;
     let run = |range: std::ops::Range<usize>| {
-        // Per-worker scratch, reused across its (batch, head) tasks.
-        let mut q_tail = vec![0.0f32; IB * dh];
-        let mut kt = vec![0.0f32; dh * sk.div_ceil(JB) * JB];
-        let mut vh = Vec::new();
-        let mut scores = vec![0.0f32; (m_full + IB) * sk.div_ceil(JB) * JB];
-        let mut o_scratch = Vec::new();
+        // Per-thread scratch, reused across its (batch, head) tasks and across calls (taken out
+        // of the thread-local for the call, so a nested call would make its own); each buffer
+        // starts as a fresh one would: zeros, or empty for those grown by `resize`.
+        let mut scratch = SCRATCH.with(std::cell::Cell::take);
+        let [qb, ktb, vh, sb, o_scratch] = &mut scratch;
+        let q_tail = zeroed(qb, IB * dh);
+        let kt = zeroed(ktb, dh * sk.div_ceil(JB) * JB);
+        vh.clear();
+        let scores = zeroed(sb, (m_full + IB) * sk.div_ceil(JB) * JB);
+        o_scratch.clear();
         for task in range {
             let (bi, hd) = (task / num_heads, task % num_heads);
             let keys = &active[bi];
@@ -229,7 +249,7 @@ fn attend(
             attn_scores(&q.data[q_at..], q.ld, kt, sc, m_full, n_pad, dh, scale);
             if sq > m_full {
                 attn_scores(
-                    &q_tail,
+                    q_tail,
                     dh,
                     kt,
                     &mut sc[m_full * n_pad..],
@@ -280,6 +300,7 @@ fn attend(
                 put(&sc[m_full * n_pad..], m_full..sq, IB);
             }
         }
+        SCRATCH.with(|c| c.set(scratch));
     };
     ctx.par_tasks(tasks, work, run);
     Ok(TensorValue::raw(vec![b, sq, h], out))

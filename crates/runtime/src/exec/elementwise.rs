@@ -179,12 +179,19 @@ macro_rules! compare {
 
 /// A binary elementwise op. `a` or `b` may be handed over owned (last use), in which case an
 /// f32 result is computed in its buffer.
+///
+/// An owned operand may become the result (in place); what is left in `a` and `b` afterwards
+/// (an owned operand not reused) is the caller's to recycle.
 pub(crate) fn binary(
     op: BinaryOp,
-    a: Input<'_>,
-    b: Input<'_>,
+    a: &mut Input<'_>,
+    b: &mut Input<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
+    /// Moves an owned operand out, leaving an empty placeholder.
+    fn take_owned(i: &mut Input<'_>) -> TensorValue {
+        std::mem::replace(i, Input::Own(TensorValue::scalar(0u8))).into_owned()
+    }
     let name = op.name();
     let (ash, bsh) = (a.get().shape().to_vec(), b.get().shape().to_vec());
     let out_shape = broadcast_shape(&ash, &bsh).ok_or_else(|| {
@@ -218,7 +225,7 @@ pub(crate) fn binary(
     if let Some(f) = f32_fn(op) {
         if a.get().dtype() == DType::F32 {
             if a.is_owned() && ash == out_shape {
-                let mut acc = a.into_owned();
+                let mut acc = take_owned(a);
                 let bv = b.get().typed::<f32>()?;
                 let buf = acc.typed_mut::<f32>().expect("checked f32");
                 broadcast2_inplace_left(buf, &out_shape, bv, &bsh, f);
@@ -232,7 +239,7 @@ pub(crate) fn binary(
                 )
             {
                 // Commutative: the owned right operand takes the accumulator role.
-                let mut acc = b.into_owned();
+                let mut acc = take_owned(b);
                 let av = a.get().typed::<f32>()?;
                 let buf = acc.typed_mut::<f32>().expect("checked f32");
                 broadcast2_inplace_left(buf, &out_shape, av, &ash, f);

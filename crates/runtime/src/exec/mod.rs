@@ -64,6 +64,18 @@ impl Arena {
         }
     }
 
+    /// An empty vector with room for `len` elements (a free buffer when one fits), for kernels
+    /// that fill their output by extending it.
+    pub fn f32_with_capacity(&mut self, len: usize) -> Vec<f32> {
+        match self.take_fitting(len) {
+            Some(mut v) => {
+                v.clear();
+                v
+            }
+            None => Vec::with_capacity(len),
+        }
+    }
+
     /// The smallest free buffer with room for `len` elements.
     fn take_fitting(&mut self, len: usize) -> Option<Vec<f32>> {
         let best = self

@@ -343,8 +343,17 @@ pub(crate) fn split(
     Ok(outs)
 }
 
-fn gather_typed<T: Copy>(v: &[T], outer: usize, dim: usize, inner: usize, idx: &[usize]) -> Vec<T> {
-    let mut out = Vec::with_capacity(outer * idx.len() * inner);
+/// The gathered rows, appended to `out` (emptied first).
+fn gather_typed<T: Copy>(
+    v: &[T],
+    outer: usize,
+    dim: usize,
+    inner: usize,
+    idx: &[usize],
+    mut out: Vec<T>,
+) -> Vec<T> {
+    out.clear();
+    out.reserve(outer * idx.len() * inner);
     for o in 0..outer {
         let base = o * dim * inner;
         for &i in idx {
@@ -356,12 +365,14 @@ fn gather_typed<T: Copy>(v: &[T], outer: usize, dim: usize, inner: usize, idx: &
 
 /// `gather[axis]`. Negative indices count from the end (ONNX) unless `allow_negative` is false,
 /// which the session sets for embedding lookups of token ids: there a negative id is bad input,
-/// not "the last row".
+/// not "the last row". An f32 result (embedding lookups) is built in a buffer of `arena` when
+/// given.
 pub(crate) fn gather(
     data: &TensorValue,
     indices: &TensorValue,
     axis: i64,
     allow_negative: bool,
+    arena: Option<&mut super::Arena>,
     node: &str,
 ) -> Result<Result<TensorValue, OutOfRange>, Error> {
     let a = norm_axis(axis, data.rank(), node, "gather")?;
@@ -384,7 +395,13 @@ pub(crate) fn gather(
     let mut out_shape = data.shape()[..a].to_vec();
     out_shape.extend_from_slice(indices.shape());
     out_shape.extend_from_slice(&data.shape()[a + 1..]);
-    let d = map_data!(data.data(), v => gather_typed(v, outer, dim, inner, &norm));
+    let d = match (data.data(), arena) {
+        (TensorData::F32(v), Some(arena)) => {
+            let out = arena.f32_with_capacity(outer * norm.len() * inner);
+            TensorData::F32(gather_typed(v, outer, dim, inner, &norm, out))
+        }
+        (d, _) => map_data!(d, v => gather_typed(v, outer, dim, inner, &norm, Vec::new())),
+    };
     Ok(Ok(TensorValue::raw_data(out_shape, d)))
 }
 
@@ -1443,15 +1460,17 @@ mod tests {
     #[test]
     fn gather_negative_and_out_of_range() {
         let table = TensorValue::from_f32(vec![3, 2], vec![0., 1., 2., 3., 4., 5.]).unwrap();
-        let g = gather(&table, &i64s(vec![2], vec![-1, 0]), 0, true, "g")
+        let g = gather(&table, &i64s(vec![2], vec![-1, 0]), 0, true, None, "g")
             .unwrap()
             .ok()
             .unwrap();
         assert_eq!(g.as_f32().unwrap(), &[4., 5., 0., 1.]);
-        assert!(gather(&table, &i64s(vec![1], vec![-1]), 0, false, "g")
-            .unwrap()
-            .is_err());
-        assert!(gather(&table, &i64s(vec![1], vec![3]), 0, true, "g")
+        assert!(
+            gather(&table, &i64s(vec![1], vec![-1]), 0, false, None, "g")
+                .unwrap()
+                .is_err()
+        );
+        assert!(gather(&table, &i64s(vec![1], vec![3]), 0, true, None, "g")
             .unwrap()
             .is_err());
     }
