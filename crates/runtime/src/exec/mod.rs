@@ -76,13 +76,16 @@ impl Arena {
         }
     }
 
-    /// The smallest free buffer with room for `len` elements.
+    /// The smallest free buffer with room for `len` elements and at most twice that (or 1024):
+    /// a small value (an output that leaves with its buffer) never takes a large one, whose
+    /// replacement would then differ from run to run, so the pool settles after one run.
     fn take_fitting(&mut self, len: usize) -> Option<Vec<f32>> {
+        let most = len.saturating_mul(2).max(1024);
         let best = self
             .free
             .iter()
             .enumerate()
-            .filter(|(_, v)| v.capacity() >= len)
+            .filter(|(_, v)| v.capacity() >= len && v.capacity() <= most)
             .min_by_key(|(_, v)| v.capacity())
             .map(|(i, _)| i)?;
         Some(self.free.swap_remove(best))
