@@ -726,15 +726,15 @@ fn merge_qkv(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, Str
         Op::FusedLinear { epilogue } | Op::QLinear { epilogue, .. } => epilogue.clone(),
         _ => unreachable!("checked above"),
     };
-    if !epilogue.iter().all(|s| *s == EpilogueStep::Bias) || epilogue.len() > 1 {
+    if !(epilogue.is_empty() || epilogue == [EpilogueStep::Bias]) {
         return decline(report, "an epilogue does more than add a bias");
     }
     let p_ins: Vec<Vec<Outlet>> = projections.iter().map(|o| g.node_inputs(o.node)).collect();
-    // Same activation, and for quantized ones the same smoothing factors.
-    let shared = if fixed == 4 { 4 } else { 1 };
+    // Same activation, and for smoothed ones the same smoothing factors.
+    let smoothed = fixed == 4;
     let same_input = p_ins
         .iter()
-        .all(|i| i[0] == p_ins[0][0] && (shared == 1 || i[3] == p_ins[0][3]));
+        .all(|i| i[0] == p_ins[0][0] && (!smoothed || i[3] == p_ins[0][3]));
     if !same_input {
         return decline(
             report,
@@ -818,7 +818,7 @@ fn merge_qkv(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, Str
         };
         inputs.push(g.add_const(&format!("{merged_name}/weight_scale"), ws));
     }
-    if fixed == 4 {
+    if smoothed {
         inputs.push(p_ins[0][3]);
     }
     if !epilogue.is_empty() {

@@ -65,7 +65,9 @@ pub use dce::DeadCodeElimination;
 pub use eval::eval_node;
 pub use fuse::{FoldQdq, FuseEpilogue};
 pub use pipeline::{DumpFn, DumpSpec, PassRun, Pipeline, RunOptions, RunReport};
-pub use quantize::{quantize_weight, smoothing_factors, QuantizeLinears, SmoothQuant};
+pub use quantize::{
+    group_by_input, quantize_weight, smoothing_factors, QuantizeLinears, SmoothQuant,
+};
 pub use recognize::{RecognizeAttention, RecognizeGelu, RecognizeLayerNorm, RecognizeLinear};
 pub use shape_infer::{analyse, Analysis, ShapeInference};
 pub use sym::{SymInt, SymTensor, SMALL};

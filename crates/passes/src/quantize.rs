@@ -82,26 +82,16 @@ impl Pass for SmoothQuant {
         })?;
         // The linears that read each activation, in order: Q, K and V read the same one and get
         // one shared factor (one smoothed activation, quantized once).
-        let mut readers: Vec<(Outlet, Vec<NodeId>)> = Vec::new();
-        for &id in &order {
-            if graph.node(id).op != Op::Linear {
-                continue;
-            }
+        let eligible = order.iter().copied().filter(|&id| {
             let name = &graph.node(id).name;
-            if ctx.quant.keeps_fp32(name) || !stats.layers.contains_key(name) {
-                continue;
-            }
-            let x = graph.node_inputs(id)[0];
-            if is_smoothing(graph, x) {
-                continue; // already smoothed
-            }
-            match readers.iter_mut().find(|(o, _)| *o == x) {
-                Some((_, v)) => v.push(id),
-                None => readers.push((x, vec![id])),
-            }
-        }
+            graph.node(id).op == Op::Linear
+                && !ctx.quant.keeps_fp32(name)
+                && stats.layers.contains_key(name)
+                && !is_smoothing(graph, graph.node_inputs(id)[0]) // already smoothed
+        });
+        let readers = group_by_input(graph, eligible);
         let mut changed = false;
-        for (_, group) in readers {
+        for group in readers {
             let names: Vec<String> = group
                 .iter()
                 .map(|&id| graph.node(id).name.clone())
@@ -134,6 +124,37 @@ impl Pass for SmoothQuant {
         }
         Ok(changed)
     }
+}
+
+/// The nodes `ids` grouped by the outlet of their first input, groups and members in the order
+/// given: the linears that read one activation (Q, K and V of an attention block) share a group.
+///
+/// ```
+/// let g = ir::text::parse(
+///     "%0 = input[name=\"x\"] : f32[B,2]\n\
+///      %1 = const[value=f32[2,1]{1.0, 1.0}] : f32[2,1]\n\
+///      %2 = linear(%0, %1) : f32[B,1]  # q\n\
+///      %3 = linear(%0, %1) : f32[B,1]  # k\n\
+///      %4 = linear(%2, %1) : f32[B,1]  # next\n\
+///      output \"y\" = %4\n\
+///      output \"z\" = %3\n",
+///     None,
+/// ).unwrap();
+/// let ids: Vec<_> = g.topo_order().unwrap().into_iter().filter(|&i| g.node(i).op == ir::Op::Linear).collect();
+/// let groups = passes::group_by_input(&g, ids);
+/// let names: Vec<Vec<&str>> = groups.iter().map(|v| v.iter().map(|&i| g.node(i).name.as_str()).collect()).collect();
+/// assert_eq!(names, vec![vec!["q", "k"], vec!["next"]]);
+/// ```
+pub fn group_by_input(g: &Graph, ids: impl IntoIterator<Item = NodeId>) -> Vec<Vec<NodeId>> {
+    let mut groups: Vec<(Outlet, Vec<NodeId>)> = Vec::new();
+    for id in ids {
+        let x = g.node_inputs(id)[0];
+        match groups.iter_mut().find(|(o, _)| *o == x) {
+            Some((_, v)) => v.push(id),
+            None => groups.push((x, vec![id])),
+        }
+    }
+    groups.into_iter().map(|(_, v)| v).collect()
 }
 
 /// Whether `x` is a SmoothQuant `Mul` (named `<linear>/smooth`).

@@ -592,21 +592,12 @@ pub fn choose_alpha(
 /// The names of the quantized linears that read the same activation, for each activation read
 /// by more than one (Q, K and V of an attention block).
 fn readers_of_one_activation(g: &Graph) -> Vec<Vec<String>> {
-    let mut by_input: Vec<(ir::Outlet, Vec<String>)> = Vec::new();
-    for id in g.node_ids() {
-        if !matches!(g.node(id).op, Op::QLinear { .. }) {
-            continue;
-        }
-        let x = g.node_inputs(id)[0];
-        let name = g.node(id).name.clone();
-        match by_input.iter_mut().find(|(o, _)| *o == x) {
-            Some((_, v)) => v.push(name),
-            None => by_input.push((x, vec![name])),
-        }
-    }
-    by_input
+    let qlinears = g
+        .node_ids()
+        .filter(|&id| matches!(g.node(id).op, Op::QLinear { .. }));
+    passes::group_by_input(g, qlinears)
         .into_iter()
-        .map(|(_, v)| v)
         .filter(|v| v.len() > 1)
+        .map(|v| v.into_iter().map(|id| g.node(id).name.clone()).collect())
         .collect()
 }

@@ -468,6 +468,7 @@ unsafe fn run_block_generic(
                         }
                         _ => None,
                     };
+                    let stored = direct.is_some();
                     let dst: &mut [f32] = match direct {
                         Some(d) => d,
                         None => &mut *y,
@@ -502,7 +503,7 @@ unsafe fn run_block_generic(
                             }
                         }
                     }
-                    if matches!(out, OutPtr::F32(..)) && rest.is_empty() {
+                    if stored {
                         continue;
                     }
                     ops = rest;
