@@ -18,29 +18,51 @@ fn run_with_npy_inputs_writes_every_output_matching_the_reference() {
     let Some(m) = models_dir("run_with_npy_inputs") else {
         return;
     };
-    let out = scratch("run_npy");
     let r = |t: &str| m.join(format!("reference/tiny-bert/b1.{t}.npy"));
-    let o = encore(&[
-        "run",
-        "--model",
-        m.join("tiny/bert/model.onnx").to_str().unwrap(),
-        "--input",
-        &format!("input_ids={}", r("input_ids").display()),
-        "--input",
-        &format!("attention_mask={}", r("attention_mask").display()),
-        "--input",
-        &format!("token_type_ids={}", r("token_type_ids").display()),
-        "--output-dir",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    for name in ["last_hidden_state", "pooler_output"] {
-        let ours = TensorValue::read_npy(out.join(format!("{name}.npy"))).unwrap();
-        let want = TensorValue::read_npy(r(name)).unwrap();
-        assert_eq!(ours.shape(), want.shape());
-        let d = max_abs_diff(ours.as_f32().unwrap(), want.as_f32().unwrap());
-        // Padded rows included: the same graph defines them, so they match too.
-        assert!(d <= 1e-4, "{name}: max abs diff {d}");
+    let mask = TensorValue::read_npy(r("attention_mask")).unwrap();
+    let mask = mask.to_i64_vec().unwrap();
+    for padding_free in [true, false] {
+        let out = scratch(&format!("run_npy_{padding_free}"));
+        let mut args = vec![
+            "run".to_string(),
+            "--model".into(),
+            m.join("tiny/bert/model.onnx").to_str().unwrap().into(),
+            "--output-dir".into(),
+            out.to_str().unwrap().into(),
+        ];
+        for t in ["input_ids", "attention_mask", "token_type_ids"] {
+            args.push("--input".into());
+            args.push(format!("{t}={}", r(t).display()));
+        }
+        if !padding_free {
+            args.push("--no-padding-free".into());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = encore(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        for name in ["last_hidden_state", "pooler_output"] {
+            let ours = TensorValue::read_npy(out.join(format!("{name}.npy"))).unwrap();
+            let want = TensorValue::read_npy(r(name)).unwrap();
+            assert_eq!(ours.shape(), want.shape());
+            let (ours, want) = (ours.as_f32().unwrap(), want.as_f32().unwrap());
+            if padding_free && name == "last_hidden_state" {
+                // Real tokens match the reference; the padding was not computed: zeros.
+                let row = ours.len() / mask.len();
+                for (i, &m) in mask.iter().enumerate() {
+                    let (a, b) = (&ours[i * row..][..row], &want[i * row..][..row]);
+                    if m == 0 {
+                        assert!(a.iter().all(|&x| x == 0.0), "padded token {i}: {a:?}");
+                    } else {
+                        let d = max_abs_diff(a, b);
+                        assert!(d <= 1e-4, "{name} token {i}: max abs diff {d}");
+                    }
+                }
+            } else {
+                // Padded rows included: the same graph defines them, so they match too.
+                let d = max_abs_diff(ours, want);
+                assert!(d <= 1e-4, "{name}: max abs diff {d}");
+            }
+        }
     }
 }
 
@@ -178,6 +200,7 @@ fn dump_prints_the_graph_after_each_pass() {
         "RecognizeAttention",
         "FoldQdq",
         "FuseEpilogue",
+        "PackTokens",
     ] {
         assert!(
             text.contains(&format!("// after {pass}")),
@@ -186,10 +209,16 @@ fn dump_prints_the_graph_after_each_pass() {
     }
     let o = encore(&["dump", "--model", model.to_str().unwrap()]);
     let final_text = stdout(&o);
-    // Each layer's attention reads its Q, K and V from one merged GEMM.
+    // Each layer's attention reads its Q, K and V from one merged GEMM, and runs on the
+    // packed real tokens of the batch.
     assert_eq!(
-        final_text.matches(" = attention_qkv[").count(),
+        final_text.matches(" = attention_packed[").count(),
         2,
+        "{final_text}"
+    );
+    assert_eq!(
+        final_text.matches(" = pack_rows(").count(),
+        1,
         "{final_text}"
     );
     // After `fuse`, GELU lives in the FFN1 epilogue of each layer, not as its own op.

@@ -38,6 +38,9 @@ pub struct BenchArgs {
     /// Compile without the `fuse` pipeline (to see what epilogue fusion buys).
     #[arg(long)]
     pub no_fuse: bool,
+    /// Compute every padded token (no `pack` pipeline), to see what padding-free execution buys.
+    #[arg(long)]
+    pub no_padding_free: bool,
     /// After the timed runs, profile `--min-runs` more: time per op kind and per op, and the
     /// standalone elementwise ops that fusion left inside the layers.
     #[arg(long)]
@@ -243,6 +246,7 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
             max_batch: None,
             optimize: true,
             fuse: !args.no_fuse,
+            padding_free: !args.no_padding_free,
             kernel: None,
         },
     )?;

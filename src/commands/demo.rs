@@ -50,6 +50,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         json: false,
         profile: false,
         no_fuse: false,
+        no_padding_free: false,
     };
     let result = measure(&model, &bench)?;
     print_result(&bench, model.is_quantized(), &result);

@@ -19,8 +19,9 @@ pub struct DumpArgs {
     /// Stop after this pass (or `import`), printing the graph as it is then.
     #[arg(long)]
     stop_after: Option<String>,
-    /// The pipelines to run, in order (comma-separated): `declutter`, `quantize`, `fuse`.
-    #[arg(long, default_value = "declutter,fuse")]
+    /// The pipelines to run, in order (comma-separated): `declutter`, `quantize`, `fuse`,
+    /// `pack`. The default is what a session compiles.
+    #[arg(long, default_value = "declutter,fuse,pack")]
     pipeline: String,
     /// Also print why fusion and quantization rules declined to fire, and what fired.
     #[arg(long)]
@@ -34,7 +35,7 @@ pub fn run(args: DumpArgs) -> Result<(), CliError> {
         pipelines.push(Pipeline::by_name(name).ok_or_else(|| {
             CliError::usage(
                 "--pipeline",
-                format!("no pipeline named `{name}` (declutter, quantize, fuse)"),
+                format!("no pipeline named `{name}` (declutter, quantize, fuse, pack)"),
             )
         })?);
     }

@@ -54,6 +54,10 @@ pub struct RunArgs {
     /// Run the graph as imported, without the declutter passes.
     #[arg(long)]
     no_optimize: bool,
+    /// Compute every padded token too. By default only the real tokens of the attention mask
+    /// are computed and per-token outputs hold zeros at the padding.
+    #[arg(long)]
+    no_padding_free: bool,
     /// Print every value instead of the first few of each row.
     #[arg(long)]
     full: bool,
@@ -76,6 +80,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             threads: args.threads.max(1),
             max_batch: args.max_batch,
             optimize: !args.no_optimize,
+            padding_free: !args.no_padding_free,
             ..CompileOptions::default()
         },
     )?;

@@ -554,6 +554,32 @@ pub enum Op {
     /// %9 = attention_qkv[num_heads=12, scale=0.125](%8, %3) : f32[B,S,768]
     /// ```
     AttentionQkv { num_heads: usize, scale: f32 },
+    /// `(qkv, mask, mask_bias?)`: [`Op::AttentionQkv`] on the packed real tokens of a batch
+    /// (`qkv` is `[1, T, 3H]`, the rows that [`Op::PackRows`] keeps): each sequence attends over
+    /// its own rows only, found from `mask` (`[B, S]`, non-zero = real token); `mask_bias`
+    /// (broadcastable to `[B, heads, S, S]`) is read at the real positions and must hide the
+    /// padded keys (at most −10⁴ there), so that the result equals the padded op's at every
+    /// real token. `[1, T, H]` out.
+    ///
+    /// ```text
+    /// %9 = attention_packed[num_heads=12, scale=0.125](%8, %1, %3) : f32[1,packed_tokens,768]
+    /// ```
+    AttentionPacked { num_heads: usize, scale: f32 },
+    /// `(x, mask)`: the rows of `x` (`[B, S, …]`) at the real tokens of `mask` (`[B, S]`,
+    /// non-zero = real), in order, as `[1, T, …]` with `T` the number of real tokens: token-wise
+    /// ops after it compute no padding.
+    ///
+    /// ```text
+    /// %5 = pack_rows(%4, %1) : f32[1,packed_tokens,768]    # %4 : f32[B,S,768], %1 : i64[B,S]
+    /// ```
+    PackRows,
+    /// `(x, mask)`: the inverse of [`Op::PackRows`]: `[1, T, …]` rows laid back at the real
+    /// tokens of `mask` in `[B, S, …]`, zeros at the padding.
+    ///
+    /// ```text
+    /// %9 = unpack_rows(%8, %1) : f32[B,S,768]
+    /// ```
+    UnpackRows,
     /// `(x, w[k, n], operands…)`: an f32 `x·w` followed by the `epilogue` steps, one GEMM with the
     /// epilogue applied to each output tile (made by the `fuse` pipeline from `Linear` and the
     /// ops after it).
@@ -583,6 +609,10 @@ pub enum Op {
     /// axis). A `MatMul` of two `DequantizeLinear` outputs, folded.
     QMatMul,
 }
+
+/// The symbol of the number of real tokens in a batch: the row count of [`Op::PackRows`]'s
+/// output, bound afresh by every run.
+pub const PACKED_TOKENS: &str = "packed_tokens";
 
 /// What kind of work an op does, for profiles and for counting what fusion left standalone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -635,7 +665,9 @@ impl Op {
             | Op::QLinear { .. }
             | Op::QMatMul
             | Op::Einsum { .. } => OpKind::Gemm,
-            Op::Attention { .. } | Op::AttentionQkv { .. } => OpKind::Attention,
+            Op::Attention { .. } | Op::AttentionQkv { .. } | Op::AttentionPacked { .. } => {
+                OpKind::Attention
+            }
             Op::Binary(_)
             | Op::Unary(_)
             | Op::Where
@@ -667,7 +699,9 @@ impl Op {
             | Op::Tile
             | Op::ConstantOfShape { .. }
             | Op::Range
-            | Op::Flatten { .. } => OpKind::Data,
+            | Op::Flatten { .. }
+            | Op::PackRows
+            | Op::UnpackRows => OpKind::Data,
         }
     }
 
@@ -718,6 +752,9 @@ impl Op {
             Op::Gelu { .. } => "gelu",
             Op::Attention { .. } => "attention",
             Op::AttentionQkv { .. } => "attention_qkv",
+            Op::AttentionPacked { .. } => "attention_packed",
+            Op::PackRows => "pack_rows",
+            Op::UnpackRows => "unpack_rows",
             Op::FusedLinear { .. } => "fused_linear",
             Op::QLinear { .. } => "qlinear",
             Op::QMatMul => "qmatmul",
@@ -762,6 +799,8 @@ impl Op {
             Op::MatMulInteger => (2, 4),
             Op::Attention { .. } => (3, 4),
             Op::AttentionQkv { .. } => (1, 2),
+            Op::AttentionPacked { .. } => (2, 3),
+            Op::PackRows | Op::UnpackRows => (2, 2),
             Op::FusedLinear { epilogue } => {
                 let n = 2 + EpilogueStep::count_operands(epilogue);
                 (n, n)
@@ -854,7 +893,9 @@ impl Op {
             }
             Op::QuantizeLinear { axis, to } => vec![("axis", Int(*axis)), ("to", DType(*to))],
             Op::Gelu { approx } => vec![("approx", Str(approx.name().to_string()))],
-            Op::Attention { num_heads, scale } | Op::AttentionQkv { num_heads, scale } => vec![
+            Op::Attention { num_heads, scale }
+            | Op::AttentionQkv { num_heads, scale }
+            | Op::AttentionPacked { num_heads, scale } => vec![
                 ("num_heads", Int(*num_heads as i64)),
                 ("scale", Float(*scale)),
             ],
@@ -885,7 +926,9 @@ impl Op {
             | Op::DynamicQuantizeLinear
             | Op::MatMulInteger
             | Op::Linear
-            | Op::QMatMul => vec![],
+            | Op::QMatMul
+            | Op::PackRows
+            | Op::UnpackRows => vec![],
         }
     }
 
@@ -1029,14 +1072,16 @@ impl Op {
                 }
             }
             "qmatmul" => Op::QMatMul,
-            "attention" | "attention_qkv" => {
+            "pack_rows" => Op::PackRows,
+            "unpack_rows" => Op::UnpackRows,
+            "attention" | "attention_qkv" | "attention_packed" => {
                 let num_heads = usize::try_from(a.int("num_heads")?)
                     .map_err(|_| a.bad("num_heads", "a non-negative integer"))?;
                 let scale = a.float("scale")?;
-                if name == "attention" {
-                    Op::Attention { num_heads, scale }
-                } else {
-                    Op::AttentionQkv { num_heads, scale }
+                match name {
+                    "attention" => Op::Attention { num_heads, scale },
+                    "attention_qkv" => Op::AttentionQkv { num_heads, scale },
+                    _ => Op::AttentionPacked { num_heads, scale },
                 }
             }
             other => {

@@ -49,6 +49,7 @@ mod context;
 mod dce;
 mod eval;
 mod fuse;
+mod pack;
 mod pipeline;
 mod quantize;
 mod recognize;
@@ -64,6 +65,7 @@ pub use context::{
 pub use dce::DeadCodeElimination;
 pub use eval::eval_node;
 pub use fuse::{FoldQdq, FuseEpilogue};
+pub use pack::PackTokens;
 pub use pipeline::{DumpFn, DumpSpec, PassRun, Pipeline, RunOptions, RunReport};
 pub use quantize::{
     group_by_input, quantize_weight, smoothing_factors, QuantizeLinears, SmoothQuant,

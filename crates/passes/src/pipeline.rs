@@ -141,12 +141,23 @@ impl Pipeline {
         )
     }
 
-    /// The pipeline called `name`, if there is one: `declutter`, `quantize`, `fuse`.
+    /// Runs the token-wise part of an encoder on the real tokens of the batch only
+    /// ([`PackTokens`](crate::PackTokens)). Runs on a fused graph; what a session executes
+    /// unless padding-free execution is turned off.
+    pub fn pack() -> Pipeline {
+        Pipeline::new(
+            "pack",
+            vec![Box::new(crate::PackTokens), Box::new(DeadCodeElimination)],
+        )
+    }
+
+    /// The pipeline called `name`, if there is one: `declutter`, `quantize`, `fuse`, `pack`.
     pub fn by_name(name: &str) -> Option<Pipeline> {
         match name {
             "declutter" => Some(Pipeline::declutter()),
             "quantize" => Some(Pipeline::quantize()),
             "fuse" => Some(Pipeline::fuse()),
+            "pack" => Some(Pipeline::pack()),
             _ => None,
         }
     }

@@ -949,12 +949,32 @@ fn infer(
             TensorType::new(DType::F32, vec![]),
             TensorType::new(DType::U8, vec![]),
         ],
-        Op::AttentionQkv { num_heads, .. } => {
+        Op::PackRows | Op::UnpackRows => {
+            let s = match &shapes {
+                None => None,
+                Some(ss) => {
+                    let name = op.name();
+                    if ss[0].len() < 2 || ss[1].len() != 2 {
+                        return Err(format!(
+                            "{name}: x must have rank 2 or more and the mask rank 2"
+                        ));
+                    }
+                    let lead = if *op == Op::PackRows {
+                        vec![Dim::fixed(1), Dim::sym(ir::PACKED_TOKENS)]
+                    } else {
+                        ss[1].to_vec()
+                    };
+                    Some(lead.into_iter().chain(ss[0][2..].iter().cloned()).collect())
+                }
+            };
+            one(dtype(0), s)
+        }
+        Op::AttentionQkv { num_heads, .. } | Op::AttentionPacked { num_heads, .. } => {
             let s = match &shapes {
                 None => None,
                 Some(ss) => {
                     if ss[0].len() != 3 {
-                        return Err("attention_qkv: qkv must be [B, S, 3H]".into());
+                        return Err(format!("{}: qkv must be [B, S, 3H]", op.name()));
                     }
                     let w = ss[0][2]
                         .as_fixed()

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use ir::{Graph, Op, Outlet, Tensor};
 use passes::{
     smoothing_factors, ActivationMode, CalibrationStats, ChannelStats, DeadCodeElimination,
-    FoldQdq, FuseEpilogue, NoteKind, Pass, PassContext, Pipeline, QuantizeLinears, QuantizeOptions,
-    Report, RunOptions, ShapeInference, SmoothQuant,
+    FoldQdq, FuseEpilogue, NoteKind, PackTokens, Pass, PassContext, Pipeline, QuantizeLinears,
+    QuantizeOptions, Report, RunOptions, ShapeInference, SmoothQuant,
 };
 
 fn parse(text: &str) -> Graph {
@@ -1146,4 +1146,85 @@ fn fuse_epilogue_merges_qkv() {
         "{}",
         notes(&report)
     );
+}
+
+/// One encoder layer after `fuse`: the embedding sum (with a per-position term, so not
+/// token-wise), its LayerNorm, the merged QKV GEMM, attention with the usual mask bias, the
+/// output projection with residual and LayerNorm; `tail` is appended (it may read `%13`).
+fn encoder_layer(tail: &str) -> String {
+    format!(
+        "%0 = input[name=\"x\"] : f32[B,S,4]\n\
+         %1 = input[name=\"mask\"] : i64[B,S]\n\
+         %2 = input[name=\"pos\"] : f32[1,S,4]\n\
+         %3 = add(%0, %2) : f32[B,S,4]  # embed\n\
+         %4 = const[value=f32[4]{{1.0, 1.0, 1.0, 1.0}}] : f32[4]  # gamma\n\
+         %5 = const[value=f32[4]{{0.0, 0.0, 0.0, 0.0}}] : f32[4]  # beta\n\
+         %6 = layer_norm[axis=-1, epsilon=1e-12](%3, %4, %5) : f32[B,S,4]  # embed/ln\n\
+         %7 = {}  # qkv/weight\n\
+         %8 = fused_linear[epilogue=()](%6, %7) : f32[B,S,12]  # qkv\n\
+         %9 = unsqueeze[axes=[1, 2]](%1) : i64[B,1,1,S]  # mask/unsqueeze\n\
+         %10 = cast[to=f32](%9) : f32[B,1,1,S]  # mask/cast\n\
+         %11 = const[value=f32[]{{-10000.0}}] : f32[]  # mask/big\n\
+         %12 = mul(%10, %11) : f32[B,1,1,S]  # mask/bias\n\
+         %13 = attention_qkv[num_heads=2, scale=0.5](%8, %12) : f32[B,S,4]  # attn\n\
+         %14 = {}  # out/weight\n\
+         %15 = fused_linear[epilogue=(residual, layer_norm 1e-12)](%13, %14, %6, %4, %5) : f32[B,S,4]  # out\n\
+         {tail}",
+        f32_const(&[4, 12], &weights(4, 12, 1)),
+        f32_const(&[4, 4], &weights(4, 4, 2)),
+    )
+}
+
+/// The token-wise layers run on packed rows: one `pack_rows` where the embedding sum enters,
+/// `attention_packed` reading the raw mask, one `unpack_rows` for the output.
+#[test]
+fn pack_tokens_packs_the_encoder_layers() {
+    let (snap, changed, _, after, report) =
+        one_pass(&PackTokens, &encoder_layer("output \"y\" = %15\n"));
+    assert!(changed);
+    let t = print(&after);
+    assert_eq!(count(&after, "pack_rows"), 1, "{t}");
+    assert_eq!(count(&after, "unpack_rows"), 1, "{t}");
+    assert_eq!(count(&after, "attention_packed"), 1, "{t}");
+    assert!(t.contains(": f32[1,packed_tokens,12]  # qkv"), "{t}");
+    assert!(t.contains("unpack_rows(%"), "{t}");
+    assert!(has_note(
+        &report,
+        NoteKind::Fired,
+        "attn",
+        "4 ops run on the real tokens"
+    ));
+    insta::assert_snapshot!(snap);
+    // Once packed, the pass has nothing left to do.
+    let mut again = after.clone();
+    assert!(!step(&PackTokens, &mut again, &mut PassContext::default()));
+}
+
+/// The batch stays padded, and the report says why, when a later op may combine tokens (a
+/// mean over the sequence: the zeros left at the padding would change it) or when the mask
+/// bias is not computed from one `[B, S]` input.
+#[test]
+fn pack_tokens_declines() {
+    let mean = "%16 = reduce_mean[axes=[1], keepdims=false](%15) : f32[B,4]  # pool\n\
+                output \"y\" = %16\n";
+    let (snap, changed, _, _, report) = one_pass(&PackTokens, &encoder_layer(mean));
+    assert!(!changed);
+    assert!(has_note(
+        &report,
+        NoteKind::Declined,
+        "pool",
+        "`reduce_mean` after the token-wise layers"
+    ));
+    insta::assert_snapshot!("pack_tokens_declines_mixing_reader", snap);
+
+    let two_masks =
+        encoder_layer("output \"y\" = %15\n").replace("%12 = mul(%10, %11)", "%12 = mul(%10, %2)");
+    let (_, changed, _, _, report) = one_pass(&PackTokens, &two_masks);
+    assert!(!changed);
+    assert!(has_note(
+        &report,
+        NoteKind::Declined,
+        "attn",
+        "not computed from exactly one graph input"
+    ));
 }

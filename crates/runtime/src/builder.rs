@@ -86,6 +86,13 @@ impl<'m> SessionBuilder<'m> {
         self
     }
 
+    /// Whether to compute only the real tokens of a batch (see
+    /// [`CompileOptions::padding_free`]). Default: on.
+    pub fn padding_free(mut self, on: bool) -> Self {
+        self.opts.padding_free = on;
+        self
+    }
+
     /// Forces the microkernel family of the weight GEMMs (see [`CompileOptions::kernel`]); the
     /// build fails if this CPU lacks it ([`Kernel::is_supported`]).
     ///

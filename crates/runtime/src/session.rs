@@ -45,6 +45,11 @@ pub struct CompileOptions {
     /// After declutter, run the `fuse` pipeline (quantized dialects onto the integer GEMMs,
     /// epilogue fusion). Off only to observe unfused layers (calibration) or to debug.
     pub fuse: bool,
+    /// After fuse, run the `pack` pipeline: the token-wise part of an encoder computes only
+    /// the real tokens of a batch (the `attention_mask`), attention runs per sequence on its
+    /// real length, and outputs are laid back into the padded shape with zeros at the padding.
+    /// Each real token's values are the padded program's. Off: every padded token is computed.
+    pub padding_free: bool,
     /// Forces the microkernel family of the weight GEMMs: int8 layers run this kernel, f32
     /// layers the f32 kernel of the same ISA level ([`crate::Kernel::f32_counterpart`]).
     /// `None`: the picker's choice for this CPU (which honours `ENCORE_KERNEL`). Products of two
@@ -62,6 +67,7 @@ impl Default for CompileOptions {
             max_batch: None,
             optimize: true,
             fuse: true,
+            padding_free: true,
             kernel: None,
         }
     }
@@ -205,7 +211,7 @@ impl Session {
             )));
         }
         let graph = if opts.optimize {
-            optimize(model.graph().clone(), opts.fuse)?
+            optimize(model.graph().clone(), opts.fuse, opts.padding_free)?
         } else {
             model.graph().clone()
         };
@@ -823,7 +829,7 @@ impl Session {
         ctx: &mut Ctx<'_>,
         given: &[(&str, TensorValue)],
     ) -> Result<Vec<TensorValue>, Error> {
-        use exec::{attention, elementwise as ew, fused, nn, quant, shape_ops as so};
+        use exec::{attention, elementwise as ew, fused, nn, packing, quant, shape_ops as so};
         let node = st.name.as_str();
         let packed = match st.weight {
             Weight::Packed(i) => Some(&self.packed[i]),
@@ -1054,6 +1060,20 @@ impl Session {
                     node,
                 )?)
             }
+            Op::AttentionPacked { num_heads, scale } => {
+                let bias = ins.get(2).map(|i| i.get());
+                one(attention::attention_packed(
+                    r(0),
+                    r(1),
+                    bias,
+                    *num_heads,
+                    *scale,
+                    ctx,
+                    node,
+                )?)
+            }
+            Op::PackRows => one(packing::pack_rows(r(0), r(1), ctx, node)?),
+            Op::UnpackRows => one(packing::unpack_rows(r(0), r(1), ctx, node)?),
             Op::QuantizeLinear { axis, to } => {
                 let zp = ins.get(2).map(|i| i.get());
                 one(quant::quantize_linear(r(0), r(1), zp, *axis, *to, node)?)
@@ -1134,11 +1154,15 @@ impl Slot<'_> {
 
 /// The `declutter` pipeline of `passes` (shape inference, constant folding, DCE, recognition of
 /// Linear, LayerNorm, GELU and Attention), then `fuse` (quantized dialects onto integer GEMMs,
-/// epilogues grown): the session executes what the graph says after these.
-pub(crate) fn optimize(mut graph: Graph, fuse: bool) -> Result<Graph, Error> {
+/// epilogues grown) and `pack` (padding-free token-wise region): the session executes what the
+/// graph says after these.
+pub(crate) fn optimize(mut graph: Graph, fuse: bool, padding_free: bool) -> Result<Graph, Error> {
     passes::Pipeline::declutter().run(&mut graph, &mut passes::RunOptions::default())?;
     if fuse {
         passes::Pipeline::fuse().run(&mut graph, &mut passes::RunOptions::default())?;
+        if padding_free {
+            passes::Pipeline::pack().run(&mut graph, &mut passes::RunOptions::default())?;
+        }
     }
     Ok(graph)
 }

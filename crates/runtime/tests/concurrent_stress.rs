@@ -52,21 +52,7 @@ fn feeds(session: &Session, batch: usize, seq: usize, rng: &mut Lcg) -> Vec<(Str
             types[i] = i64::from(b % 2 == 1 && s >= len / 2);
         }
     }
-    let t = |v: Vec<i64>| TensorValue::from_i64(vec![batch, seq], v).unwrap();
-    let all = [
-        ("input_ids", t(ids)),
-        ("attention_mask", t(mask)),
-        ("token_type_ids", t(types)),
-    ];
-    let names: Vec<String> = session.inputs().into_iter().map(|s| s.name).collect();
-    all.into_iter()
-        .filter(|(n, _)| names.iter().any(|x| x == n))
-        .map(|(n, t)| (n.to_string(), t))
-        .collect()
-}
-
-fn as_refs(s: &[(String, TensorValue)]) -> Vec<(&str, TensorValue)> {
-    s.iter().map(|(n, t)| (n.as_str(), t.clone())).collect()
+    token_feeds(session, [batch, seq], ids, mask, types)
 }
 
 /// Equal names, shapes, dtypes and bits (`-0.0 != 0.0`, a NaN equals the same NaN).

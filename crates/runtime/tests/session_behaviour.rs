@@ -56,7 +56,7 @@ fn run_profiled_gives_the_outputs_of_run_and_a_time_per_node() {
             let timed: std::collections::HashSet<&str> = times.iter().map(|t| t.op).collect();
             let want = match (optimize, id.contains("qdq")) {
                 (false, _) => "softmax",
-                (true, false) => "attention_qkv",
+                (true, false) => "attention_packed",
                 (true, true) => "qlinear",
             };
             assert!(

@@ -1,6 +1,7 @@
 //! Multi-head attention (the recognised `attention` op).
 
 use super::attn_kernels::{attn_scores, attn_values, IB, JB};
+use super::packing::RowMap;
 use super::simd::softmax_row;
 use super::{broadcast_strides, Ctx, SyncPtr};
 use crate::value::TensorValue;
@@ -76,7 +77,7 @@ pub(crate) fn attention(
         ld: h,
         offset: 0,
     };
-    attend(
+    padded(
         [rows(qv), rows(kv), rows(vv)],
         [b, sq, sk, h],
         mask,
@@ -112,7 +113,7 @@ pub(crate) fn attention_qkv(
         ld: 3 * h,
         offset,
     };
-    attend(
+    padded(
         [rows(0), rows(h), rows(2 * h)],
         [b, s, s, h],
         mask,
@@ -123,10 +124,10 @@ pub(crate) fn attention_qkv(
     )
 }
 
-/// The attention of q, k, v rows: `dims` = `[batch, queries, keys, hidden]`.
+/// [`attend`] on `[B, S, ·]` rows: `dims` = `[batch, queries, keys, hidden]`; `[B, S_q, H]` out.
 #[allow(clippy::too_many_arguments)]
-fn attend(
-    [q, k, v]: [Rows<'_>; 3],
+fn padded(
+    qkv: [Rows<'_>; 3],
     [b, sq, sk, h]: [usize; 4],
     mask: Option<&TensorValue>,
     num_heads: usize,
@@ -140,99 +141,262 @@ fn attend(
             "hidden size {h} is not a multiple of {num_heads} heads"
         )));
     }
-    let dh = h / num_heads;
-    if b * sq * h == 0 {
-        return Ok(TensorValue::raw(vec![b, sq, h], Vec::<f32>::new()));
-    }
-    if sk == 0 {
+    if sk == 0 && b * sq * h > 0 {
         return Err(err("softmax over zero keys".into()));
     }
-    let full = [b, num_heads, sq, sk];
-    let (mv, ms): (&[f32], [usize; 4]) = match mask {
-        Some(m) => {
-            let mv = m
-                .as_f32()
-                .ok_or_else(|| err(format!("mask bias must be f32, got {}", m.dtype())))?;
-            if m.rank() > 4
-                || super::broadcast_shape(m.shape(), &full).as_deref() != Some(&full[..])
-            {
-                return Err(err(format!(
-                    "mask bias {:?} does not broadcast to {full:?}",
-                    m.shape()
-                )));
-            }
-            let s = broadcast_strides(m.shape(), &full);
-            (mv, [s[0], s[1], s[2], s[3]])
+    let view = MaskView::new(mask, [b, num_heads, sq, sk], &err)?;
+    let plans = padded_plans(b, sq, sk, view);
+    let out = attend(qkv, [b * sq, h], &plans, view, num_heads, scale, ctx, node)?;
+    Ok(TensorValue::raw(vec![b, sq, h], out))
+}
+
+/// The mask bias of an attention call, viewed as `[B, heads, S_q, S_k]` through broadcast
+/// strides.
+#[derive(Clone, Copy)]
+struct MaskView<'a> {
+    data: &'a [f32],
+    strides: [usize; 4],
+}
+
+impl MaskView<'_> {
+    /// Checks that `mask` is f32 and broadcasts to `full`.
+    fn new<'a>(
+        mask: Option<&'a TensorValue>,
+        full: [usize; 4],
+        err: &dyn Fn(String) -> Error,
+    ) -> Result<Option<MaskView<'a>>, Error> {
+        let Some(m) = mask else { return Ok(None) };
+        let data = m
+            .as_f32()
+            .ok_or_else(|| err(format!("mask bias must be f32, got {}", m.dtype())))?;
+        if m.rank() > 4 || super::broadcast_shape(m.shape(), &full).as_deref() != Some(&full[..]) {
+            return Err(err(format!(
+                "mask bias {:?} does not broadcast to {full:?}",
+                m.shape()
+            )));
         }
-        None => (&[], [0; 4]),
+        let s = broadcast_strides(m.shape(), &full);
+        Ok(Some(MaskView {
+            data,
+            strides: [s[0], s[1], s[2], s[3]],
+        }))
+    }
+
+    /// Whether the bias depends on the key only (and the batch): the usual `[B, 1, 1, S]`.
+    fn per_key_only(&self) -> bool {
+        self.strides[1] == 0 && self.strides[2] == 0
+    }
+
+    fn at(&self, b: usize, head: usize, query: usize, key: usize) -> f32 {
+        let s = self.strides;
+        self.data[b * s[0] + head * s[1] + query * s[2] + key * s[3]]
+    }
+}
+
+/// One sequence of an attention call: query rows `q0..q0 + nq` (of q and of the output), key
+/// rows `k0 + keys[j]`, and where each of those rows sits in the mask bias.
+struct SeqPlan {
+    /// The batch index in the mask bias.
+    batch: usize,
+    q0: usize,
+    nq: usize,
+    k0: usize,
+    keys: Vec<usize>,
+    /// Mask position of row `r` (relative to `q0` or `k0`); `None`: `r` itself.
+    positions: Option<Vec<usize>>,
+    /// Whether the mask bias changes any visited score (adding 0 changes none: −0 becomes +0,
+    /// which softmax treats alike).
+    mask_adds: bool,
+}
+
+impl SeqPlan {
+    fn position(&self, r: usize) -> usize {
+        self.positions.as_ref().map_or(r, |p| p[r])
+    }
+}
+
+/// The sequences of a padded `[B, S, ·]` call: every query row; the keys the mask does not
+/// hide when it is per key only (a fully masked row keeps every key, as the graph gives).
+fn padded_plans(b: usize, sq: usize, sk: usize, mask: Option<MaskView<'_>>) -> Vec<SeqPlan> {
+    (0..b)
+        .map(|bi| {
+            let keys: Vec<usize> = match mask {
+                Some(m) if m.per_key_only() => {
+                    let k: Vec<usize> = (0..sk).filter(|&j| m.at(bi, 0, 0, j) > MASKED).collect();
+                    if k.is_empty() {
+                        (0..sk).collect()
+                    } else {
+                        k
+                    }
+                }
+                _ => (0..sk).collect(),
+            };
+            let mask_adds = mask.is_some_and(|m| {
+                !m.per_key_only() || keys.iter().any(|&j| m.at(bi, 0, 0, j) != 0.0)
+            });
+            SeqPlan {
+                batch: bi,
+                q0: bi * sq,
+                nq: sq,
+                k0: bi * sk,
+                keys,
+                positions: None,
+                mask_adds,
+            }
+        })
+        .collect()
+}
+
+/// Bias at or below this hides a key for packed attention: scores are far smaller than 10⁴
+/// in magnitude, so such a key's softmax weight is exactly 0 in the padded op as well.
+const HIDDEN: f32 = -1.0e4;
+
+/// [`attention_qkv`] on packed real tokens (`[1, T, 3H]`, see `pack_rows`): each sequence of
+/// `mask` attends over its own rows.
+pub(crate) fn attention_packed(
+    qkv: &TensorValue,
+    mask: &TensorValue,
+    bias: Option<&TensorValue>,
+    num_heads: usize,
+    scale: f32,
+    ctx: &mut Ctx<'_>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let err = |m: String| Error::op(node, "attention_packed", m);
+    let map = RowMap::from_mask(mask, node, "attention_packed")?;
+    let data = qkv
+        .as_f32()
+        .ok_or_else(|| err(format!("qkv must be f32, got {}", qkv.dtype())))?;
+    if qkv.rank() != 3
+        || qkv.shape()[..2] != [1, map.rows.len()]
+        || !qkv.shape()[2].is_multiple_of(3)
+    {
+        return Err(err(format!(
+            "qkv must be [1, {}, 3H] (one row per real token of the mask), got {:?}",
+            map.rows.len(),
+            qkv.shape()
+        )));
+    }
+    let h = qkv.shape()[2] / 3;
+    let view = MaskView::new(bias, [map.batch, num_heads, map.seq, map.seq], &err)?;
+    let mut plans = Vec::with_capacity(map.batch);
+    for bi in 0..map.batch {
+        let (q0, n) = (map.starts[bi], map.starts[bi + 1] - map.starts[bi]);
+        let positions: Vec<usize> = (0..n).map(|r| map.position(bi, r)).collect();
+        let mut mask_adds = false;
+        if let Some(m) = view {
+            if !m.per_key_only() {
+                return Err(err(
+                    "padding-free attention needs a mask bias per key ([B, 1, 1, S]); compile without padding-free execution"
+                        .into(),
+                ));
+            }
+            let mut real = positions.iter().peekable();
+            for j in 0..map.seq {
+                let bias = m.at(bi, 0, 0, j);
+                if real.next_if(|&&p| p == j).is_some() {
+                    mask_adds |= bias != 0.0;
+                } else if bias > HIDDEN && n > 0 {
+                    return Err(err(format!(
+                        "key {j} of sequence {bi} is padding but its mask bias {bias} does not hide it (it must be at most {HIDDEN}); compile without padding-free execution"
+                    )));
+                }
+            }
+        }
+        plans.push(SeqPlan {
+            batch: bi,
+            q0,
+            nq: n,
+            k0: q0,
+            keys: (0..n).collect(),
+            positions: Some(positions),
+            mask_adds,
+        });
+    }
+    let rows = |offset| Rows {
+        data,
+        ld: 3 * h,
+        offset,
     };
-    let has_mask = mask.is_some();
-    // Per batch: the keys to visit (all of them unless the mask is per key only).
-    let per_key_only = has_mask && ms[1] == 0 && ms[2] == 0;
-    let active: Vec<Vec<usize>> = (0..b)
-        .map(|bi| {
-            if !per_key_only {
-                return (0..sk).collect();
-            }
-            let keys: Vec<usize> = (0..sk)
-                .filter(|&j| mv[bi * ms[0] + j * ms[3]] > MASKED)
-                .collect();
-            // A fully masked row keeps every key: softmax over equal scores, as the graph gives.
-            if keys.is_empty() {
-                (0..sk).collect()
-            } else {
-                keys
-            }
-        })
-        .collect();
+    let out = attend(
+        [rows(0), rows(h), rows(2 * h)],
+        [map.rows.len(), h],
+        &plans,
+        view,
+        num_heads,
+        scale,
+        ctx,
+        node,
+    )?;
+    Ok(TensorValue::raw(vec![1, map.rows.len(), h], out))
+}
 
-    // Mask values added to the scores only where some visited key's bias is not 0: adding 0
-    // changes no score (−0 becomes +0, which softmax treats alike).
-    let mask_adds: Vec<bool> = (0..b)
-        .map(|bi| {
-            has_mask
-                && (!per_key_only
-                    || active[bi]
-                        .iter()
-                        .any(|&j| mv[bi * ms[0] + j * ms[3]] != 0.0))
-        })
-        .collect();
-
-    let mut out = ctx.arena.f32_for_overwrite(b * sq * h);
+/// The attention of q, k, v rows, sequence by sequence as `plans` say: `out_rows` rows of `h`.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    [q, k, v]: [Rows<'_>; 3],
+    [out_rows, h]: [usize; 2],
+    plans: &[SeqPlan],
+    mask: Option<MaskView<'_>>,
+    num_heads: usize,
+    scale: f32,
+    ctx: &mut Ctx<'_>,
+    node: &str,
+) -> Result<Vec<f32>, Error> {
+    let err = |m: String| Error::op(node, "attention", m);
+    if num_heads == 0 || h % num_heads != 0 {
+        return Err(err(format!(
+            "hidden size {h} is not a multiple of {num_heads} heads"
+        )));
+    }
+    let dh = h / num_heads;
+    if out_rows * h == 0 {
+        return Ok(Vec::new());
+    }
+    let mut out = ctx.arena.f32_for_overwrite(out_rows * h);
     let optr = SyncPtr(out.as_mut_ptr());
-    let tasks = b * num_heads;
-    let work = b * num_heads * sq * sk * dh * 2;
+    let tasks = plans.len() * num_heads;
+    let work = plans
+        .iter()
+        .map(|p| num_heads * p.nq * p.keys.len() * dh * 2)
+        .sum();
+    let max_q = plans.iter().map(|p| p.nq).max().unwrap_or(0);
+    let max_k = plans.iter().map(|p| p.keys.len()).max().unwrap_or(0);
     // Query rows in whole register blocks are read from q and written to the output in place
     // (when a head is a whole number of kernel columns); the last partial block goes through
     // zero-padded scratch.
-    let m_full = sq / IB * IB;
     let dh_pad = dh.div_ceil(JB) * JB;
     let direct_heads = dh == dh_pad;
     let run = |range: std::ops::Range<usize>| {
-        // Per-thread scratch, reused across its (batch, head) tasks and across calls (taken out
-        // of the thread-local for the call, so a nested call would make its own); each buffer
-        // starts as a fresh one would: zeros, or empty for those grown by `resize`.
+        // Per-thread scratch, reused across its (sequence, head) tasks and across calls (taken
+        // out of the thread-local for the call, so a nested call would make its own); each
+        // buffer starts as a fresh one would: zeros, or empty for those grown by `resize`.
         let mut scratch = SCRATCH.with(std::cell::Cell::take);
         let [qb, ktb, vh, sb, o_scratch] = &mut scratch;
         let q_tail = zeroed(qb, IB * dh);
-        let kt = zeroed(ktb, dh * sk.div_ceil(JB) * JB);
+        let kt = zeroed(ktb, dh * max_k.div_ceil(JB) * JB);
         vh.clear();
-        let scores = zeroed(sb, (m_full + IB) * sk.div_ceil(JB) * JB);
+        let scores = zeroed(sb, (max_q / IB * IB + IB) * max_k.div_ceil(JB) * JB);
         o_scratch.clear();
         for task in range {
-            let (bi, hd) = (task / num_heads, task % num_heads);
-            let keys = &active[bi];
+            let (plan, hd) = (&plans[task / num_heads], task % num_heads);
+            let sq = plan.nq;
+            if sq == 0 {
+                continue;
+            }
+            let m_full = sq / IB * IB;
+            let keys = &plan.keys;
             let n = keys.len();
             let n_pad = n.div_ceil(JB) * JB;
-            let q_at = (bi * sq) * q.ld + q.offset + hd * dh;
-            let o_at = (bi * sq) * h + hd * dh;
+            let q_at = plan.q0 * q.ld + q.offset + hd * dh;
+            let o_at = plan.q0 * h + hd * dh;
             for i in m_full..sq {
                 q_tail[(i - m_full) * dh..][..dh].copy_from_slice(&q.data[q_at + i * q.ld..][..dh]);
             }
             let kt = &mut kt[..dh * n_pad];
             kt.fill(0.0);
             for (r, &j) in keys.iter().enumerate() {
-                let src = (bi * sk + j) * k.ld + k.offset + hd * dh;
+                let src = (plan.k0 + j) * k.ld + k.offset + hd * dh;
                 for d in 0..dh {
                     kt[d * n_pad + r] = k.data[src + d];
                 }
@@ -241,7 +405,7 @@ fn attend(
             // floats every 3 KB in BERT-base) fall into a few L1 sets and evict each other.
             vh.resize(n * dh_pad, 0.0);
             for (r, &j) in keys.iter().enumerate() {
-                let src = (bi * sk + j) * v.ld + v.offset + hd * dh;
+                let src = (plan.k0 + j) * v.ld + v.offset + hd * dh;
                 vh[r * dh_pad..r * dh_pad + dh].copy_from_slice(&v.data[src..src + dh]);
             }
             let (v_rows, ldv) = (&vh[..], dh_pad);
@@ -261,10 +425,10 @@ fn attend(
             }
             for (i, row) in sc.chunks_exact_mut(n_pad).take(sq).enumerate() {
                 let row = &mut row[..n];
-                if mask_adds[bi] {
-                    let mrow = bi * ms[0] + hd * ms[1] + i * ms[2];
+                if let (true, Some(m)) = (plan.mask_adds, mask) {
+                    let qi = plan.position(i);
                     for (s, &j) in row.iter_mut().zip(keys) {
-                        *s += mv[mrow + j * ms[3]];
+                        *s += m.at(plan.batch, hd, qi, plan.position(j));
                     }
                 }
                 softmax_row(row);
@@ -273,9 +437,9 @@ fn attend(
             // the block is whole and a head is whole kernel columns, else through `o_scratch`.
             let mut put = |p: &[f32], rows: std::ops::Range<usize>, m_pad: usize| {
                 if direct_heads && rows.len() == m_pad {
-                    // SAFETY: task (bi, hd) alone writes columns hd·dh..(hd+1)·dh of the rows of
-                    // batch bi (`rows` lie within its sq), so writers never overlap, and `out`
-                    // outlives the parallel call.
+                    // SAFETY: task (sequence, hd) alone writes columns hd·dh..(hd+1)·dh of its
+                    // sequence's rows (`rows` lie within its nq, and sequences own disjoint
+                    // rows), so writers never overlap, and `out` outlives the parallel call.
                     unsafe {
                         let o = optr.ptr().add(o_at + rows.start * h);
                         attn_values(p, n_pad, v_rows, ldv, o, h, m_pad, n, dh);
@@ -289,7 +453,7 @@ fn attend(
                     attn_values(p, n_pad, v_rows, ldv, o, dh_pad, m_pad, n, dh_pad);
                 }
                 for (r, i) in rows.enumerate() {
-                    // SAFETY: as above, this task's columns of row i of batch bi.
+                    // SAFETY: as above, this task's columns of row i of its sequence.
                     let dst =
                         unsafe { std::slice::from_raw_parts_mut(optr.ptr().add(o_at + i * h), dh) };
                     dst.copy_from_slice(&o_scratch[r * dh_pad..][..dh]);
@@ -303,5 +467,5 @@ fn attend(
         SCRATCH.with(|c| c.set(scratch));
     };
     ctx.par_tasks(tasks, work, run);
-    Ok(TensorValue::raw(vec![b, sq, h], out))
+    Ok(out)
 }

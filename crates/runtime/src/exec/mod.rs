@@ -8,6 +8,7 @@ pub(crate) mod attn_kernels;
 pub(crate) mod elementwise;
 pub(crate) mod fused;
 pub(crate) mod nn;
+pub(crate) mod packing;
 pub(crate) mod quant;
 pub(crate) mod shape_ops;
 pub(crate) mod simd;

@@ -219,3 +219,30 @@ pub fn run_fused_or_not(
     let out = s.run(feeds).unwrap();
     (out[0].1.as_f32().unwrap().to_vec(), text)
 }
+
+/// `input_ids`, `attention_mask` and `token_type_ids` as `[batch, seq]` i64 tensors, keeping
+/// those that `session` takes.
+pub fn token_feeds(
+    session: &runtime::Session,
+    [batch, seq]: [usize; 2],
+    ids: Vec<i64>,
+    mask: Vec<i64>,
+    types: Vec<i64>,
+) -> Vec<(String, TensorValue)> {
+    let t = |v: Vec<i64>| TensorValue::from_i64(vec![batch, seq], v).unwrap();
+    let all = [
+        ("input_ids", t(ids)),
+        ("attention_mask", t(mask)),
+        ("token_type_ids", t(types)),
+    ];
+    let names: Vec<String> = session.inputs().into_iter().map(|s| s.name).collect();
+    all.into_iter()
+        .filter(|(n, _)| names.iter().any(|x| x == n))
+        .map(|(n, t)| (n.to_string(), t))
+        .collect()
+}
+
+/// Borrowed names, for [`runtime::Session::run`].
+pub fn as_refs(s: &[(String, TensorValue)]) -> Vec<(&str, TensorValue)> {
+    s.iter().map(|(n, t)| (n.as_str(), t.clone())).collect()
+}

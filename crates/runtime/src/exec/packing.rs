@@ -1,0 +1,175 @@
+//! Padding-free execution: the real tokens of a batch packed into one run of rows
+//! (`pack_rows`), laid back into the padded shape (`unpack_rows`), and the map between the two
+//! that packed attention uses to find each sequence's rows.
+
+use super::Ctx;
+use crate::value::{TensorData, TensorValue};
+use crate::Error;
+
+/// Where the real tokens of a `[B, S]` mask lie: the flat positions `b·S + s` of the non-zero
+/// entries in order, and where each sequence's rows start in the packed run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RowMap {
+    pub batch: usize,
+    pub seq: usize,
+    /// Flat padded position of each packed row.
+    pub rows: Vec<usize>,
+    /// `starts[b]..starts[b + 1]` are the packed rows of sequence `b`.
+    pub starts: Vec<usize>,
+}
+
+impl RowMap {
+    /// The map of a `[B, S]` mask of any numeric or boolean dtype (non-zero = real token).
+    pub fn from_mask(mask: &TensorValue, node: &str, op: &'static str) -> Result<RowMap, Error> {
+        if mask.rank() != 2 {
+            return Err(Error::op(
+                node,
+                op,
+                format!("the mask must be [B, S], got {:?}", mask.shape()),
+            ));
+        }
+        let (batch, seq) = (mask.shape()[0], mask.shape()[1]);
+        let real: Box<dyn Fn(usize) -> bool + '_> = match mask.data() {
+            TensorData::F32(v) => Box::new(move |i| v[i] != 0.0),
+            TensorData::I64(v) => Box::new(move |i| v[i] != 0),
+            TensorData::I32(v) => Box::new(move |i| v[i] != 0),
+            TensorData::I8(v) => Box::new(move |i| v[i] != 0),
+            TensorData::U8(v) => Box::new(move |i| v[i] != 0),
+            TensorData::Bool(v) => Box::new(move |i| v[i]),
+        };
+        let mut rows = Vec::with_capacity(batch * seq);
+        let mut starts = Vec::with_capacity(batch + 1);
+        for b in 0..batch {
+            starts.push(rows.len());
+            rows.extend((b * seq..(b + 1) * seq).filter(|&i| real(i)));
+        }
+        starts.push(rows.len());
+        Ok(RowMap {
+            batch,
+            seq,
+            rows,
+            starts,
+        })
+    }
+
+    /// The position in its sequence of packed row `r` of sequence `b`.
+    pub fn position(&self, b: usize, r: usize) -> usize {
+        self.rows[self.starts[b] + r] - b * self.seq
+    }
+}
+
+/// Elements per row of `x` (`[B, S, …]` or `[1, T, …]`): the product of the dims after the
+/// first two.
+fn row_width(x: &TensorValue) -> usize {
+    x.shape()[2..].iter().product()
+}
+
+/// `x` `[B, S, …]` → `[1, T, …]`: the rows of the real tokens of `mask`, in order.
+pub(crate) fn pack_rows(
+    x: &TensorValue,
+    mask: &TensorValue,
+    ctx: &mut Ctx<'_>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let map = RowMap::from_mask(mask, node, "pack_rows")?;
+    if x.rank() < 2 || x.shape()[..2] != [map.batch, map.seq] {
+        return Err(Error::op(
+            node,
+            "pack_rows",
+            format!(
+                "x {:?} must start with the mask's [{}, {}]",
+                x.shape(),
+                map.batch,
+                map.seq
+            ),
+        ));
+    }
+    let w = row_width(x);
+    let mut shape = vec![1, map.rows.len()];
+    shape.extend_from_slice(&x.shape()[2..]);
+    if let Some(src) = x.as_f32() {
+        let mut out = ctx.arena.f32_for_overwrite(map.rows.len() * w);
+        for (dst, &r) in out.chunks_exact_mut(w.max(1)).zip(&map.rows) {
+            dst.copy_from_slice(&src[r * w..][..w]);
+        }
+        return Ok(TensorValue::raw(shape, out));
+    }
+    let data = crate::map_data!(x.data(), v => map.rows.iter().flat_map(|&r| v[r * w..][..w].iter().copied()).collect());
+    Ok(TensorValue::raw_data(shape, data))
+}
+
+/// `y` `[1, T, …]` → `[B, S, …]`: each packed row back at its real token of `mask`, zeros at
+/// the padding.
+pub(crate) fn unpack_rows(
+    y: &TensorValue,
+    mask: &TensorValue,
+    ctx: &mut Ctx<'_>,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let map = RowMap::from_mask(mask, node, "unpack_rows")?;
+    if y.rank() < 2 || y.shape()[..2] != [1, map.rows.len()] {
+        return Err(Error::op(
+            node,
+            "unpack_rows",
+            format!(
+                "y {:?} must be [1, {}, …]: one row per real token of the mask",
+                y.shape(),
+                map.rows.len()
+            ),
+        ));
+    }
+    let w = row_width(y);
+    let mut shape = vec![map.batch, map.seq];
+    shape.extend_from_slice(&y.shape()[2..]);
+    let len = map.batch * map.seq * w;
+    if let Some(src) = y.as_f32() {
+        let mut out = ctx.arena.f32_zeroed(len);
+        for (row, &r) in src.chunks_exact(w.max(1)).zip(&map.rows) {
+            out[r * w..][..w].copy_from_slice(row);
+        }
+        return Ok(TensorValue::raw(shape, out));
+    }
+    let data = crate::map_data!(y.data(), v => {
+        let mut out = vec![Default::default(); len];
+        for (i, &r) in map.rows.iter().enumerate() {
+            out[r * w..][..w].copy_from_slice(&v[i * w..][..w]);
+        }
+        out
+    });
+    Ok(TensorValue::raw_data(shape, data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::Arena;
+
+    #[test]
+    fn pack_then_unpack_restores_real_rows_and_zeros_padding() {
+        let mut arena = Arena::default();
+        let mut ctx = Ctx {
+            threads: 1,
+            arena: &mut arena,
+        };
+        let x = TensorValue::from_f32(vec![2, 3, 2], (0..12).map(|v| v as f32).collect()).unwrap();
+        let mask = TensorValue::from_i64(vec![2, 3], vec![1, 1, 0, 0, 1, 1]).unwrap();
+        let p = pack_rows(&x, &mask, &mut ctx, "p").unwrap();
+        assert_eq!(p.shape(), &[1, 4, 2]);
+        assert_eq!(p.as_f32().unwrap(), &[0., 1., 2., 3., 8., 9., 10., 11.]);
+        let u = unpack_rows(&p, &mask, &mut ctx, "u").unwrap();
+        assert_eq!(
+            u.as_f32().unwrap(),
+            &[0., 1., 2., 3., 0., 0., 0., 0., 8., 9., 10., 11.]
+        );
+        let xi = TensorValue::from_u8(vec![2, 3], vec![1, 2, 3, 4, 5, 6]).unwrap();
+        let pi = pack_rows(&xi, &mask, &mut ctx, "p").unwrap();
+        assert_eq!(pi.shape(), &[1, 4]);
+        assert_eq!(pi.as_u8().unwrap(), &[1, 2, 5, 6]);
+        let map = RowMap::from_mask(&mask, "m", "pack_rows").unwrap();
+        assert_eq!(map.starts, vec![0, 2, 4]);
+        assert_eq!(map.position(1, 0), 1);
+        let bad = TensorValue::from_i64(vec![2, 2], vec![1; 4]).unwrap();
+        assert!(pack_rows(&x, &bad, &mut ctx, "p").is_err());
+        assert!(unpack_rows(&x, &mask, &mut ctx, "u").is_err());
+    }
+}

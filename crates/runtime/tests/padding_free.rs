@@ -1,0 +1,140 @@
+//! Padding-free execution (the `pack` pipeline) against padded execution of the same model:
+//! every real token's values bit for bit, zeros at the padding, on batches whose sequences have
+//! very different lengths (one of them all padding), FP32 and INT8 (per-token dynamic and
+//! static activations), 1 and 2 threads.
+
+mod common;
+
+use common::*;
+use runtime::quantize::{calibrate, quantize, ActivationMode, CalibrationBatch, QuantizeOptions};
+use runtime::{Model, Session, TensorValue};
+
+/// `lengths.len()` sequences padded to the longest, right-padded; ids from a fixed formula.
+fn feeds(session: &Session, lengths: &[usize]) -> Vec<(String, TensorValue)> {
+    let vocab = session.lookup_rows("input_ids").expect("a token lookup") as i64;
+    let (batch, seq) = (lengths.len(), *lengths.iter().max().unwrap());
+    let mut ids = vec![0i64; batch * seq];
+    let mut mask = vec![0i64; batch * seq];
+    let mut types = vec![0i64; batch * seq];
+    for (b, &len) in lengths.iter().enumerate() {
+        for s in 0..len {
+            let i = b * seq + s;
+            ids[i] = (3 + (b * 7919 + s * 104_729) as i64) % vocab;
+            mask[i] = 1;
+            types[i] = i64::from(s >= len / 2 && b % 2 == 1);
+        }
+    }
+    token_feeds(session, [batch, seq], ids, mask, types)
+}
+
+fn ops(session: &Session) -> Vec<&'static str> {
+    let g = session.graph();
+    g.node_ids().map(|id| g.node(id).op.name()).collect()
+}
+
+/// Packed and padded sessions of `model` agree at every real token, bit for bit, and the packed
+/// one leaves zeros at the padding of per-token outputs.
+fn check(what: &str, model: &Model) {
+    for threads in [1, 2] {
+        let packed = Session::builder(model).threads(threads).build().unwrap();
+        let padded = Session::builder(model)
+            .threads(threads)
+            .padding_free(false)
+            .build()
+            .unwrap();
+        assert!(ops(&packed).contains(&"pack_rows"), "{what}: not packed");
+        assert!(ops(&packed).contains(&"attention_packed"), "{what}");
+        assert!(!ops(&padded).contains(&"pack_rows"), "{what}");
+        for lengths in [&[19usize, 3, 0, 11, 1, 19][..], &[2], &[9, 8]] {
+            let f = feeds(&packed, lengths);
+            let a = packed.run(&as_refs(&f)).unwrap();
+            let b = padded.run(&as_refs(&f)).unwrap();
+            let seq = *lengths.iter().max().unwrap();
+            let real = |b: usize, s: usize| s < lengths[b];
+            for ((name, x), (_, y)) in a.iter().zip(&b) {
+                let ctx = format!("{what} threads={threads} lengths={lengths:?} {name}");
+                assert_eq!(x.shape(), y.shape(), "{ctx}");
+                let (x, y) = (x.as_f32().unwrap(), y.as_f32().unwrap());
+                let per_token = a
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .is_some_and(|(_, t)| t.rank() >= 2 && t.shape()[..2] == [lengths.len(), seq]);
+                if !per_token {
+                    // A pooled output: one row per sequence, from its first token.
+                    let row = x.len() / lengths.len();
+                    for bi in (0..lengths.len()).filter(|&bi| lengths[bi] > 0) {
+                        let (p, q) = (&x[bi * row..][..row], &y[bi * row..][..row]);
+                        assert!(
+                            p.iter().zip(q).all(|(u, v)| u.to_bits() == v.to_bits()),
+                            "{ctx}: sequence {bi} differs"
+                        );
+                    }
+                    continue;
+                }
+                let row = x.len() / (lengths.len() * seq);
+                for bi in 0..lengths.len() {
+                    for s in 0..seq {
+                        let at = (bi * seq + s) * row;
+                        let (p, q) = (&x[at..][..row], &y[at..][..row]);
+                        if real(bi, s) {
+                            let same = p.iter().zip(q).all(|(u, v)| u.to_bits() == v.to_bits());
+                            assert!(
+                                same,
+                                "{ctx}: token ({bi}, {s}) differs: {:?} vs {:?}",
+                                &p[..3],
+                                &q[..3]
+                            );
+                        } else {
+                            assert!(
+                                p.iter().all(|&u| u == 0.0),
+                                "{ctx}: padding ({bi}, {s}) not zero"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn load(id: &str) -> Option<Model> {
+    let dir = models_dir(&format!("padding_free {id}"))?;
+    let man = manifest(&dir);
+    let entry = model_entry(&man, id);
+    Some(Model::load(dir.join(entry["file"].as_str().unwrap())).unwrap())
+}
+
+#[test]
+fn fp32_models_packed_equal_padded_at_real_tokens() {
+    for id in [
+        "tiny-bert",
+        "tiny-distilbert",
+        "tiny-xlm-roberta",
+        "minilm-l6",
+    ] {
+        if let Some(m) = load(id) {
+            check(id, &m);
+        }
+    }
+}
+
+#[test]
+fn int8_minilm_packed_equals_padded_at_real_tokens() {
+    let Some(fp32) = load("minilm-l6") else {
+        return;
+    };
+    let (dynamic, _) = quantize(&fp32, None, &QuantizeOptions::default()).unwrap();
+    check("minilm-l6 int8 dynamic", &dynamic);
+    let probe = Session::builder(&fp32).build().unwrap();
+    let batches: Vec<CalibrationBatch> = [&[12usize, 5, 9][..], &[7, 16]]
+        .iter()
+        .map(|l| CalibrationBatch::from_feeds(feeds(&probe, l)))
+        .collect();
+    let stats = calibrate(&fp32, &batches, 2, &mut |_, _| {}).unwrap();
+    let opts = QuantizeOptions {
+        activations: ActivationMode::Static,
+        ..QuantizeOptions::default()
+    };
+    let (fixed, _) = quantize(&fp32, Some(&stats), &opts).unwrap();
+    check("minilm-l6 int8 static", &fixed);
+}
