@@ -49,6 +49,16 @@ What it does:
    2*seq*768) per token, and the fraction of the measured int8 peak encore-int8 reached. With
    `--out FILE`, writes every measurement as JSON.
 
+Real lengths (`--lengths-from FILE --tokenizer T`): instead of full `--seq` batches, every engine
+cycles through `--distinct-batches` batches per batch size whose sequences have the token counts
+of texts of FILE (drawn with a fixed seed by `encore bench --lengths-from`, truncated to --seq),
+each batch padded to its longest text: encore computes only the real tokens (padding-free);
+onnxruntime and OpenVINO run the padded batches, as their users do (OpenVINO compiled once per
+distinct padded shape, its static-shape fast path). The roofline line is left out there.
+
+    python3 scripts/bench_int8.py --batches 32 --lengths-from ../shared/models/data/movie_sentiment/test.jsonl \
+        --tokenizer ../shared/models/minilm-l6/tokenizer.json
+
 Exit status: 0 when every engine that was not skipped ran every measurement; 1 when any engine,
 the hwbench peak, or a step before the measurements failed (the message says which, with the end
 of the failing command's output; the other engines are still measured and reported); 2 on bad
@@ -60,6 +70,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import itertools
 import json
 import os
 import platform
@@ -170,13 +181,14 @@ def model_facts(model: Path) -> dict:
 # Step 3: engines
 
 
-def timed_loop(args: argparse.Namespace, batch: int, run_once, what: str) -> dict:
-    """`encore bench`'s protocol: warm-up runs, then timed runs for >= --seconds and --min-runs."""
-    for _ in range(args.warmup):
+def timed_loop(args: argparse.Namespace, batch: int, run_once, what: str, cycle: int = 1) -> dict:
+    """`encore bench`'s protocol: warm-up runs, then timed runs for >= --seconds and --min-runs
+    (and a whole number of `cycle`s: the distinct batches of real lengths each weigh the same)."""
+    for _ in range(args.warmup * cycle):
         run_once()
     lat = []
     start = time.perf_counter()
-    while len(lat) < max(args.min_runs, 1) or time.perf_counter() - start < args.seconds:
+    while len(lat) < max(args.min_runs, 1) or time.perf_counter() - start < args.seconds or len(lat) % cycle:
         t = time.perf_counter()
         run_once()
         lat.append((time.perf_counter() - t) * 1e3)
@@ -210,6 +222,25 @@ class Inputs:
         if batch not in self.cache:
             self.cache[batch] = self.make(batch, seed=batch)
         return self.cache[batch]
+
+    def batches(self, batch: int) -> list[dict]:
+        """The feeds of each run in turn: one full batch, or the batches of real lengths."""
+        lengths = getattr(self.args, "lengths", None)
+        if not lengths:
+            return [self.feeds(batch)]
+        key = ("lengths", batch)
+        if key not in self.cache:
+            np = self.np
+            out = []
+            for i, ls in enumerate(lengths[batch]):
+                rng = np.random.default_rng(1000 * batch + i)
+                seq = max(ls)
+                ids = rng.integers(5, max(self.vocab, 6), size=(batch, seq), dtype=np.int64)
+                mask = (np.arange(seq)[None, :] < np.array(ls)[:, None]).astype(np.int64)
+                feeds = {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+                out.append({k: v for k, v in feeds.items() if k in self.names})
+            self.cache[key] = out
+        return self.cache[key]
 
     def make(self, batch: int, seed: int) -> dict:
         np = self.np
@@ -253,6 +284,7 @@ class EncoreEngine(Engine):
             str(self.ctx["encore"]), "bench", "--model", str(self.model_path()), "--batch", str(batch),
             "--seq", str(a.seq), "--threads", str(a.threads), "--seconds", str(a.seconds),
             "--min-runs", str(a.min_runs), "--warmup", str(a.warmup), "--json",
+            *lengths_args(a),
         ]
         out = run_cmd(cmd, f"{self.name} bench batch {batch}", timeout=a.timeout)
         r = last_json_line(out, f"{self.name}: encore bench")
@@ -261,6 +293,8 @@ class EncoreEngine(Engine):
         missing = [k for k in ("throughput_seq_per_s", "latency_ms_p50") if k not in r]
         if missing:
             raise BenchError(f"{self.name}: encore bench JSON lacks {missing}: {json.dumps(r)}")
+        if a.lengths_from and r.get("lengths") != a.lengths[batch]:
+            raise BenchError(f"{self.name}: encore bench drew other lengths than the peers run: {r.get('lengths')}")
         got = r.get("precision")
         if got is not None and got != self.precision:
             raise BenchError(
@@ -338,13 +372,14 @@ class OrtEngine(Engine):
         log(f"{self.name}: session ready in {self.info['session_load_s']:.1f} s")
 
     def bench(self, batch: int) -> dict:
-        feeds = self.ctx["inputs"].feeds(batch)
+        batches = self.ctx["inputs"].batches(batch)
+        turn = itertools.count()
 
         def once():
-            self.session.run(None, feeds)
+            self.session.run(None, batches[next(turn) % len(batches)])
 
         try:
-            return timed_loop(self.args, batch, once, self.name)
+            return timed_loop(self.args, batch, once, self.name, cycle=len(batches))
         except BenchError:
             raise
         except Exception as e:
@@ -448,12 +483,14 @@ class OpenVinoEngine(Engine):
         self.requests = {}
         config = self.config()
         self.info["config"] = {k: str(v) for k, v in config.items()}
-        for b in self.args.batch_list:
+        shapes = sorted({(b, f["input_ids"].shape[1]) for b in self.args.batch_list
+                         for f in self.ctx["inputs"].batches(b)})
+        for b, seq in shapes:
             try:
-                model.reshape({n: [b, self.args.seq] for n in names})
+                model.reshape({n: [b, seq] for n in names})
                 compiled = core.compile_model(model, "CPU", config)
             except Exception as e:
-                raise BenchError(f"{self.name}: compiling for batch {b} failed: {type(e).__name__}: {e}") from e
+                raise BenchError(f"{self.name}: compiling for batch {b} x {seq} failed: {type(e).__name__}: {e}") from e
             if "compiled_properties" not in self.info:
                 props = {}
                 for key in ("INFERENCE_NUM_THREADS", "PERFORMANCE_HINT", "NUM_STREAMS", "INFERENCE_PRECISION_HINT",
@@ -464,20 +501,22 @@ class OpenVinoEngine(Engine):
                     except Exception:  # not every version knows every key
                         pass
                 self.info["compiled_properties"] = props
-            self.requests[b] = (compiled, compiled.create_infer_request())
+            self.requests[(b, seq)] = (compiled, compiled.create_infer_request())
         self.info["prepare_s"] = time.perf_counter() - t0
         log(f"{self.name}: ready for batches {self.args.batch_list} in {self.info['prepare_s']:.1f} s "
             f"({self.info['compiled_properties']})")
 
     def bench(self, batch: int) -> dict:
-        feeds = self.ctx["inputs"].feeds(batch)
-        _, req = self.requests[batch]
+        batches = self.ctx["inputs"].batches(batch)
+        runs = [(self.requests[(batch, f["input_ids"].shape[1])][1], f) for f in batches]
+        turn = itertools.count()
 
         def once():
+            req, feeds = runs[next(turn) % len(runs)]
             req.infer(feeds, share_inputs=True)
 
         try:
-            return timed_loop(self.args, batch, once, self.name)
+            return timed_loop(self.args, batch, once, self.name, cycle=len(runs))
         except BenchError:
             raise
         except Exception as e:
@@ -521,6 +560,24 @@ class OpenVinoInt8Nncf(OpenVinoEngine):
 
 ENGINE_CLASSES = {c.name: c for c in (EncoreFp32, EncoreInt8, EncoreInt8Static, OrtEngine, OrtInt8Dynamic, OpenVinoEngine,
                                       OpenVinoInt8Nncf)}
+
+
+def lengths_args(args: argparse.Namespace) -> list[str]:
+    if not args.lengths_from:
+        return []
+    return ["--lengths-from", args.lengths_from, "--tokenizer", args.tokenizer,
+            "--distinct-batches", str(args.distinct_batches)]
+
+
+def draw_lengths(args: argparse.Namespace, encore: Path, model: Path, batch: int) -> list[list[int]]:
+    """The real lengths `encore bench --lengths-from` draws for `batch` (one untimed cycle)."""
+    cmd = [str(encore), "bench", "--model", str(model), "--batch", str(batch), "--seq", str(args.seq),
+           "--threads", str(args.threads), "--seconds", "0", "--min-runs", "1", "--warmup", "0", "--json",
+           *lengths_args(args)]
+    r = last_json_line(run_cmd(cmd, "encore bench (lengths)", timeout=args.timeout), "encore bench")
+    if not isinstance(r, dict) or not isinstance(r.get("lengths"), list):
+        raise BenchError(f"encore bench --lengths-from printed no lengths: {r}")
+    return r["lengths"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -642,6 +699,12 @@ def summarize(args: argparse.Namespace, rows: dict, peak: dict | None) -> list[d
         for v in med.values():
             v["ratio_to_encore_int8"] = v["seq_per_s"] / i8 if i8 else None
             v["ratio_to_encore_fp32"] = v["seq_per_s"] / f32 if f32 else None
+        if args.lengths_from:
+            ls = args.lengths[b]
+            summary.append({"batch": b, "engines": med, "roofline": None,
+                            "mean_real_tokens": sum(map(sum, ls)) / (len(ls) * b),
+                            "mean_padded_tokens": sum(max(x) for x in ls) / len(ls)})
+            continue
         macs = gemm_macs_per_sequence(args.seq) * b
         roof = {"gemm_macs_per_forward": macs, "gemm_gmacs_per_forward": macs / 1e9}
         if peak:
@@ -690,6 +753,10 @@ def print_report(args: argparse.Namespace, summary: list[dict], engines: list[En
             print(f"  {e.name:<20} {v['seq_per_s']:>10.2f} {v['p50_ms']:>10.2f} "
                   f"{fmt_ratio(v['ratio_to_encore_int8']):>10} {fmt_ratio(v['ratio_to_encore_fp32']):>10}")
         r = s["roofline"]
+        if r is None:
+            print(f"  real lengths: {s['mean_real_tokens']:.1f} tokens per sequence, padded to "
+                  f"{s['mean_padded_tokens']:.1f} ({len(args.lengths[b])} distinct batches)")
+            continue
         line = f"  roofline: {r['gemm_gmacs_per_forward']:.2f} GMAC of GEMM per forward (batch {b} x seq {args.seq})"
         if "encore-int8_gops" in r:
             line += f"; encore-int8 {r['encore-int8_gops']:.1f} GOPS"
@@ -732,6 +799,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", help="write all results as JSON here")
     p.add_argument("--workdir", help="where models and the encore copy go (default: a temporary folder, removed after)")
     p.add_argument("--encore-bin", help="use this encore executable instead of building one")
+    p.add_argument("--lengths-from", help="batches of the real token counts of this text file (see above)")
+    p.add_argument("--tokenizer", help="the tokenizer.json that counts tokens for --lengths-from")
+    p.add_argument("--distinct-batches", type=int, default=16, help="batches drawn per batch size (default 16)")
     p.add_argument("--venv", default=str(REPO / ".venv-int8-bench"))
     p.add_argument("--no-venv", action="store_true", help="use the running Python's packages")
     args = p.parse_args(argv)
@@ -752,6 +822,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     bad = [s for s in args.skip_list if s not in ENGINES]
     if bad:
         p.error(f"--skip: unknown engine(s) {bad}; the engines are {', '.join(ENGINES)}")
+    if args.lengths_from and not args.tokenizer:
+        p.error("--lengths-from needs --tokenizer")
+    for name in ("lengths_from", "tokenizer"):
+        if getattr(args, name):
+            setattr(args, name, str(Path(getattr(args, name)).resolve()))
+    args.lengths = {}
     if set(args.skip_list) == set(ENGINES):
         p.error("--skip leaves no engine to run")
     return args
@@ -792,6 +868,13 @@ def main(argv: list[str]) -> int:
             if facts["hidden"] not in (None, BERT_HIDDEN):
                 log(f"warning: the model's hidden size is {facts['hidden']}; the roofline line assumes BERT-base")
             log(f"model inputs {facts['inputs']}, vocab {vocab}, hidden {facts['hidden']}")
+            if args.lengths_from:
+                for b in args.batch_list:
+                    args.lengths[b] = draw_lengths(args, encore, model, b)
+                    ls = args.lengths[b]
+                    log(f"batch {b}: {len(ls)} batches of real lengths, "
+                        f"{sum(map(sum, ls)) / (len(ls) * b):.1f} tokens per sequence, "
+                        f"padded to {sum(max(x) for x in ls) / len(ls):.1f}")
             ctx = {"encore": encore, "model": model, "workdir": workdir,
                    "inputs": Inputs(args, vocab, facts["inputs"])}
 
@@ -859,6 +942,8 @@ def main(argv: list[str]) -> int:
                         "seconds": args.seconds, "min_runs": args.min_runs, "warmup": args.warmup,
                         "calibration_samples": args.calibration, "ov_precision": args.ov_precision,
                         "skipped": args.skip_list,
+                        "lengths_from": args.lengths_from, "tokenizer": args.tokenizer,
+                        "lengths": {str(b): v for b, v in args.lengths.items()} or None,
                         "ort_session": {"intra_op_num_threads": args.threads, "inter_op_num_threads": 1,
                                         "graph_optimization_level": "ORT_ENABLE_ALL",
                                         "execution_mode": "ORT_SEQUENTIAL"},

@@ -569,6 +569,69 @@ fn output_names_cannot_escape_the_output_folder() {
 
 /// `bench` draws ids from the model's own table, also on a QDQ model (whose table is behind a
 /// DequantizeLinear); models it cannot feed and bad presets are clean errors.
+/// `bench --lengths-from`: batches of the real token counts of a text file (fixed draws, each
+/// padded to its longest), every padded token computed or not.
+#[test]
+fn bench_on_batches_of_real_lengths() {
+    let Some(m) = models_dir("bench_real_lengths") else {
+        return;
+    };
+    let texts = m.join("data/movie_sentiment/test.jsonl");
+    let tokenizer = m.join("minilm-l6/tokenizer.json");
+    let model = m.join("tiny/bert/model.onnx");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--model",
+            model.to_str().unwrap(),
+            "--batch",
+            "4",
+            "--seq",
+            "24",
+            "--seconds",
+            "0",
+            "--warmup",
+            "0",
+            "--min-runs",
+            "1",
+            "--distinct-batches",
+            "3",
+            "--lengths-from",
+            texts.to_str().unwrap(),
+            "--tokenizer",
+            tokenizer.to_str().unwrap(),
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let o = encore(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(stdout(&o).trim()).unwrap()
+    };
+    let packed = run(&[]);
+    let padded = run(&["--no-padding-free"]);
+    assert_eq!(packed["padding_free"], true);
+    assert_eq!(padded["padding_free"], false);
+    // The same draws both times: 3 batches of 4 lengths in 1..=24, not all full.
+    assert_eq!(packed["lengths"], padded["lengths"]);
+    let lengths: Vec<Vec<usize>> = serde_json::from_value(packed["lengths"].clone()).unwrap();
+    assert_eq!(lengths.len(), 3);
+    assert!(lengths.iter().all(|b| b.len() == 4));
+    assert!(lengths.iter().flatten().all(|&l| (1..=24).contains(&l)));
+    assert!(lengths.iter().flatten().any(|&l| l < 24), "{lengths:?}");
+    // Whole cycles through the distinct batches.
+    assert_eq!(packed["runs"].as_u64().unwrap() % 3, 0);
+    let o = encore(&[
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "--lengths-from",
+        texts.to_str().unwrap(),
+    ]);
+    // A usage error of clap's (exit code 2) naming the missing flag.
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--tokenizer"), "{}", stderr(&o));
+}
+
 #[test]
 fn bench_on_quantized_models_and_error_paths() {
     let Some(m) = models_dir("bench_error_paths") else {

@@ -41,6 +41,19 @@ pub struct BenchArgs {
     /// Compute every padded token (no `pack` pipeline), to see what padding-free execution buys.
     #[arg(long)]
     pub no_padding_free: bool,
+    /// Time batches of real lengths instead of full `--seq` ones: the token counts of the texts
+    /// of this file (JSONL with a `text` field, or one text per line), tokenized with
+    /// `--tokenizer` and truncated to `--seq`. `--distinct-batches` batches of `--batch` texts
+    /// are drawn with a fixed seed, each padded to its longest text, and the runs cycle through
+    /// them (ids random, as for full batches).
+    #[arg(long, requires = "tokenizer")]
+    pub lengths_from: Option<PathBuf>,
+    /// The tokenizer that counts the tokens of `--lengths-from`.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// How many batches `--lengths-from` draws.
+    #[arg(long, default_value_t = 16)]
+    pub distinct_batches: usize,
     /// After the timed runs, profile `--min-runs` more: time per op kind and per op, and the
     /// standalone elementwise ops that fusion left inside the layers.
     #[arg(long)]
@@ -53,6 +66,8 @@ pub struct BenchResult {
     pub throughput_seq_per_s: f64,
     pub latencies_ms: Vec<f64>,
     pub compile_s: f64,
+    /// With `--lengths-from`: the real length of each sequence of each distinct batch.
+    pub lengths: Option<Vec<Vec<usize>>>,
     /// With `--profile`.
     pub profile: Option<Profile>,
 }
@@ -83,7 +98,11 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             "latency_ms_p50": r.percentile(50.0),
             "latency_ms_p90": r.percentile(90.0),
             "latency_ms_p99": r.percentile(99.0),
+            "padding_free": !args.no_padding_free,
         });
+        if let Some(l) = &r.lengths {
+            obj["lengths"] = serde_json::json!(l);
+        }
         if let Some(p) = &r.profile {
             obj["profile"] = p.to_json();
         }
@@ -222,6 +241,21 @@ pub fn print_result(args: &BenchArgs, quantized: bool, r: &BenchResult) {
         args.threads,
         if quantized { "int8" } else { "fp32" }
     );
+    if let Some(l) = &r.lengths {
+        let real: usize = l.iter().flatten().sum();
+        let padded: usize = l
+            .iter()
+            .map(|b| b.len() * b.iter().copied().max().unwrap_or(0))
+            .sum();
+        println!(
+            "  lengths       {} batches of real lengths: {:.1} real tokens per sequence, {:.1} padded ({:.0} % padding){}",
+            l.len(),
+            real as f64 / (l.len() * args.batch) as f64,
+            padded as f64 / (l.len() * args.batch) as f64,
+            100.0 * (1.0 - real as f64 / padded.max(1) as f64),
+            if args.no_padding_free { ", all computed" } else { ", padding not computed" }
+        );
+    }
     println!("  compile       {:.2} s", r.compile_s);
     println!("  runs          {}", r.runs);
     println!("  throughput    {:.2} sequences/s", r.throughput_seq_per_s);
@@ -251,24 +285,43 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         },
     )?;
     let compile_s = t0.elapsed().as_secs_f64();
-    let feeds = random_feeds(&session, args.batch, args.seq)?;
-    let refs: Vec<(&str, TensorValue)> =
-        feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let (lengths, batches) = match &args.lengths_from {
+        None => (None, vec![random_feeds(&session, args.batch, args.seq)?]),
+        Some(texts) => {
+            let lengths = real_length_batches(args, texts)?;
+            let mut ids = RandomIds::new();
+            let batches = lengths
+                .iter()
+                .map(|l| feeds_of_lengths(&session, l, &mut ids))
+                .collect::<Result<Vec<_>, _>>()?;
+            (Some(lengths), batches)
+        }
+    };
+    let refs: Vec<Vec<(&str, TensorValue)>> = batches
+        .iter()
+        .map(|f| f.iter().map(|(n, t)| (n.as_str(), t.clone())).collect())
+        .collect();
     for _ in 0..args.warmup {
-        session.run(&refs)?;
+        for r in &refs {
+            session.run(r)?;
+        }
     }
     let budget = Duration::from_secs_f64(args.seconds.max(0.0));
     let mut latencies_ms = Vec::new();
     let start = Instant::now();
-    while latencies_ms.len() < args.min_runs.max(1) || start.elapsed() < budget {
+    // Whole cycles through the distinct batches, so that each weighs the same.
+    while latencies_ms.len() < args.min_runs.max(1)
+        || start.elapsed() < budget
+        || !latencies_ms.len().is_multiple_of(refs.len())
+    {
         let t = Instant::now();
-        session.run(&refs)?;
+        session.run(&refs[latencies_ms.len() % refs.len()])?;
         latencies_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let total_s = latencies_ms.iter().sum::<f64>() / 1e3;
     let profile = if args.profile {
         let runs = (0..args.min_runs.max(1))
-            .map(|_| session.run_profiled(&refs).map(|(_, t)| t))
+            .map(|i| session.run_profiled(&refs[i % refs.len()]).map(|(_, t)| t))
             .collect::<Result<Vec<_>, _>>()?;
         Some(Profile::from_runs(&runs))
     } else {
@@ -279,8 +332,79 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         throughput_seq_per_s: (latencies_ms.len() * args.batch) as f64 / total_s,
         latencies_ms,
         compile_s,
+        lengths,
         profile,
     })
+}
+
+/// `--distinct-batches` batches of `--batch` real lengths: the token counts (truncated to
+/// `--seq`) of texts of `path` drawn with a fixed seed.
+fn real_length_batches(
+    args: &BenchArgs,
+    path: &std::path::Path,
+) -> Result<Vec<Vec<usize>>, CliError> {
+    use runtime::text::{Padding, Tokenizer, TokenizerOptions};
+    let tokenizer_path = args
+        .tokenizer
+        .as_ref()
+        .ok_or_else(|| CliError::usage("--tokenizer", "needed with --lengths-from"))?;
+    if args.distinct_batches == 0 {
+        return Err(CliError::usage("--distinct-batches", "must be at least 1"));
+    }
+    let tokenizer = Tokenizer::from_file(
+        tokenizer_path,
+        TokenizerOptions {
+            max_length: Some(args.seq),
+            padding: Padding::Longest,
+        },
+    )?;
+    let texts = super::texts::read_all(path)?;
+    let mut counts = Vec::with_capacity(texts.len());
+    for chunk in texts.chunks(256) {
+        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        let mask = tokenizer.encode(&refs)?.attention_mask;
+        let width = mask.shape()[1];
+        let m = mask.to_i64_vec()?;
+        counts.extend(
+            m.chunks(width.max(1))
+                .map(|r| r.iter().filter(|&&x| x != 0).count()),
+        );
+    }
+    // A fixed 64-bit LCG: the same draws on every machine.
+    let mut state: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut draw = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as usize % counts.len()
+    };
+    Ok((0..args.distinct_batches)
+        .map(|_| (0..args.batch).map(|_| counts[draw()]).collect())
+        .collect())
+}
+
+/// One batch of the given real lengths, padded to the longest: random ids at the real tokens,
+/// the mask, token type 0.
+fn feeds_of_lengths(
+    session: &Session,
+    lengths: &[usize],
+    ids: &mut RandomIds,
+) -> Result<Vec<(String, TensorValue)>, CliError> {
+    let seq = lengths.iter().copied().max().unwrap_or(0).max(1);
+    let mut feeds = random_feeds_from(session, lengths.len(), seq, ids)?;
+    let real = |i: usize| i % seq < lengths[i / seq];
+    for (name, t) in feeds.iter_mut() {
+        let values = t.to_i64_vec()?;
+        let values: Vec<i64> = match name.as_str() {
+            "attention_mask" => (0..values.len()).map(|i| i64::from(real(i))).collect(),
+            "input_ids" => (0..values.len())
+                .map(|i| if real(i) { values[i] } else { 0 })
+                .collect(),
+            _ => values,
+        };
+        *t = TensorValue::from_i64(vec![lengths.len(), seq], values)?;
+    }
+    Ok(feeds)
 }
 
 /// A xorshift stream of token ids: the same inputs on every machine and every run.

@@ -51,6 +51,9 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         profile: false,
         no_fuse: false,
         no_padding_free: false,
+        lengths_from: None,
+        tokenizer: None,
+        distinct_batches: 16,
     };
     let result = measure(&model, &bench)?;
     print_result(&bench, model.is_quantized(), &result);
