@@ -301,7 +301,7 @@ pub(crate) struct PartWork {
     pans: std::ops::Range<usize>,
     mc: usize,
     nc_panels: usize,
-    units_n: usize,
+    units_m: usize,
     /// `front << 32 | back`: units `front..back` are still unclaimed.
     queue: std::sync::atomic::AtomicU64,
 }
@@ -328,14 +328,15 @@ impl PartWork {
             pans,
             mc,
             nc_panels,
-            units_n,
+            units_m,
             queue: std::sync::atomic::AtomicU64::new(total),
         }
     }
 
-    /// Rows and panels of unit `u`.
+    /// Rows and panels of unit `u`. Rows vary fastest: consecutive units share a panel block,
+    /// whose weights stay in L2 while the rows sweep past.
     pub(crate) fn unit(&self, u: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
-        let (um, un) = (u / self.units_n, u % self.units_n);
+        let (um, un) = (u % self.units_m, u / self.units_m);
         let r0 = self.rows.start + um * self.mc;
         let p0 = self.pans.start + un * self.nc_panels;
         (

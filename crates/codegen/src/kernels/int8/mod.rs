@@ -1,7 +1,8 @@
 //! INT8 GEMM: `u8 × s8 → i32`, then the fused [`Epilogue`].
 //!
-//! Data path: activations (u8, or s8 shifted by +128) → packed per `mc`-row block for the
-//! kernel's A layout → microkernel over all of K into an i32 block (`mc × nc`, thread-local) →
+//! Data path: activations (u8, or s8 shifted by +128) → packed once per call for the kernel's A
+//! layout (all rows, shared by the threads) → microkernel over all of K into an i32 block
+//! (`mr × nc`, thread-local) →
 //! epilogue (dequant with column-sum compensation, bias, GELU, residual, LayerNorm, requant,
 //! store) while the block is in L2 → output.
 //!
@@ -298,7 +299,8 @@ pub fn gemm_i8_amx_model(
 }
 
 thread_local! {
-    static APACK: RefCell<AlignedBuf<u8>> = RefCell::new(AlignedBuf::zeroed(0));
+    /// The caller's packed A (all rows of one call; kept between calls).
+    static APACK: RefCell<Option<AlignedBuf<u8>>> = const { RefCell::new(None) };
     static ACC: RefCell<AlignedBuf<i32>> = RefCell::new(AlignedBuf::zeroed(0));
     static EPI_TMP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The caller's f32 intermediate of a two-phase epilogue (kept between calls).
@@ -409,15 +411,35 @@ fn drive(
             PartWork::new(rows, pans, d.mr, blk.mc, blk.nc_panels)
         })
         .collect();
-    let mc_max = blk.mc.min(m.div_ceil(d.mr) * d.mr);
+    // A is packed once, all rows, before the units run: a thread sweeps the rows of its
+    // panel block while the block's weights stay in L2, so every unit reads A from the shared
+    // packed copy instead of packing its rows again for each panel block. Taken out of the
+    // thread-local for this call, as `mid`.
+    let m_panels = m.div_ceil(d.mr);
+    let mut apack = APACK.take().unwrap_or_else(|| AlignedBuf::zeroed(0));
+    apack.ensure(m_panels * d.mr * b.k_pad);
+    {
+        let dst = ApackPtr(apack.as_mut_ptr());
+        parallel_chunks(m_panels, threads.min(m_panels), |pans| {
+            let dst = dst;
+            let len = pans.len() * d.mr * b.k_pad;
+            // SAFETY: chunks of micro-panels are disjoint byte ranges of the buffer, which
+            // holds m_panels micro-panels of mr × k_pad bytes.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(dst.0.add(pans.start * d.mr * b.k_pad), len)
+            };
+            let rows = pans.start * d.mr..(pans.end * d.mr).min(m);
+            pack::pack_a(a_bytes, lda, b.k, b.k_pad, rows, d.mr, d.a_layout, xor, dst);
+        });
+    }
+    let a_packed = ApackPtr(apack.as_mut_ptr());
     let eager = super::pool::eager_steal();
     let body = |t: usize| {
-        APACK.with_borrow_mut(|ap| {
+        let a_packed = a_packed;
+        {
             ACC.with_borrow_mut(|acc| {
                 EPI_TMP.with_borrow_mut(|tmp| {
-                    ap.ensure(mc_max * b.k_pad);
                     acc.ensure(d.mr * blk.nc_panels * d.nr);
-                    let mut packed: Option<(usize, usize)> = None;
                     let mut run = |w: &PartWork, u: usize| {
                         let (rows, pans) = w.unit(u);
                         // SAFETY: units are disjoint output blocks, each claimed exactly once; A
@@ -425,22 +447,8 @@ fn drive(
                         // were sized for the largest block.
                         unsafe {
                             compute_unit(
-                                kern,
-                                &d,
-                                &blk,
-                                a_bytes,
-                                lda,
-                                xor,
-                                b,
-                                rows,
-                                pans,
-                                tile_ops,
-                                ctx,
-                                tile_out,
-                                ap,
-                                &mut packed,
-                                acc,
-                                tmp,
+                                kern, &d, &blk, a_packed.0, b, rows, pans, tile_ops, ctx, tile_out,
+                                acc, tmp,
                             )
                         }
                     };
@@ -464,9 +472,10 @@ fn drive(
                     kern.end();
                 })
             })
-        });
+        }
     };
     parallel_for(parts, &body);
+    APACK.set(Some(apack));
     if two_phase {
         let row_ops = &ops[split..];
         let parts = threads.min(m);
@@ -496,6 +505,13 @@ fn drive(
 }
 
 #[derive(Clone, Copy)]
+struct ApackPtr(*mut u8);
+// SAFETY: written in disjoint chunks while packing, read-only while the units run.
+unsafe impl Send for ApackPtr {}
+// SAFETY: as above.
+unsafe impl Sync for ApackPtr {}
+
+#[derive(Clone, Copy)]
 struct MidPtr(*const f32);
 // SAFETY: read-only after phase one.
 unsafe impl Send for MidPtr {}
@@ -508,24 +524,20 @@ impl PackedI8 {
     }
 }
 
-/// Computes one unit: packs A for its rows (unless `packed` says they are already packed), runs
-/// the microkernel over its panels into the i32 block, then the epilogue to `out`.
+/// Computes one unit: the microkernel over its panels for each micro-panel row of its rows (in
+/// `a_packed`, the packed A of all rows) into the i32 block, then the epilogue to `out`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn compute_unit(
     kern: &dyn MicroKernel,
     d: &KernelDesc,
     blk: &Blocking,
-    a: &[u8],
-    lda: usize,
-    xor: u8,
+    a_packed: *const u8,
     b: &PackedI8,
     rows: std::ops::Range<usize>,
     pans: std::ops::Range<usize>,
     ops: &[EpilogueOp<'_>],
     ctx: Int8Ctx<'_>,
     out: OutPtr,
-    apack: &mut AlignedBuf<u8>,
-    packed: &mut Option<(usize, usize)>,
     acc: &mut AlignedBuf<i32>,
     tmp: &mut Vec<f32>,
 ) {
@@ -535,10 +547,9 @@ unsafe fn compute_unit(
     let (mr, nr, kp) = (d.mr, d.nr, b.k_pad);
     let ldacc = blk.nc_panels * nr;
     let mpan = rows.len().div_ceil(mr);
-    if *packed != Some((rows.start, rows.end)) {
-        pack::pack_a(a, lda, b.k, kp, rows.clone(), mr, d.a_layout, xor, apack);
-        *packed = Some((rows.start, rows.end));
-    }
+    debug_assert_eq!(rows.start % mr, 0, "units start on a micro-panel");
+    // SAFETY: micro-panel rows.start / mr and the following ones are inside the packed A.
+    let a_rows = unsafe { a_packed.add(rows.start * kp) };
     let cols = pans.start * nr..(pans.end * nr).min(b.n);
     // The A micro-panel (mr × Kp, a few KB) stays in L1 while the B panels of the block stream
     // from L2 in address order; the micro-panel row's accumulator (mr × nc·nr i32) is still in
@@ -550,7 +561,7 @@ unsafe fn compute_unit(
             unsafe {
                 kern.run(
                     kp / 4,
-                    apack.as_ptr().add(ip * mr * kp),
+                    a_rows.add(ip * mr * kp),
                     b.data.as_ptr().add(p * kp * nr),
                     acc.as_mut_ptr().add((p - pans.start) * nr),
                     ldacc,
