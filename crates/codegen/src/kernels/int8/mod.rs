@@ -421,7 +421,6 @@ fn drive(
     {
         let dst = ApackPtr(apack.as_mut_ptr());
         parallel_chunks(m_panels, threads.min(m_panels), |pans| {
-            let dst = dst;
             let len = pans.len() * d.mr * b.k_pad;
             // SAFETY: chunks of micro-panels are disjoint byte ranges of the buffer, which
             // holds m_panels micro-panels of mr × k_pad bytes.
@@ -435,7 +434,6 @@ fn drive(
     let a_packed = ApackPtr(apack.as_mut_ptr());
     let eager = super::pool::eager_steal();
     let body = |t: usize| {
-        let a_packed = a_packed;
         {
             ACC.with_borrow_mut(|acc| {
                 EPI_TMP.with_borrow_mut(|tmp| {
@@ -447,8 +445,18 @@ fn drive(
                         // were sized for the largest block.
                         unsafe {
                             compute_unit(
-                                kern, &d, &blk, a_packed.0, b, rows, pans, tile_ops, ctx, tile_out,
-                                acc, tmp,
+                                kern,
+                                &d,
+                                &blk,
+                                a_packed.get(),
+                                b,
+                                rows,
+                                pans,
+                                tile_ops,
+                                ctx,
+                                tile_out,
+                                acc,
+                                tmp,
                             )
                         }
                     };
@@ -510,6 +518,13 @@ struct ApackPtr(*mut u8);
 unsafe impl Send for ApackPtr {}
 // SAFETY: as above.
 unsafe impl Sync for ApackPtr {}
+
+impl ApackPtr {
+    /// The pointer (a method, so that closures capture the `Sync` wrapper, not the field).
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}
 
 #[derive(Clone, Copy)]
 struct MidPtr(*const f32);
