@@ -425,7 +425,7 @@ fn drive(
             // SAFETY: chunks of micro-panels are disjoint byte ranges of the buffer, which
             // holds m_panels micro-panels of mr × k_pad bytes.
             let dst = unsafe {
-                std::slice::from_raw_parts_mut(dst.0.add(pans.start * d.mr * b.k_pad), len)
+                std::slice::from_raw_parts_mut(dst.get().add(pans.start * d.mr * b.k_pad), len)
             };
             let rows = pans.start * d.mr..(pans.end * d.mr).min(m);
             pack::pack_a(a_bytes, lda, b.k, b.k_pad, rows, d.mr, d.a_layout, xor, dst);
