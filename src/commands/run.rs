@@ -64,16 +64,23 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<(), CliError> {
-    if args.texts.is_empty() == args.inputs.is_empty() {
+    if !args.texts.is_empty() && !args.inputs.is_empty() {
         return Err(CliError::usage(
             "--text/--input",
-            "give either --text (with --tokenizer) or --input NAME=FILE.npy, not both or neither",
+            "give either --text (with --tokenizer) or --input NAME=FILE.npy, not both",
         ));
     }
     if args.normalize && args.pooling == Pooling::None {
         return Err(CliError::usage("--normalize", "needs --pooling mean"));
     }
     let model = Model::load(&args.model)?;
+    // Neither is right only for a model without inputs (its outputs are constants).
+    if args.texts.is_empty() && args.inputs.is_empty() && !model.graph().inputs().is_empty() {
+        return Err(CliError::usage(
+            "--text/--input",
+            "give either --text (with --tokenizer) or --input NAME=FILE.npy",
+        ));
+    }
     let session = Session::new(
         &model,
         CompileOptions {
