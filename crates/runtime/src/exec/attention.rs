@@ -379,7 +379,9 @@ fn attend(
         let scores = zeroed(sb, (max_q / IB * IB + IB) * max_k.div_ceil(JB) * JB);
         o_scratch.clear();
         for task in range {
-            let (plan, hd) = (&plans[task / num_heads], task % num_heads);
+            // Head-major: a contiguous range of tasks covers every sequence for some heads, so
+            // the threads' shares weigh the same however the sequence lengths differ.
+            let (plan, hd) = (&plans[task % plans.len()], task / plans.len());
             let sq = plan.nq;
             if sq == 0 {
                 continue;
