@@ -9,10 +9,11 @@ use common::*;
 use runtime::quantize::{calibrate, quantize, ActivationMode, CalibrationBatch, QuantizeOptions};
 use runtime::{Model, Session, TensorValue};
 
-/// `lengths.len()` sequences padded to the longest, right-padded; ids from a fixed formula.
+/// `lengths.len()` sequences right-padded to the longest (at least 4 tokens, so that a batch of
+/// empty sequences is all padding); ids from a fixed formula.
 fn feeds(session: &Session, lengths: &[usize]) -> Vec<(String, TensorValue)> {
     let vocab = session.lookup_rows("input_ids").expect("a token lookup") as i64;
-    let (batch, seq) = (lengths.len(), *lengths.iter().max().unwrap());
+    let (batch, seq) = (lengths.len(), padded_len(lengths));
     let mut ids = vec![0i64; batch * seq];
     let mut mask = vec![0i64; batch * seq];
     let mut types = vec![0i64; batch * seq];
@@ -25,6 +26,10 @@ fn feeds(session: &Session, lengths: &[usize]) -> Vec<(String, TensorValue)> {
         }
     }
     token_feeds(session, [batch, seq], ids, mask, types)
+}
+
+fn padded_len(lengths: &[usize]) -> usize {
+    lengths.iter().copied().max().unwrap_or(0).max(4)
 }
 
 fn ops(session: &Session) -> Vec<&'static str> {
@@ -45,11 +50,11 @@ fn check(what: &str, model: &Model) {
         assert!(ops(&packed).contains(&"pack_rows"), "{what}: not packed");
         assert!(ops(&packed).contains(&"attention_packed"), "{what}");
         assert!(!ops(&padded).contains(&"pack_rows"), "{what}");
-        for lengths in [&[19usize, 3, 0, 11, 1, 19][..], &[2], &[9, 8]] {
+        for lengths in [&[19usize, 3, 0, 11, 1, 19][..], &[2], &[9, 8], &[0, 0]] {
             let f = feeds(&packed, lengths);
             let a = packed.run(&as_refs(&f)).unwrap();
             let b = padded.run(&as_refs(&f)).unwrap();
-            let seq = *lengths.iter().max().unwrap();
+            let seq = padded_len(lengths);
             let real = |b: usize, s: usize| s < lengths[b];
             for ((name, x), (_, y)) in a.iter().zip(&b) {
                 let ctx = format!("{what} threads={threads} lengths={lengths:?} {name}");
