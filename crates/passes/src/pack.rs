@@ -128,6 +128,22 @@ fn mask_input(g: &Graph, a: NodeId) -> Result<Outlet, String> {
     let [input] = sources.into_iter().collect::<Vec<_>>()[..] else {
         return Err("the mask bias is not computed from exactly one graph input".into());
     };
+    // Packed attention reads the bias per key: [B, 1, 1, S] (or fewer leading dims).
+    let per_key = g.outlet_type(bias).shape.as_ref().is_some_and(|s| {
+        s.len() <= 4
+            && s.len() >= 1
+            && s[..s.len() - 1]
+                .iter()
+                .rev()
+                .take(2)
+                .all(|d| d.as_fixed() == Some(1))
+    });
+    if !per_key {
+        return Err(format!(
+            "the mask bias {} is not one value per key ([B, 1, 1, S])",
+            g.outlet_type(bias)
+        ));
+    }
     let mask = Outlet::new(input, 0);
     let rows = g.outlet_type(ins[0]).shape.as_ref();
     match (g.outlet_type(mask).shape.as_ref(), rows) {

@@ -1221,6 +1221,19 @@ fn pack_tokens_declines() {
         encoder_layer("output \"y\" = %15\n").replace("%12 = mul(%10, %11)", "%12 = mul(%10, %2)");
     let (_, changed, _, _, report) = one_pass(&PackTokens, &two_masks);
     assert!(!changed);
+    let not_per_key = encoder_layer("output \"y\" = %15\n")
+        .replace(
+            "unsqueeze[axes=[1, 2]](%1) : i64[B,1,1,S]",
+            "unsqueeze[axes=[1]](%1) : i64[B,1,S]",
+        )
+        .replace("f32[B,1,1,S]", "f32[B,1,S]");
+    let (_, changed, _, _, r2) = one_pass(&PackTokens, &not_per_key);
+    assert!(!changed);
+    assert!(
+        has_note(&r2, NoteKind::Declined, "attn", "not one value per key"),
+        "{}",
+        notes(&r2)
+    );
     assert!(has_note(
         &report,
         NoteKind::Declined,
