@@ -131,7 +131,7 @@ fn mask_input(g: &Graph, a: NodeId) -> Result<Outlet, String> {
     // Packed attention reads the bias per key: [B, 1, 1, S] (or fewer leading dims).
     let per_key = g.outlet_type(bias).shape.as_ref().is_some_and(|s| {
         s.len() <= 4
-            && s.len() >= 1
+            && !s.is_empty()
             && s[..s.len() - 1]
                 .iter()
                 .rev()

@@ -109,6 +109,8 @@ enum Weight {
     Packed(usize),
     /// Index into `Session::packed_i8`.
     PackedI8(usize),
+    /// Index into `Session::tables`: input 0 of a gather, read in place from the model.
+    Table(usize),
 }
 
 struct Step {
@@ -154,6 +156,8 @@ pub struct Session {
     consts: Vec<(usize, TensorValue)>,
     packed: Vec<PackedWeight>,
     packed_i8: Vec<PackedWeightI8>,
+    /// Constant tables that gathers read in place (see [`Weight::Table`]).
+    tables: Vec<exec::shape_ops::ConstTable>,
     outputs: Vec<(String, usize)>,
     /// Position-lookup limits checked before running: (node, limit).
     position_limits: Vec<(String, usize)>,
@@ -253,11 +257,28 @@ impl Session {
                 packed_of.insert(id, ins[1]);
             }
         }
+        // Large embedding tables stay in the model's (memory-mapped) bytes: a gather on axis 0
+        // reads its rows there instead of from a copy in the session.
+        let mut table_of: HashMap<NodeId, Outlet> = HashMap::new();
+        for &id in &order {
+            let n = graph.node(id);
+            if let Op::Gather { axis: 0 } = n.op {
+                let data = graph.node_inputs(id)[0];
+                let big = graph
+                    .const_value(data)
+                    .and_then(exec::shape_ops::ConstTable::new)
+                    .is_some_and(|t| t.byte_len() >= 1 << 20);
+                if big {
+                    table_of.insert(id, data);
+                }
+            }
+        }
         let mut const_needed: HashMap<Outlet, bool> = HashMap::new();
         for &id in &order {
             for (slot, o) in graph.node_inputs(id).into_iter().enumerate() {
                 if graph.const_value(o).is_some() {
-                    let as_weight = slot == 1 && packed_of.contains_key(&id);
+                    let as_weight = (slot == 1 && packed_of.contains_key(&id))
+                        || (slot == 0 && table_of.contains_key(&id));
                     *const_needed.entry(o).or_insert(false) |= !as_weight;
                 }
             }
@@ -279,6 +300,7 @@ impl Session {
 
         let mut packed = Vec::new();
         let mut packed_i8 = Vec::new();
+        let mut tables = Vec::new();
         let mut steps = Vec::new();
         let mut inputs = Vec::new();
         let mut position_limits = Vec::new();
@@ -304,6 +326,11 @@ impl Session {
             }
             let ins = graph.node_inputs(id);
             let weight = match packed_of.get(&id) {
+                None if table_of.contains_key(&id) => {
+                    let t = graph.const_value(table_of[&id]).expect("table is const");
+                    tables.push(exec::shape_ops::ConstTable::new(t).expect("checked above"));
+                    Weight::Table(tables.len() - 1)
+                }
                 Some(&w) if matches!(n.op, Op::QLinear { .. }) => {
                     let t = graph.const_value(w).expect("packed weight is const");
                     let sh = t.shape();
@@ -430,6 +457,7 @@ impl Session {
             consts,
             packed,
             packed_i8,
+            tables,
             outputs,
             position_limits,
             token_inputs,
@@ -740,6 +768,7 @@ impl Session {
             }
             let packed_slot = match st.weight {
                 Weight::Packed(_) | Weight::PackedI8(_) => Some(1),
+                Weight::Table(_) => Some(0),
                 Weight::None => None,
             };
             let mut ins: Vec<Input<'_>> = st
@@ -833,7 +862,7 @@ impl Session {
         let node = st.name.as_str();
         let packed = match st.weight {
             Weight::Packed(i) => Some(&self.packed[i]),
-            Weight::None | Weight::PackedI8(_) => None,
+            Weight::None | Weight::PackedI8(_) | Weight::Table(_) => None,
         };
         let one = |t: TensorValue| Ok(vec![t]);
         // Takes input `i` out of the list (so it can be moved into the kernel).
@@ -890,8 +919,16 @@ impl Session {
             }
             Op::Gather { axis } => {
                 let allow_negative = !matches!(st.lookup, Lookup::Token { .. });
-                let arena = Some(&mut *ctx.arena);
-                match so::gather(r(0), r(1), *axis, allow_negative, arena, node)? {
+                let gathered = match st.weight {
+                    Weight::Table(i) => {
+                        self.tables[i].gather(r(1), allow_negative, ctx.arena, node)?
+                    }
+                    _ => {
+                        let arena = Some(&mut *ctx.arena);
+                        so::gather(r(0), r(1), *axis, allow_negative, arena, node)?
+                    }
+                };
+                match gathered {
                     Ok(t) => one(t),
                     Err(oor) => Err(self.lookup_error(st, oor, given)),
                 }

@@ -363,6 +363,78 @@ fn gather_typed<T: Copy>(
     out
 }
 
+/// The indices of a gather into `dim` rows, checked and made non-negative.
+fn gather_indices(
+    indices: &TensorValue,
+    dim: usize,
+    allow_negative: bool,
+    node: &str,
+) -> Result<Result<Vec<usize>, OutOfRange>, Error> {
+    let idx = ints(indices, node, "gather", "indices")?;
+    let mut norm = Vec::with_capacity(idx.len());
+    for &i in &idx {
+        let j = if i < 0 && allow_negative {
+            i + dim as i64
+        } else {
+            i
+        };
+        if j < 0 || j >= dim as i64 {
+            return Ok(Err(OutOfRange { index: i, dim }));
+        }
+        norm.push(j as usize);
+    }
+    Ok(Ok(norm))
+}
+
+/// A constant f32 `[rows, width]` table that a gather on axis 0 reads in place from the
+/// model's (memory-mapped) bytes: an embedding table is not copied into the session.
+pub(crate) struct ConstTable {
+    bytes: bytes::Bytes,
+    rows: usize,
+    width: usize,
+}
+
+impl ConstTable {
+    /// The table of `t` when it is f32 `[rows, width]` with its bytes present.
+    pub(crate) fn new(t: &ir::Tensor) -> Option<ConstTable> {
+        let (&[rows, width], ir::DType::F32) = (t.shape(), t.dtype()) else {
+            return None;
+        };
+        let bytes = t.bytes()?.clone();
+        (bytes.len() == rows * width * 4).then_some(ConstTable { bytes, rows, width })
+    }
+
+    pub(crate) fn byte_len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// `gather[axis=0](table, indices)`, as [`gather`] does.
+    pub(crate) fn gather(
+        &self,
+        indices: &TensorValue,
+        allow_negative: bool,
+        arena: &mut super::Arena,
+        node: &str,
+    ) -> Result<Result<TensorValue, OutOfRange>, Error> {
+        let norm = match gather_indices(indices, self.rows, allow_negative, node)? {
+            Ok(n) => n,
+            Err(oor) => return Ok(Err(oor)),
+        };
+        let w = self.width;
+        let mut out = arena.f32_with_capacity(norm.len() * w);
+        for &i in &norm {
+            let row = &self.bytes[i * w * 4..(i + 1) * w * 4];
+            out.extend(
+                row.chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            );
+        }
+        let mut shape = indices.shape().to_vec();
+        shape.push(w);
+        Ok(Ok(TensorValue::raw(shape, out)))
+    }
+}
+
 /// `gather[axis]`. Negative indices count from the end (ONNX) unless `allow_negative` is false,
 /// which the session sets for embedding lookups of token ids: there a negative id is bad input,
 /// not "the last row". An f32 result (embedding lookups) is built in a buffer of `arena` when
@@ -376,20 +448,11 @@ pub(crate) fn gather(
     node: &str,
 ) -> Result<Result<TensorValue, OutOfRange>, Error> {
     let a = norm_axis(axis, data.rank(), node, "gather")?;
-    let idx = ints(indices, node, "gather", "indices")?;
     let dim = data.shape()[a];
-    let mut norm = Vec::with_capacity(idx.len());
-    for &i in &idx {
-        let j = if i < 0 && allow_negative {
-            i + dim as i64
-        } else {
-            i
-        };
-        if j < 0 || j >= dim as i64 {
-            return Ok(Err(OutOfRange { index: i, dim }));
-        }
-        norm.push(j as usize);
-    }
+    let norm = match gather_indices(indices, dim, allow_negative, node)? {
+        Ok(n) => n,
+        Err(oor) => return Ok(Err(oor)),
+    };
     let outer: usize = data.shape()[..a].iter().product();
     let inner: usize = data.shape()[a + 1..].iter().product();
     let mut out_shape = data.shape()[..a].to_vec();
