@@ -11,7 +11,10 @@
 //! into constants, and `Linear`, `LayerNorm`, `Gelu` and `Attention` recognised from their
 //! decompositions. Its passes, in order: [`ShapeInference`], [`ConstantFolding`],
 //! [`DeadCodeElimination`], [`RecognizeLinear`], [`RecognizeLayerNorm`], [`RecognizeGelu`],
-//! [`RecognizeAttention`]. For a CLI: [`Pipeline::by_name`] finds a pipeline, and
+//! [`RecognizeAttention`]. `quantize` ([`SmoothQuant`], [`QuantizeLinears`]) makes an INT8 graph
+//! from calibration statistics; `fuse` ([`FoldQdq`], [`FuseEpilogue`]) folds quantized dialects
+//! onto integer GEMMs and grows GEMM epilogues; `pack` ([`PackTokens`]) makes the token-wise layers
+//! run on the real tokens of a batch only. For a CLI: [`Pipeline::by_name`] finds a pipeline, and
 //! [`DumpSpec::parse`] reads `all` or a comma-separated list of pass names (`import` is the
 //! graph before the first pass); unknown names are an error.
 //!
