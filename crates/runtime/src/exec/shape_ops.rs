@@ -276,6 +276,7 @@ pub(crate) fn concat(xs: &[&TensorValue], axis: i64, node: &str) -> Result<Tenso
 }
 
 /// An index outside `[-dim, dim)` (or a negative one where negatives are refused).
+#[derive(Debug)]
 pub(crate) struct OutOfRange {
     pub index: i64,
     pub dim: usize,
@@ -1490,6 +1491,28 @@ mod tests {
 
     fn i64s(shape: Vec<usize>, v: Vec<i64>) -> TensorValue {
         TensorValue::from_i64(shape, v).unwrap()
+    }
+
+    /// A table read in place gathers what the copying gather does, and refuses the same ids.
+    #[test]
+    fn const_table_gathers_like_gather() {
+        let values: Vec<f32> = (0..15).map(|v| v as f32 * 0.5 - 2.0).collect();
+        let t = ir::Tensor::from_vec(vec![5, 3], values.clone());
+        let table = ConstTable::new(&t).expect("f32 [5, 3]");
+        assert_eq!(table.byte_len(), 60);
+        let data = TensorValue::from_f32(vec![5, 3], values).unwrap();
+        let mut arena = crate::exec::Arena::default();
+        let idx = i64s(vec![2, 2], vec![4, 0, -1, 2]);
+        let got = table.gather(&idx, true, &mut arena, "g").unwrap().unwrap();
+        let want = gather(&data, &idx, 0, true, None, "g").unwrap().unwrap();
+        assert_eq!(got, want);
+        assert_eq!(got.shape(), &[2, 2, 3]);
+        let bad = i64s(vec![1], vec![-1]);
+        let oor = table.gather(&bad, false, &mut arena, "g").unwrap();
+        assert!(matches!(oor, Err(OutOfRange { index: -1, dim: 5 })));
+        let far = i64s(vec![1], vec![5]);
+        assert!(table.gather(&far, true, &mut arena, "g").unwrap().is_err());
+        assert!(ConstTable::new(&ir::Tensor::from_vec(vec![4], vec![1i64; 4])).is_none());
     }
 
     #[test]
