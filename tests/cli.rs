@@ -186,6 +186,34 @@ fn run_on_text_prints_normalised_sentence_embeddings() {
     );
 }
 
+/// `dump --explain` says what the pack pipeline decided: packed for the FP32 model, declined
+/// with the op that may combine tokens for the dynamic-QDQ one (its whole-tensor activation
+/// quantization), whose dump then has no packed op.
+#[test]
+fn dump_explains_padding_free_decisions() {
+    let Some(m) = models_dir("dump_explains_padding_free") else {
+        return;
+    };
+    let dump = |file: &str| {
+        let model = m.join(file);
+        let o = encore(&["dump", "--model", model.to_str().unwrap(), "--explain"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let fp32 = dump("tiny/bert/model.onnx");
+    assert!(
+        fp32.contains("// fired PackTokens:") && fp32.contains("ops run on the real tokens only"),
+        "{fp32}"
+    );
+    let dynamic = dump("tiny/bert/model.dynamic.onnx");
+    assert!(
+        dynamic.contains("// declined PackTokens:")
+            && dynamic.contains("`qlinear` after the token-wise layers may combine tokens"),
+        "{dynamic}"
+    );
+    assert!(!dynamic.contains(" = pack_rows("), "{dynamic}");
+}
+
 #[test]
 fn dump_prints_the_graph_after_each_pass() {
     let Some(m) = models_dir("dump") else { return };
