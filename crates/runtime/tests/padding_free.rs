@@ -143,3 +143,66 @@ fn int8_minilm_packed_equals_padded_at_real_tokens() {
     let (fixed, _) = quantize(&fp32, Some(&stats), &opts).unwrap();
     check("minilm-l6 int8 static", &fixed);
 }
+
+/// Packed attention leaves the padded keys out, which is exact only when the mask bias hides
+/// them: a bias of −100 at the padding (not enough to zero a softmax weight) is refused by name
+/// at run time, −10⁴ runs and matches padded execution.
+#[test]
+fn packed_attention_refuses_a_bias_that_does_not_hide_padding() {
+    let graph = |big: f32| {
+        let text = format!(
+            "%0 = input[name=\"x\"] : f32[B,S,12]\n\
+             %1 = input[name=\"attention_mask\"] : i64[B,S]\n\
+             %2 = unsqueeze[axes=[1, 2]](%1) : i64[B,1,1,S]\n\
+             %3 = cast[to=f32](%2) : f32[B,1,1,S]\n\
+             %4 = const[value=f32[]{{1.0}}] : f32[]\n\
+             %5 = sub(%4, %3) : f32[B,1,1,S]\n\
+             %6 = const[value=f32[]{{{big:?}}}] : f32[]\n\
+             %7 = mul(%5, %6) : f32[B,1,1,S]\n\
+             %8 = attention_qkv[num_heads=2, scale=0.5](%0, %7) : f32[B,S,4]  # attn\n\
+             output \"y\" = %8\n"
+        );
+        Model::from_graph(ir::text::parse(&text, None).unwrap()).unwrap()
+    };
+    let x: Vec<f32> = (0..2 * 3 * 12)
+        .map(|i| ((i * 37) % 11) as f32 * 0.25 - 1.0)
+        .collect();
+    let feeds = [
+        ("x", TensorValue::from_f32(vec![2, 3, 12], x).unwrap()),
+        (
+            "attention_mask",
+            TensorValue::from_i64(vec![2, 3], vec![1, 1, 0, 1, 1, 1]).unwrap(),
+        ),
+    ];
+    let weak = Session::builder(&graph(-100.0)).threads(1).build().unwrap();
+    assert!(ops(&weak).contains(&"attention_packed"));
+    let err = weak.run(&feeds).unwrap_err().to_string();
+    assert!(
+        err.contains("attn") && err.contains("does not hide it"),
+        "{err}"
+    );
+
+    let strong = graph(-10000.0);
+    let packed = Session::builder(&strong).threads(1).build().unwrap();
+    let padded = Session::builder(&strong)
+        .threads(1)
+        .padding_free(false)
+        .build()
+        .unwrap();
+    let (a, b) = (packed.run(&feeds).unwrap(), padded.run(&feeds).unwrap());
+    let (a, b) = (a[0].1.as_f32().unwrap(), b[0].1.as_f32().unwrap());
+    for (t, real) in [true, true, false, true, true, true]
+        .into_iter()
+        .enumerate()
+    {
+        let (p, q) = (&a[t * 4..][..4], &b[t * 4..][..4]);
+        if real {
+            assert!(
+                p.iter().zip(q).all(|(u, v)| u.to_bits() == v.to_bits()),
+                "{t}: {p:?} {q:?}"
+            );
+        } else {
+            assert_eq!(p, &[0.0; 4]);
+        }
+    }
+}
