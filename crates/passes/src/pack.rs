@@ -192,16 +192,15 @@ fn is_token_wise(g: &Graph, id: NodeId, lead: &[Dim]) -> bool {
     };
     let operands_ok =
         |from: usize| (from..ins.len()).all(|i| per_token(ty(i), lead) || per_feature(ty(i), rank));
+    // A linear's weights and per-column vectors, or a residual of its output's per-token shape.
+    let params_ok = |from: usize| {
+        (from..ins.len()).all(|i| !per_token(ty(i), lead) || ty(i) == &node.outputs[0])
+    };
     match &node.op {
-        Op::Linear | Op::FusedLinear { .. } => {
-            per_token(ty(0), lead)
-                && (2..ins.len()).all(|i| !per_token(ty(i), lead) || ty(i) == &node.outputs[0])
-        }
+        Op::Linear | Op::FusedLinear { .. } => per_token(ty(0), lead) && params_ok(2),
         Op::QLinear { act, .. } => {
             // A whole-tensor dynamic range would change with the padding left out.
-            !matches!(act, ActQuant::DynamicTensor)
-                && per_token(ty(0), lead)
-                && (1..ins.len()).all(|i| !per_token(ty(i), lead) || ty(i) == &node.outputs[0])
+            !matches!(act, ActQuant::DynamicTensor) && per_token(ty(0), lead) && params_ok(1)
         }
         Op::AttentionQkv { .. } => per_token(ty(0), lead),
         Op::LayerNorm { axis, .. } => per_token(ty(0), lead) && trailing(*axis) && operands_ok(1),

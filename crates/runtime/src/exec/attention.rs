@@ -108,13 +108,8 @@ pub(crate) fn attention_qkv(
         )));
     }
     let (b, s, h) = (qkv.shape()[0], qkv.shape()[1], qkv.shape()[2] / 3);
-    let rows = |offset| Rows {
-        data,
-        ld: 3 * h,
-        offset,
-    };
     padded(
-        [rows(0), rows(h), rows(2 * h)],
+        split_qkv(data, h),
         [b, s, s, h],
         mask,
         num_heads,
@@ -122,6 +117,25 @@ pub(crate) fn attention_qkv(
         ctx,
         node,
     )
+}
+
+/// q, k and v of rows holding the three side by side, each `h` wide.
+fn split_qkv(data: &[f32], h: usize) -> [Rows<'_>; 3] {
+    [0, h, 2 * h].map(|offset| Rows {
+        data,
+        ld: 3 * h,
+        offset,
+    })
+}
+
+/// Checks that `num_heads` divide the hidden size `h`.
+fn check_heads(h: usize, num_heads: usize, err: &dyn Fn(String) -> Error) -> Result<(), Error> {
+    if num_heads == 0 || !h.is_multiple_of(num_heads) {
+        return Err(err(format!(
+            "hidden size {h} is not a multiple of {num_heads} heads"
+        )));
+    }
+    Ok(())
 }
 
 /// [`attend`] on `[B, S, ·]` rows: `dims` = `[batch, queries, keys, hidden]`; `[B, S_q, H]` out.
@@ -136,17 +150,13 @@ fn padded(
     node: &str,
 ) -> Result<TensorValue, Error> {
     let err = |m: String| Error::op(node, "attention", m);
-    if num_heads == 0 || h % num_heads != 0 {
-        return Err(err(format!(
-            "hidden size {h} is not a multiple of {num_heads} heads"
-        )));
-    }
+    check_heads(h, num_heads, &err)?;
     if sk == 0 && b * sq * h > 0 {
         return Err(err("softmax over zero keys".into()));
     }
     let view = MaskView::new(mask, [b, num_heads, sq, sk], &err)?;
     let plans = padded_plans(b, sq, sk, view);
-    let out = attend(qkv, [b * sq, h], &plans, view, num_heads, scale, ctx, node)?;
+    let out = attend(qkv, [b * sq, h], &plans, view, num_heads, scale, ctx);
     Ok(TensorValue::raw(vec![b, sq, h], out))
 }
 
@@ -346,6 +356,7 @@ pub(crate) fn attention_packed(
         )));
     }
     let h = qkv.shape()[2] / 3;
+    check_heads(h, num_heads, &err)?;
     let view = MaskView::new(bias, [map.batch, num_heads, map.seq, map.seq], &err)?;
     let mut plans = Vec::with_capacity(map.batch);
     for bi in 0..map.batch {
@@ -381,25 +392,20 @@ pub(crate) fn attention_packed(
             mask_adds,
         });
     }
-    let rows = |offset| Rows {
-        data,
-        ld: 3 * h,
-        offset,
-    };
     let out = attend(
-        [rows(0), rows(h), rows(2 * h)],
+        split_qkv(data, h),
         [map.rows.len(), h],
         &plans,
         view,
         num_heads,
         scale,
         ctx,
-        node,
-    )?;
+    );
     Ok(TensorValue::raw(vec![1, map.rows.len(), h], out))
 }
 
-/// The attention of q, k, v rows, sequence by sequence as `plans` say: `out_rows` rows of `h`.
+/// The attention of q, k, v rows, sequence by sequence as `plans` say: `out_rows` rows of `h`
+/// (`num_heads` divide `h`: checked by the callers).
 #[allow(clippy::too_many_arguments)]
 fn attend(
     [q, k, v]: [Rows<'_>; 3],
@@ -409,17 +415,10 @@ fn attend(
     num_heads: usize,
     scale: f32,
     ctx: &mut Ctx<'_>,
-    node: &str,
-) -> Result<Vec<f32>, Error> {
-    let err = |m: String| Error::op(node, "attention", m);
-    if num_heads == 0 || h % num_heads != 0 {
-        return Err(err(format!(
-            "hidden size {h} is not a multiple of {num_heads} heads"
-        )));
-    }
+) -> Vec<f32> {
     let dh = h / num_heads;
     if out_rows * h == 0 {
-        return Ok(Vec::new());
+        return Vec::new();
     }
     let mut out = ctx.arena.f32_for_overwrite(out_rows * h);
     let optr = SyncPtr(out.as_mut_ptr());
@@ -540,5 +539,5 @@ fn attend(
         SCRATCH.with(|c| c.set(scratch));
     };
     ctx.par_tasks(tasks, work, run);
-    Ok(out)
+    out
 }
