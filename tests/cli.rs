@@ -215,6 +215,61 @@ fn dump_explains_padding_free_decisions() {
 }
 
 #[test]
+fn dump_after_lower_prints_the_program_a_session_runs() {
+    let Some(m) = models_dir("dump_after_lower") else {
+        return;
+    };
+    let model = m.join("tiny/bert/model.dynamic.onnx");
+    let o = encore(&[
+        "dump",
+        "--model",
+        model.to_str().unwrap(),
+        "--after",
+        "lower",
+        "--threads",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    // Only the program: no graph dump before it.
+    assert!(
+        text.starts_with("// after lower\nprogram threads=2 slots="),
+        "{text}"
+    );
+    // Every int8 product (per layer the merged QKV, the output projection, the FFN pair; then
+    // the pooler) reads a weight packed for an int8 kernel, and says how its columns are shared.
+    let packed_i8 = text
+        .lines()
+        .filter(|l| l.starts_with("weight w") && l.contains("= pack_i8[kernel="))
+        .count();
+    let qlinears: Vec<&str> = text.lines().filter(|l| l.contains(" = qlinear[")).collect();
+    assert!(packed_i8 > 0 && packed_i8 == qlinears.len(), "{text}");
+    assert!(
+        qlinears
+            .iter()
+            .all(|l| l.contains(" split=columns(") || l.contains(" split=rows(")),
+        "{text}"
+    );
+    assert!(text.contains(r#" check=token("input_ids")"#), "{text}");
+    // Buffers are shared by values that do not live at once.
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("buffer b") && l.contains(", %")),
+        "{text}"
+    );
+    assert!(
+        text.contains("\noutput \"last_hidden_state\" = %"),
+        "{text}"
+    );
+    // `all` ends with the lowered program too.
+    let o = encore(&["dump", "--model", model.to_str().unwrap(), "--after", "all"]);
+    assert!(
+        stdout(&o).contains("// after PackTokens\n")
+            && stdout(&o).contains("// after lower\nprogram threads=")
+    );
+}
+
+#[test]
 fn dump_prints_the_graph_after_each_pass() {
     let Some(m) = models_dir("dump") else { return };
     let model = m.join("tiny/bert/model.onnx");

@@ -12,8 +12,9 @@ pub struct DumpArgs {
     /// The ONNX model.
     #[arg(long)]
     model: PathBuf,
-    /// Dump after these passes: `all`, `import`, or a comma-separated list of pass names.
-    /// Without it, only the final graph is printed.
+    /// Dump after these passes: `all`, `import`, `lower` (the lowered program a session
+    /// executes: packed weights, planned buffers, steps with their kernels and thread splits), or
+    /// a comma-separated list of pass names. Without it, only the final graph is printed.
     #[arg(long)]
     after: Option<String>,
     /// Stop after this pass (or `import`), printing the graph as it is then.
@@ -26,6 +27,10 @@ pub struct DumpArgs {
     /// Also print why fusion and quantization rules declined to fire, and what fired.
     #[arg(long)]
     explain: bool,
+    /// Threads the lowered program is planned for (`--after lower`); default: the available
+    /// cores, as a session.
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 pub fn run(args: DumpArgs) -> Result<(), CliError> {
@@ -40,6 +45,11 @@ pub fn run(args: DumpArgs) -> Result<(), CliError> {
         })?);
     }
     let dump_after = args.after.as_deref().map(DumpSpec::parse);
+    let show_lowered = match &dump_after {
+        Some(DumpSpec::All) => args.stop_after.is_none(),
+        Some(DumpSpec::Named(v)) => v.iter().any(|n| n == "lower"),
+        _ => false,
+    };
     let mut print_dump = |pass: &str, text: &str| {
         println!("// after {pass}");
         print!("{text}");
@@ -96,6 +106,19 @@ pub fn run(args: DumpArgs) -> Result<(), CliError> {
     if dump_after.is_none() {
         println!("// after {last}");
         print!("{}", ir::text::print(&graph)?);
+    }
+    if show_lowered {
+        let options = super::compile_options(args.threads);
+        let program = codegen::lower::lower(
+            &graph,
+            codegen::lower::LowerOptions {
+                threads: options.threads,
+                kernel: options.kernel,
+            },
+        )
+        .map_err(runtime::Error::from)?;
+        println!("// after lower");
+        print!("{}", program.to_text());
     }
     if args.explain {
         for n in &notes {

@@ -5,3 +5,4 @@
 //! its own. This crate is internal: its API is not stable; `runtime` is the public surface.
 
 pub mod kernels;
+pub mod lower;

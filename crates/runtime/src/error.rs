@@ -116,3 +116,15 @@ impl Error {
         }
     }
 }
+
+impl From<codegen::lower::LowerError> for Error {
+    fn from(e: codegen::lower::LowerError) -> Error {
+        match e {
+            codegen::lower::LowerError::Op { node, op, message } => Error::Op { node, op, message },
+            codegen::lower::LowerError::Ir(e) => Error::Ir(e),
+            e @ codegen::lower::LowerError::Program { .. } => {
+                Error::Invalid(format!("internal: {e}"))
+            }
+        }
+    }
+}

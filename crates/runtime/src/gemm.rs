@@ -1,7 +1,9 @@
 //! FP32 matrix products on the codegen kernels: weights packed once at compile time
 //! ([`PackedWeight`]), activations × activations packed per call.
 
-use codegen::kernels::{gemm_f32, gemm_f32_unpacked, EpilogueF32, Int8Kernel, PackedF32};
+use codegen::kernels::{
+    gemm_f32, gemm_f32_unpacked, EpilogueF32, F32Kernel, Int8Kernel, PackedF32,
+};
 
 use crate::exec::Ctx;
 
@@ -9,22 +11,17 @@ use crate::exec::Ctx;
 pub(crate) struct PackedWeight(PackedF32);
 
 impl PackedWeight {
-    /// Packs `b`, which is `[k, n]` row-major, or `[n, k]` when `transposed`, for the f32
-    /// kernel of `kernel`'s ISA level when given (it must be supported), else the picker's.
+    /// Packs `b`, which is `[k, n]` row-major, or `[n, k]` when `transposed`, for `kernel`
+    /// (which this CPU must support).
     pub fn pack(
         b: &[f32],
         k: usize,
         n: usize,
         transposed: bool,
-        kernel: Option<Int8Kernel>,
+        kernel: F32Kernel,
     ) -> PackedWeight {
-        PackedWeight(match kernel {
-            Some(kern) => {
-                let ld = if transposed { k } else { n };
-                PackedF32::pack_strided(kern.f32_counterpart(), b, k, n, ld, transposed)
-            }
-            None => PackedF32::pack(b, k, n, transposed),
-        })
+        let ld = if transposed { k } else { n };
+        PackedWeight(PackedF32::pack_strided(kernel, b, k, n, ld, transposed))
     }
 
     pub fn k(&self) -> usize {

@@ -1,25 +1,22 @@
-//! [`Session`]: a compiled execution plan for a [`Model`], and its interpreter.
+//! [`Session`]: a compiled model, and the interpreter of its lowered program.
 //!
-//! What is planned ahead, at [`Session::new`]:
-//! - the graph (decluttered when [`CompileOptions::optimize`]) is put in topological order and
-//!   every value gets a slot number;
-//! - every constant weight of a Linear, MatMul or Gemm is packed once for the GEMM kernel, and
-//!   constants used only that way are not kept unpacked;
-//! - the liveness of every value: the step after which its buffer is released (f32 buffers go
-//!   back to a per-session arena and are reused by later steps and later runs);
-//! - which ops may work in place (elementwise ops, softmax, GELU, reshapes on their input's
-//!   last use);
-//! - the embedding lookups: which Gather reads token ids straight from a model input (for the
-//!   [`Error::TokenOutOfVocab`] check) and which reads positions (for
-//!   [`Error::SequenceTooLong`]).
+//! [`Session::new`] optimizes the graph (the `declutter`, `fuse` and `pack` pipelines, as
+//! [`CompileOptions`] say), lowers it with [`codegen::lower::lower`] to a [`Program`] (steps in
+//! order with their kernels and thread splits, packed-weight layouts, liveness, the buffer plan,
+//! the token and position lookups to check) and makes what the program names: the packed
+//! weights, the in-place embedding tables, the constants kept as plain values. `Session`
+//! decides nothing itself: `encore dump --after lower` prints what it will do.
 //!
-//! What is decided per run: symbol values (batch, sequence) are bound from the input shapes,
-//! and buffer sizes follow from them.
+//! Per run: symbol values (batch, sequence) are bound from the input shapes, and the
+//! interpreter walks the steps, each value in its planned buffer's slot; memory comes from a
+//! per-session arena that recycles the buffers of dead values within and across runs (dying
+//! inputs of elementwise ops, softmax, GELU and reshapes are reused in place).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use ir::{Graph, NodeId, Op, Outlet};
+use codegen::lower::{self, Lookup, Program};
+use ir::{Graph, Op};
 
 use crate::exec::{self, Arena, Ctx, Input};
 use crate::gemm::{PackedWeight, PackedWeightI8};
@@ -89,39 +86,11 @@ pub struct NodeTime {
     pub time: std::time::Duration,
 }
 
-/// What an embedding-like Gather reads, for input validation.
-#[derive(Clone, Debug)]
-enum Lookup {
-    /// An ordinary gather.
-    Plain,
-    /// Token ids (or token types) straight from a model input: ids outside `[0, rows)` are bad
-    /// input, negative ones included.
-    Token { input: String },
-    /// Positions derived from the sequence length; `limit` is the length of the constant
-    /// position-id buffer they are sliced from, when the graph shows one.
-    Position { limit: Option<usize> },
-}
-
-/// How a step finds its weight.
-enum Weight {
-    None,
-    /// Index into `Session::packed`.
-    Packed(usize),
-    /// Index into `Session::packed_i8`.
-    PackedI8(usize),
-    /// Index into `Session::tables`: input 0 of a gather, read in place from the model.
-    Table(usize),
-}
-
-struct Step {
-    op: Op,
-    name: String,
-    inputs: Vec<usize>,
-    outputs: Vec<usize>,
-    /// Slots that die after this step (their last reader ran).
-    frees: Vec<usize>,
-    weight: Weight,
-    lookup: Lookup,
+/// A weight in the form its kernel reads, made once per session ([`lower::WeightLayout`]).
+enum Packed {
+    F32(PackedWeight),
+    I8(PackedWeightI8),
+    Table(exec::shape_ops::ConstTable),
 }
 
 struct InputSlot {
@@ -149,60 +118,15 @@ struct InputSlot {
 /// ```
 pub struct Session {
     graph: Graph,
-    steps: Vec<Step>,
-    n_slots: usize,
+    /// What runs: steps, buffers, weights, splits, as lowering planned them.
+    program: Program,
     inputs: Vec<InputSlot>,
-    /// Constant values by slot (None for constants only used as packed weights).
+    /// Constant values kept unpacked, by slot.
     consts: Vec<(usize, TensorValue)>,
-    packed: Vec<PackedWeight>,
-    packed_i8: Vec<PackedWeightI8>,
-    /// Constant tables that gathers read in place (see [`Weight::Table`]).
-    tables: Vec<exec::shape_ops::ConstTable>,
-    outputs: Vec<(String, usize)>,
-    /// Position-lookup limits checked before running: (node, limit).
-    position_limits: Vec<(String, usize)>,
-    /// Inputs that feed token lookups (their last dim is the sequence length).
-    token_inputs: Vec<String>,
+    /// By [`lower::WeightId`].
+    weights: Vec<Packed>,
     opts: CompileOptions,
     arenas: Mutex<Vec<Arena>>,
-}
-
-/// Follows `o` back through ops that do not change values (casts, reshapes) to a graph input.
-fn trace_to_input(g: &Graph, mut o: Outlet) -> Option<String> {
-    for _ in 0..16 {
-        let n = g.node(o.node);
-        match &n.op {
-            Op::Input { name } => return Some(name.clone()),
-            Op::Cast { .. }
-            | Op::Reshape { .. }
-            | Op::Unsqueeze { .. }
-            | Op::Squeeze { .. }
-            | Op::Flatten { .. } => o = *g.node_inputs(o.node).first()?,
-            _ => return None,
-        }
-    }
-    None
-}
-
-/// The length of a constant buffer that `o` is sliced from (BERT's `position_ids[:, :seq]`).
-fn trace_to_sliced_const(g: &Graph, mut o: Outlet) -> Option<usize> {
-    for _ in 0..16 {
-        let n = g.node(o.node);
-        let ins = g.node_inputs(o.node);
-        match &n.op {
-            Op::Slice => {
-                let data = *ins.first()?;
-                return g.const_value(data).and_then(|t| t.shape().last().copied());
-            }
-            Op::Cast { .. }
-            | Op::Reshape { .. }
-            | Op::Unsqueeze { .. }
-            | Op::Squeeze { .. }
-            | Op::Expand => o = *ins.first()?,
-            _ => return None,
-        }
-    }
-    None
 }
 
 impl Session {
@@ -220,250 +144,82 @@ impl Session {
             model.graph().clone()
         };
         graph.verify()?;
-        let order = graph.topo_order()?;
         let threads = opts.threads.max(1);
-
-        // Slot numbers for every outlet.
-        let mut slot_of: HashMap<Outlet, usize> = HashMap::new();
-        let mut n_slots = 0;
-        for &id in &order {
-            for s in 0..graph.node(id).outputs.len() {
-                slot_of.insert(Outlet::new(id, s), n_slots);
-                n_slots += 1;
-            }
-        }
-
-        // Which constants are needed as plain values, and which weights get packed.
-        let mut packed_of: HashMap<NodeId, Outlet> = HashMap::new();
-        for &id in &order {
-            let n = graph.node(id);
-            let ins = graph.node_inputs(id);
-            let packable = match &n.op {
-                Op::Linear | Op::FusedLinear { .. } | Op::QLinear { .. } => true,
-                Op::MatMul => graph
-                    .const_value(ins[1])
-                    .is_some_and(|t| t.shape().len() == 2),
-                Op::Gemm { .. } => graph.const_value(ins[1]).is_some(),
-                _ => false,
-            };
-            if packable {
-                if graph.const_value(ins[1]).is_none() {
-                    return Err(Error::op(
-                        &n.name,
-                        n.op.name(),
-                        "the weight must be a constant",
-                    ));
+        let program = lower::lower(
+            &graph,
+            lower::LowerOptions {
+                threads,
+                kernel: opts.kernel,
+            },
+        )?;
+        let const_of = |v: lower::ValueId| {
+            graph
+                .const_value(program.values[v].outlet)
+                .expect("lowering names only constants as weights and constants")
+        };
+        let mut weights = Vec::with_capacity(program.weights.len());
+        for (w, plan) in program.weights.iter().enumerate() {
+            let t = const_of(plan.source);
+            let st = program
+                .steps
+                .iter()
+                .find(|st| st.weight.is_some_and(|(_, x)| x == w))
+                .expect("every weight has its step");
+            let op_err = |message: String| Error::op(&st.node, st.op.name(), message);
+            weights.push(match plan.layout {
+                lower::WeightLayout::I8 { kernel, k, n } => {
+                    let v = t.to_vec::<i8>().map_err(|e| op_err(e.to_string()))?;
+                    let p = PackedWeightI8::pack(&v, k, n, Some(kernel))
+                        .map_err(|e| op_err(e.to_string()))?;
+                    Packed::I8(p)
                 }
-                packed_of.insert(id, ins[1]);
-            }
-        }
-        // Large embedding tables stay in the model's (memory-mapped) bytes: a gather on axis 0
-        // reads its rows there instead of from a copy in the session.
-        let mut table_of: HashMap<NodeId, Outlet> = HashMap::new();
-        for &id in &order {
-            let n = graph.node(id);
-            if let Op::Gather { axis: 0 } = n.op {
-                let data = graph.node_inputs(id)[0];
-                let big = graph
-                    .const_value(data)
-                    .and_then(exec::shape_ops::ConstTable::new)
-                    .is_some_and(|t| t.byte_len() >= 1 << 20);
-                if big {
-                    table_of.insert(id, data);
+                lower::WeightLayout::F32 {
+                    kernel,
+                    k,
+                    n,
+                    transposed,
+                } => {
+                    let v = t.to_f32_vec().map_err(|e| op_err(e.to_string()))?;
+                    Packed::F32(PackedWeight::pack(&v, k, n, transposed, kernel))
                 }
-            }
-        }
-        let mut const_needed: HashMap<Outlet, bool> = HashMap::new();
-        for &id in &order {
-            for (slot, o) in graph.node_inputs(id).into_iter().enumerate() {
-                if graph.const_value(o).is_some() {
-                    let as_weight = (slot == 1 && packed_of.contains_key(&id))
-                        || (slot == 0 && table_of.contains_key(&id));
-                    *const_needed.entry(o).or_insert(false) |= !as_weight;
-                }
-            }
-        }
-        for (_, o) in graph.outputs() {
-            if graph.const_value(*o).is_some() {
-                const_needed.insert(*o, true);
-            }
-        }
-
-        let mut consts = Vec::new();
-        for (&o, &needed) in &const_needed {
-            if needed {
-                let t = graph.const_value(o).expect("const outlet");
-                consts.push((slot_of[&o], TensorValue::from_ir(t)?));
-            }
-        }
-        consts.sort_by_key(|(s, _)| *s);
-
-        let mut packed = Vec::new();
-        let mut packed_i8 = Vec::new();
-        let mut tables = Vec::new();
-        let mut steps = Vec::new();
-        let mut inputs = Vec::new();
-        let mut position_limits = Vec::new();
-        let mut token_inputs: Vec<String> = Vec::new();
-        for &id in &order {
-            let n = graph.node(id);
-            let outs: Vec<usize> = (0..n.outputs.len())
-                .map(|s| slot_of[&Outlet::new(id, s)])
-                .collect();
-            match &n.op {
-                Op::Input { name } => {
-                    inputs.push(InputSlot {
-                        spec: IoSpec {
-                            name: name.clone(),
-                            ty: n.outputs[0].clone(),
-                        },
-                        slot: outs[0],
-                    });
-                    continue;
-                }
-                Op::Const { .. } => continue,
-                _ => {}
-            }
-            let ins = graph.node_inputs(id);
-            let weight = match packed_of.get(&id) {
-                None if table_of.contains_key(&id) => {
-                    let t = graph.const_value(table_of[&id]).expect("table is const");
-                    tables.push(exec::shape_ops::ConstTable::new(t).expect("checked above"));
-                    Weight::Table(tables.len() - 1)
-                }
-                Some(&w) if matches!(n.op, Op::QLinear { .. }) => {
-                    let t = graph.const_value(w).expect("packed weight is const");
-                    let sh = t.shape();
-                    let v = t
-                        .to_vec::<i8>()
-                        .ok()
-                        .filter(|_| sh.len() == 2)
-                        .ok_or_else(|| {
-                            Error::op(
-                                &n.name,
-                                n.op.name(),
-                                format!("weight must be i8[k, n], got {}{sh:?}", t.dtype()),
-                            )
-                        })?;
-                    let p = PackedWeightI8::pack(&v, sh[0], sh[1], opts.kernel)
-                        .map_err(|e| Error::op(&n.name, n.op.name(), e.to_string()))?;
-                    packed_i8.push(p);
-                    Weight::PackedI8(packed_i8.len() - 1)
-                }
-                Some(&w) => {
-                    let t = graph.const_value(w).expect("packed weight is const");
-                    let v = t.to_f32_vec().map_err(|_| {
-                        Error::op(
-                            &n.name,
-                            n.op.name(),
-                            format!("weight must be f32, got {}", t.dtype()),
-                        )
-                    })?;
-                    let sh = t.shape();
-                    if sh.len() != 2 {
-                        return Err(Error::op(
-                            &n.name,
-                            n.op.name(),
-                            format!("weight must be 2-D, got {sh:?}"),
-                        ));
-                    }
-                    let trans = matches!(n.op, Op::Gemm { trans_b: true, .. });
-                    let (k, nn) = if trans {
-                        (sh[1], sh[0])
-                    } else {
-                        (sh[0], sh[1])
-                    };
-                    packed.push(PackedWeight::pack(&v, k, nn, trans, opts.kernel));
-                    Weight::Packed(packed.len() - 1)
-                }
-                None => Weight::None,
-            };
-            let lookup = match &n.op {
-                Op::Gather { axis } if *axis == 0 || *axis == -2 => {
-                    let table_rank = graph.outlet_type(ins[0]).rank();
-                    if table_rank.is_some_and(|r| r != 2) {
-                        Lookup::Plain
-                    } else if let Some(input) = trace_to_input(&graph, ins[1]) {
-                        if !token_inputs.contains(&input) {
-                            token_inputs.push(input.clone());
-                        }
-                        Lookup::Token { input }
-                    } else if graph.const_value(ins[1]).is_some() {
-                        Lookup::Plain
-                    } else {
-                        let limit = trace_to_sliced_const(&graph, ins[1]);
-                        if let Some(l) = limit {
-                            position_limits.push((n.name.clone(), l));
-                        }
-                        Lookup::Position { limit }
-                    }
-                }
-                _ => Lookup::Plain,
-            };
-            steps.push(Step {
-                op: n.op.clone(),
-                name: n.name.clone(),
-                inputs: ins.iter().map(|o| slot_of[o]).collect(),
-                outputs: outs,
-                frees: Vec::new(),
-                weight,
-                lookup,
+                lower::WeightLayout::Table { .. } => Packed::Table(
+                    exec::shape_ops::ConstTable::new(t)
+                        .ok_or_else(|| op_err("the embedding table has no bytes".into()))?,
+                ),
             });
         }
-        let outputs: Vec<(String, usize)> = graph
-            .outputs()
-            .iter()
-            .map(|(name, o)| (name.clone(), slot_of[o]))
-            .collect();
-
-        // Liveness: the last step reading each slot. Graph outputs live to the end.
-        let mut last_use: Vec<Option<usize>> = vec![None; n_slots];
-        for (i, st) in steps.iter().enumerate() {
-            for &s in &st.inputs {
-                last_use[s] = Some(i);
+        let mut consts = Vec::new();
+        for v in &program.values {
+            if v.home == lower::Home::Const {
+                let t = graph.const_value(v.outlet).expect("a constant");
+                consts.push((v.slot, TensorValue::from_ir(t)?));
             }
         }
-        let pinned: Vec<bool> = {
-            let mut p = vec![false; n_slots];
-            outputs.iter().for_each(|(_, s)| p[*s] = true);
-            consts.iter().for_each(|(s, _)| p[*s] = true);
-            inputs.iter().for_each(|i| p[i.slot] = true);
-            p
-        };
-        for (i, st) in steps.iter_mut().enumerate() {
-            let mut frees: Vec<usize> = st
-                .inputs
-                .iter()
-                .copied()
-                .filter(|&s| last_use[s] == Some(i) && !pinned[s])
-                .collect();
-            // Values nobody reads (e.g. unused outputs of a multi-output op) die at once.
-            frees.extend(
-                st.outputs
-                    .iter()
-                    .copied()
-                    .filter(|&s| last_use[s].is_none() && !pinned[s]),
-            );
-            frees.sort_unstable();
-            frees.dedup();
-            st.frees = frees;
-        }
-
+        let inputs = program
+            .inputs
+            .iter()
+            .map(|(name, v)| InputSlot {
+                spec: IoSpec {
+                    name: name.clone(),
+                    ty: program.values[*v].ty.clone(),
+                },
+                slot: program.values[*v].slot,
+            })
+            .collect();
         Ok(Session {
             graph,
-            steps,
-            n_slots,
+            program,
             inputs,
             consts,
-            packed,
-            packed_i8,
-            tables,
-            outputs,
-            position_limits,
-            token_inputs,
+            weights,
             opts: CompileOptions { threads, ..opts },
             arenas: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The lowered program this session executes (`encore dump --after lower` prints it).
+    pub fn program(&self) -> &Program {
+        &self.program
     }
 
     /// The graph this session executes (after optimisation, when enabled).
@@ -505,7 +261,7 @@ impl Session {
                 return None;
             };
             let ins = g.node_inputs(id);
-            if trace_to_input(g, ins[1]).as_deref() != Some(input) {
+            if lower::trace_to_input(g, ins[1]).as_deref() != Some(input) {
                 return None;
             }
             // The table is a constant, or a quantized constant behind its DequantizeLinear
@@ -522,7 +278,11 @@ impl Session {
 
     /// The names of the outputs [`Session::run`] returns, in order.
     pub fn output_names(&self) -> Vec<String> {
-        self.outputs.iter().map(|(n, _)| n.clone()).collect()
+        self.program
+            .outputs
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect()
     }
 
     /// Checks the inputs against the model: names, dtypes, ranks, fixed dims and consistent
@@ -625,8 +385,8 @@ impl Session {
                 }
             }
         }
-        for (node, limit) in &self.position_limits {
-            for inp in &self.token_inputs {
+        for (node, limit) in &self.program.position_limits {
+            for inp in &self.program.token_inputs {
                 if let Some((_, t)) = given.iter().find(|(n, _)| n == inp) {
                     if t.rank() >= 2 {
                         let len = *t.shape().last().unwrap();
@@ -646,7 +406,7 @@ impl Session {
 
     /// The sequence length of this run, if the model has token inputs.
     fn seq_len(&self, given: &[(&str, TensorValue)]) -> Option<usize> {
-        self.token_inputs.iter().find_map(|inp| {
+        self.program.token_inputs.iter().find_map(|inp| {
             given
                 .iter()
                 .find(|(n, _)| n == inp)
@@ -700,7 +460,7 @@ impl Session {
         &self,
         inputs: &[(&str, TensorValue)],
     ) -> Result<(Outputs, Vec<NodeTime>), Error> {
-        let mut times = Vec::with_capacity(self.steps.len());
+        let mut times = Vec::with_capacity(self.program.steps.len());
         let out = self.run_inner(inputs, Some(&mut times), None)?;
         Ok((out, times))
     }
@@ -732,7 +492,9 @@ impl Session {
         mut times: Option<&mut Vec<NodeTime>>,
         mut observe: Option<LinearObserver<'_>>,
     ) -> Result<Vec<(String, TensorValue)>, Error> {
-        let mut slots: Vec<Slot<'_>> = (0..self.n_slots).map(|_| Slot::Empty).collect();
+        let program = &self.program;
+        let slot = |v: lower::ValueId| program.values[v].slot;
+        let mut slots: Vec<Slot<'_>> = (0..program.slots).map(|_| Slot::Empty).collect();
         for (s, t) in &self.consts {
             slots[*s] = Slot::Ref(t);
         }
@@ -748,17 +510,17 @@ impl Session {
             threads: self.opts.threads,
             arena,
         };
-        for st in &self.steps {
+        for st in &program.steps {
             // Inputs read for the last time, once, are handed over owned.
             let mut owned: Vec<Option<TensorValue>> = Vec::with_capacity(st.inputs.len());
-            for &s in &st.inputs {
-                let once = st.inputs.iter().filter(|&&x| x == s).count() == 1;
-                let dying = once && st.frees.binary_search(&s).is_ok();
+            for &v in &st.inputs {
+                let once = st.inputs.iter().filter(|&&x| x == v).count() == 1;
+                let dying = once && st.frees.binary_search(&v).is_ok();
                 owned.push(if dying {
-                    match std::mem::replace(&mut slots[s], Slot::Empty) {
+                    match std::mem::replace(&mut slots[slot(v)], Slot::Empty) {
                         Slot::Own(t) => Some(t),
                         other => {
-                            slots[s] = other;
+                            slots[slot(v)] = other;
                             None
                         }
                     }
@@ -766,26 +528,22 @@ impl Session {
                     None
                 });
             }
-            let packed_slot = match st.weight {
-                Weight::Packed(_) | Weight::PackedI8(_) => Some(1),
-                Weight::Table(_) => Some(0),
-                Weight::None => None,
-            };
+            let packed_slot = st.weight.map(|(i, _)| i);
             let mut ins: Vec<Input<'_>> = st
                 .inputs
                 .iter()
                 .zip(owned)
                 .enumerate()
-                .map(|(k, (&s, o))| match o {
+                .map(|(k, (&v, o))| match o {
                     Some(t) => Ok(Input::Own(t)),
                     // A packed weight is not kept unpacked: the kernel reads the packed form.
-                    None if packed_slot == Some(k) && slots[s].get().is_none() => {
+                    None if packed_slot == Some(k) && slots[slot(v)].get().is_none() => {
                         Ok(Input::Own(TensorValue::scalar(0u8)))
                     }
-                    None => slots[s].get().map(Input::Ref).ok_or_else(|| {
+                    None => slots[slot(v)].get().map(Input::Ref).ok_or_else(|| {
                         Error::Invalid(format!(
                             "internal: value read by `{}` is not available",
-                            st.name
+                            st.node
                         ))
                     }),
                 })
@@ -796,13 +554,13 @@ impl Session {
                     st.op,
                     Op::Linear | Op::FusedLinear { .. } | Op::QLinear { .. }
                 ) {
-                    obs(&st.name, ins[0].get());
+                    obs(&st.node, ins[0].get());
                 }
             }
             let outs = self.exec_step(st, &mut ins, &mut ctx, inputs);
             if let (Some(t), Some(t0)) = (times.as_deref_mut(), t0) {
                 t.push(NodeTime {
-                    node: st.name.clone(),
+                    node: st.node.clone(),
                     op: st.op.name(),
                     kind: st.op.kind(),
                     time: t0.elapsed(),
@@ -814,30 +572,31 @@ impl Session {
                 }
             }
             let outs = outs?;
-            for &s in &st.frees {
-                if let Slot::Own(t) = std::mem::replace(&mut slots[s], Slot::Empty) {
+            for &v in &st.frees {
+                if let Slot::Own(t) = std::mem::replace(&mut slots[slot(v)], Slot::Empty) {
                     ctx.arena.recycle(t);
                 }
             }
-            for (&s, t) in st.outputs.iter().zip(outs) {
-                if st.frees.binary_search(&s).is_ok() {
+            for (&v, t) in st.outputs.iter().zip(outs) {
+                if st.frees.binary_search(&v).is_ok() {
                     ctx.arena.recycle(t);
                 } else {
-                    slots[s] = Slot::Own(t);
+                    slots[slot(v)] = Slot::Own(t);
                 }
             }
         }
-        let mut result = Vec::with_capacity(self.outputs.len());
-        for (i, (name, s)) in self.outputs.iter().enumerate() {
-            let used_later = self.outputs[i + 1..].iter().any(|(_, x)| x == s);
-            let t = match std::mem::replace(&mut slots[*s], Slot::Empty) {
+        let mut result = Vec::with_capacity(program.outputs.len());
+        for (i, (name, v)) in program.outputs.iter().enumerate() {
+            let used_later = program.outputs[i + 1..].iter().any(|(_, x)| x == v);
+            let s = slot(*v);
+            let t = match std::mem::replace(&mut slots[s], Slot::Empty) {
                 Slot::Own(t) if used_later => {
-                    slots[*s] = Slot::Own(t.clone());
+                    slots[s] = Slot::Own(t.clone());
                     t
                 }
                 Slot::Own(t) => t,
                 Slot::Ref(t) => {
-                    slots[*s] = Slot::Ref(t);
+                    slots[s] = Slot::Ref(t);
                     t.clone()
                 }
                 Slot::Empty => {
@@ -853,16 +612,17 @@ impl Session {
 
     fn exec_step(
         &self,
-        st: &Step,
+        st: &lower::Step,
         ins: &mut [Input<'_>],
         ctx: &mut Ctx<'_>,
         given: &[(&str, TensorValue)],
     ) -> Result<Vec<TensorValue>, Error> {
         use exec::{attention, elementwise as ew, fused, nn, packing, quant, shape_ops as so};
-        let node = st.name.as_str();
-        let packed = match st.weight {
-            Weight::Packed(i) => Some(&self.packed[i]),
-            Weight::None | Weight::PackedI8(_) | Weight::Table(_) => None,
+        let node = st.node.as_str();
+        let weight = st.weight.map(|(_, w)| &self.weights[w]);
+        let packed = match weight {
+            Some(Packed::F32(p)) => Some(p),
+            _ => None,
         };
         let one = |t: TensorValue| Ok(vec![t]);
         // Takes input `i` out of the list (so it can be moved into the kernel).
@@ -919,9 +679,9 @@ impl Session {
             }
             Op::Gather { axis } => {
                 let allow_negative = !matches!(st.lookup, Lookup::Token { .. });
-                let gathered = match st.weight {
-                    Weight::Table(i) => {
-                        self.tables[i].gather(r(1), allow_negative, ctx.arena, node)?
+                let gathered = match weight {
+                    Some(Packed::Table(table)) => {
+                        table.gather(r(1), allow_negative, ctx.arena, node)?
                     }
                     _ => {
                         let arena = Some(&mut *ctx.arena);
@@ -1043,13 +803,13 @@ impl Session {
                 smooth,
                 epilogue,
             } => {
-                let Weight::PackedI8(wi) = st.weight else {
+                let Some(Packed::I8(w)) = weight else {
                     unreachable!("qlinear weights are packed at compile time")
                 };
                 let first = 3 + usize::from(*smooth);
                 one(fused::qlinear(
                     r(0),
-                    &self.packed_i8[wi],
+                    w,
                     r(2),
                     smooth.then(|| r(3)),
                     *act,
@@ -1130,7 +890,7 @@ impl Session {
 
     fn lookup_error(
         &self,
-        st: &Step,
+        st: &lower::Step,
         oor: exec::shape_ops::OutOfRange,
         given: &[(&str, TensorValue)],
     ) -> Error {
@@ -1139,7 +899,7 @@ impl Session {
                 input: input.clone(),
                 token_id: oor.index,
                 vocab_size: oor.dim,
-                node: st.name.clone(),
+                node: st.node.clone(),
             },
             Lookup::Position { limit } => match self.seq_len(given) {
                 // Positions grow by one per token: the longest sequence that fits is shorter
@@ -1149,10 +909,10 @@ impl Session {
                     max_positions: limit.unwrap_or_else(|| {
                         len.saturating_sub((oor.index as usize + 1).saturating_sub(oor.dim))
                     }),
-                    node: st.name.clone(),
+                    node: st.node.clone(),
                 },
                 _ => Error::op(
-                    &st.name,
+                    &st.node,
                     "gather",
                     format!(
                         "position index {} is outside the table of {} rows",
@@ -1161,7 +921,7 @@ impl Session {
                 ),
             },
             Lookup::Plain => Error::op(
-                &st.name,
+                &st.node,
                 "gather",
                 format!(
                     "index {} is out of range for an axis of {}",

@@ -36,10 +36,11 @@ pub mod select;
 pub use buf::AlignedBuf;
 pub use epilogue::{Epilogue, EpilogueF32, EpilogueOp, Output, QType, RowParam};
 pub use error::KernelError;
-pub use f32::{gemm_f32, gemm_f32_unpacked, PackedF32};
+pub use f32::{gemm_f32, gemm_f32_unpacked, plan_split_f32, PackedF32};
 pub use hwbench::{hwbench, KernelBenchResult};
-pub use int8::{gemm_i8, Activations, PackedI8};
+pub use int8::{gemm_i8, plan_split_i8, Activations, PackedI8};
 pub use peak::{measure_peak, Peak};
+pub use pool::GemmSplit;
 pub use select::{
     cache_sizes, cpu_features, parse_cache_override, pick_f32, pick_int8, CacheSizes, CpuFeatures,
     F32Kernel, Int8Kernel,

@@ -292,6 +292,70 @@ pub fn split_range(total: usize, parts: usize, t: usize) -> std::ops::Range<usiz
     start..start + len
 }
 
+/// How a GEMM with a packed weight shares its output among threads.
+///
+/// Weight-stationary: with [`GemmSplit::Columns`], thread `t` computes the same columns (and so
+/// reads the same packed weight panels) on every call, which keeps its weights in its own L2.
+/// Rows are shared instead when there are fewer panels than threads, or when the epilogue needs
+/// whole rows (LayerNorm) and one thread's block can hold a whole row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GemmSplit {
+    /// Column ranges, one per thread, in output columns.
+    Columns(Vec<std::ops::Range<usize>>),
+    /// Every thread computes all columns of its share of the rows.
+    Rows { threads: usize },
+}
+
+impl std::fmt::Display for GemmSplit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GemmSplit::Columns(r) => {
+                let parts: Vec<String> = r
+                    .iter()
+                    .map(|r| format!("{}..{}", r.start, r.end))
+                    .collect();
+                write!(f, "columns({})", parts.join("|"))
+            }
+            GemmSplit::Rows { threads } => write!(f, "rows({threads})"),
+        }
+    }
+}
+
+/// Whether a GEMM of `panels` weight panels shares columns among `threads` (else rows): the one
+/// rule both drivers and [`plan_split`] follow.
+pub(crate) fn splits_columns(
+    panels: usize,
+    threads: usize,
+    row_epilogue: bool,
+    nc_panels: usize,
+) -> bool {
+    panels >= threads && !(row_epilogue && nc_panels >= panels)
+}
+
+/// The split a driver uses for `threads` workers over `n` columns in panels of `nr`.
+pub(crate) fn plan_split(
+    n: usize,
+    nr: usize,
+    threads: usize,
+    row_epilogue: bool,
+    nc_panels: usize,
+) -> GemmSplit {
+    let panels = n.div_ceil(nr);
+    let threads = threads.max(1);
+    if splits_columns(panels, threads, row_epilogue, nc_panels) {
+        GemmSplit::Columns(
+            (0..threads)
+                .map(|t| {
+                    let p = split_range(panels, threads, t);
+                    (p.start * nr).min(n)..(p.end * nr).min(n)
+                })
+                .collect(),
+        )
+    } else {
+        GemmSplit::Rows { threads }
+    }
+}
+
 /// One part's share of the output (a row range × a panel range), cut into units of one
 /// `mc`-row block × one `nc`-panel block, m-major. The owner claims units from the front, idle
 /// threads steal from the back, so a part whose core is busy does not stall the GEMM while the

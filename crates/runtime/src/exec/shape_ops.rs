@@ -405,6 +405,7 @@ impl ConstTable {
         (bytes.len() == rows * width * 4).then_some(ConstTable { bytes, rows, width })
     }
 
+    #[cfg(test)]
     pub(crate) fn byte_len(&self) -> usize {
         self.bytes.len()
     }

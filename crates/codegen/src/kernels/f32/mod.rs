@@ -16,7 +16,10 @@ pub mod scalar;
 
 use super::buf::AlignedBuf;
 use super::epilogue::{run_block, Epilogue, EpilogueOp, OutPtr, Output, Src};
-use super::pool::{effective_threads, parallel_chunks, parallel_for, split_range, PartWork};
+use super::pool::{
+    effective_threads, parallel_chunks, parallel_for, plan_split, split_range, splits_columns,
+    GemmSplit, PartWork,
+};
 use super::select::{cache_sizes, pick_f32, F32Kernel};
 use std::cell::RefCell;
 
@@ -174,6 +177,20 @@ impl SendPtr {
     }
 }
 
+/// How [`gemm_f32`] shares an `n`-column GEMM with a weight packed for `kernel` among `threads`
+/// workers (a LayerNorm step in the epilogue runs after the tiles, so it does not change it).
+/// Problems too small to be worth a second thread run on one, whatever the plan.
+pub fn plan_split_f32(kernel: F32Kernel, n: usize, threads: usize) -> GemmSplit {
+    let ki = info(kernel);
+    plan_split(
+        n,
+        ki.nr,
+        threads,
+        false,
+        blocking(ki.mr, ki.nr, 4).nc_panels,
+    )
+}
+
 /// C[m×n] (row stride ldc) = A[m×k] (row stride lda) × B, then the epilogue (bias etc).
 /// `threads` = how many threads may be used (1 or more; capped at the machine's parallelism).
 ///
@@ -224,13 +241,13 @@ pub fn gemm_f32(
     let (mr, nr) = (ki.mr, ki.nr);
     let panels = n.div_ceil(nr);
     let threads = effective_threads(threads, m, n, k);
-    let split_n = panels >= threads;
+    let blk = blocking(mr, nr, 4);
+    let split_n = splits_columns(panels, threads, false, blk.nc_panels);
     let parts = if split_n {
         threads
     } else {
         threads.min(m.div_ceil(mr))
     };
-    let blk = blocking(mr, nr, 4);
     let ops = epilogue.ops();
     let split = epilogue.row_split();
     let tile_spans_row = (parts == 1 || !split_n) && blk.nc_panels >= panels;

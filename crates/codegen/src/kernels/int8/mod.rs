@@ -26,7 +26,10 @@ pub use pack::PackedI8;
 use super::buf::AlignedBuf;
 use super::epilogue::{run_block, Epilogue, EpilogueOp, Int8Ctx, OutPtr, Output, Src};
 use super::error::KernelError;
-use super::pool::{effective_threads, parallel_chunks, parallel_for, split_range, PartWork};
+use super::pool::{
+    effective_threads, parallel_chunks, parallel_for, plan_split, split_range, splits_columns,
+    GemmSplit, PartWork,
+};
 use super::select::{cache_sizes, Int8Kernel};
 use std::cell::RefCell;
 use std::sync::Mutex;
@@ -326,6 +329,27 @@ fn blocking(d: &KernelDesc, k_pad: usize) -> Blocking {
     Blocking { mc, nc_panels }
 }
 
+/// How [`gemm_i8`] shares an `n`-column GEMM with a `k`-deep weight packed for `kernel` among
+/// `threads` workers, given whether its epilogue has a row-wide step (LayerNorm). Problems too
+/// small to be worth a second thread run on one, whatever the plan.
+pub fn plan_split_i8(
+    kernel: Int8Kernel,
+    k: usize,
+    n: usize,
+    row_epilogue: bool,
+    threads: usize,
+) -> GemmSplit {
+    let d = desc(kernel);
+    let k_pad = k.next_multiple_of(d.k_align).max(d.k_align);
+    plan_split(
+        n,
+        d.nr,
+        threads,
+        row_epilogue,
+        blocking(&d, k_pad).nc_panels,
+    )
+}
+
 #[allow(clippy::too_many_arguments)]
 fn drive(
     kern: &dyn MicroKernel,
@@ -373,7 +397,7 @@ fn drive(
     // Threads share N (each keeps its own weight panels) unless the epilogue needs whole rows
     // and one unit can hold a whole row: then they share M and the row epilogue (LayerNorm)
     // runs in the same pass.
-    let split_n = panels >= threads && !(row_ops && blk.nc_panels >= panels);
+    let split_n = splits_columns(panels, threads, row_ops, blk.nc_panels);
     let parts = if split_n {
         threads
     } else {

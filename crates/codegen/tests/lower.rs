@@ -1,0 +1,107 @@
+//! Lowering: the program a graph becomes (snapshots of its text form) and the invariants of the
+//! buffer plan.
+
+use codegen::kernels::{GemmSplit, Int8Kernel};
+use codegen::lower::{lower, Home, LowerOptions, Program};
+
+/// A packed encoder layer after the fuse and pack pipelines: LayerNorm, an f32 QKV product,
+/// packed attention, a residual add, an int8 up-projection with bias and GELU in its epilogue.
+const LAYER: &str = r#"%0 = input[name="x"] : f32[B,S,4]
+%1 = input[name="mask"] : i64[B,S]
+%2 = input[name="pos"] : f32[1,S,4]
+%3 = add(%0, %2) : f32[B,S,4]  # embed
+%4 = const[value=f32[4]{1.0, 1.0, 1.0, 1.0}] : f32[4]  # gamma
+%5 = const[value=f32[4]{0.0, 0.0, 0.0, 0.0}] : f32[4]  # beta
+%6 = const[value=f32[4,12]{0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25}] : f32[4,12]  # qkv/weight
+%7 = unsqueeze[axes=[1, 2]](%1) : i64[B,1,1,S]  # mask/unsqueeze
+%8 = cast[to=f32](%7) : f32[B,1,1,S]  # mask/cast
+%9 = const[value=f32[]{-10000.0}] : f32[]  # mask/big
+%10 = mul(%8, %9) : f32[B,1,1,S]  # mask/bias
+%11 = const[value=i8[4,40]{-5, 2, -2, 5, 1, -3, 4, 0, -4, 3, -1, -5, 2, -2, 5, 1, -3, 4, 0, -4, 3, -1, -5, 2, -2, 5, 1, -3, 4, 0, -4, 3, -1, -5, 2, -2, 5, 1, -3, 4, 0, -4, 3, -1, -5, 2, -2, 5, 1, -3, 4, 0, -4, 3, -1, -5, 2, -2, 5, 1, -3, 4, 0, -4, 3, -1, -5, 2, -2, 5, 1, -3, 4, 0, -4, 3, -1, -5, 2, -2, 5, 1, -3, 4, 0, -4, 3, -1, -5, 2, -2, 5, 1, -3, 4, 0, -4, 3, -1, -5, 2, -2, 5, 1, -3, 4, 0, -4, 3, -1, -5, 2, -2, 5, 1, -3, 4, 0, -4, 3, -1, -5, 2, -2, 5, 1, -3, 4, 0, -4, 3, -1, -5, 2, -2, 5, 1, -3, 4, 0, -4, 3, -1, -5, 2, -2, 5, 1, -3, 4, 0, -4, 3, -1, -5, 2, -2, 5, 1, -3}] : i8[4,40]  # up/weight
+%12 = const[value=f32[40]{0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01}] : f32[40]  # up/w_scale
+%13 = const[value=f32[40]{0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5}] : f32[40]  # up/bias
+%14 = pack_rows(%3, %1) : f32[1,packed_tokens,4]  # embed/pack_rows
+%15 = layer_norm[axis=-1, epsilon=1e-12](%14, %4, %5) : f32[1,packed_tokens,4]  # embed/ln
+%16 = fused_linear[epilogue=()](%15, %6) : f32[1,packed_tokens,12]  # qkv
+%17 = attention_packed[num_heads=2, scale=0.5](%16, %1, %10) : f32[1,packed_tokens,4]  # attn
+%18 = add(%17, %15) : f32[1,packed_tokens,4]  # residual
+%19 = qlinear[act="static", a_scale=0.05, a_zero=3, smooth=false, epilogue=(bias, gelu_erf)](%18, %11, %12, %13) : f32[1,packed_tokens,40]  # up
+%20 = unpack_rows(%19, %1) : f32[B,S,40]  # out/unpack_rows
+output "y" = %20
+"#;
+
+/// The scalar kernels make the program the same on every CPU.
+fn lowered(threads: usize) -> Program {
+    let g = ir::text::parse(LAYER, None).unwrap();
+    lower(
+        &g,
+        LowerOptions {
+            threads,
+            kernel: Some(Int8Kernel::Scalar),
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn lowered_layer_two_threads() {
+    let p = lowered(2);
+    p.verify().unwrap();
+    insta::assert_snapshot!(p.to_text());
+}
+
+#[test]
+fn lowered_layer_one_thread_splits_nothing() {
+    let p = lowered(1);
+    p.verify().unwrap();
+    for st in &p.steps {
+        if let Some(s) = &st.split {
+            assert!(
+                matches!(s, GemmSplit::Columns(c) if c.len() == 1)
+                    || matches!(s, GemmSplit::Rows { threads: 1 }),
+                "{}: {s}",
+                st.node
+            );
+        }
+    }
+}
+
+#[test]
+fn weights_are_packed_and_not_kept_plain() {
+    let p = lowered(2);
+    // The two products' weights are packed; the rest of the constants are plain values.
+    assert_eq!(p.weights.len(), 2);
+    for w in &p.weights {
+        assert_eq!(p.values[w.source].home, Home::WeightOnly);
+    }
+    let up = p.steps.iter().find(|s| s.node == "up").unwrap();
+    // 40 columns in panels of 16 (scalar): three panels, two to the first thread.
+    assert_eq!(up.split, Some(GemmSplit::Columns(vec![0..32, 32..40])));
+    let qkv = p.steps.iter().find(|s| s.node == "qkv").unwrap();
+    // One panel of 12 columns cannot be shared by two threads: they share the rows.
+    assert_eq!(qkv.split, Some(GemmSplit::Rows { threads: 2 }));
+}
+
+#[test]
+fn a_weight_that_is_not_constant_is_refused_by_name() {
+    let g = ir::text::parse(
+        "%0 = input[name=\"x\"] : f32[B,4]\n\
+         %1 = input[name=\"w\"] : f32[4,4]\n\
+         %2 = fused_linear[epilogue=()](%0, %1) : f32[B,4]  # proj\n\
+         output \"y\" = %2\n",
+        None,
+    )
+    .unwrap();
+    let e = lower(
+        &g,
+        LowerOptions {
+            threads: 1,
+            kernel: None,
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "node `proj` (fused_linear): the weight must be a constant"
+    );
+}
