@@ -41,6 +41,10 @@ pub struct BenchArgs {
     /// Compute every padded token (no `pack` pipeline), to see what padding-free execution buys.
     #[arg(long)]
     pub no_padding_free: bool,
+    /// Run the int8 GEMM loop nests interpreted instead of JIT-compiled, to see what the JIT
+    /// buys (same results).
+    #[arg(long)]
+    pub no_jit: bool,
     /// Time batches of real lengths instead of full `--seq` ones: the token counts of the texts
     /// of this file (JSONL with a `text` field, or one text per line), tokenized with
     /// `--tokenizer` and truncated to `--seq`. `--distinct-batches` batches of `--batch` texts
@@ -70,6 +74,9 @@ pub struct BenchResult {
     pub lengths: Option<Vec<Vec<usize>>>,
     /// With `--profile`.
     pub profile: Option<Profile>,
+    /// JIT-compiled units the program calls, Cranelift's time for them, and why there are none
+    /// when JIT was asked for and unavailable.
+    pub jit: (usize, f64, Option<String>),
 }
 
 impl BenchResult {
@@ -99,6 +106,9 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             "latency_ms_p90": r.percentile(90.0),
             "latency_ms_p99": r.percentile(99.0),
             "padding_free": !args.no_padding_free,
+            "jit_units": r.jit.0,
+            "jit_compile_ms": r.jit.1,
+            "jit_unavailable": r.jit.2,
         });
         if let Some(l) = &r.lengths {
             obj["lengths"] = serde_json::json!(l);
@@ -257,6 +267,14 @@ pub fn print_result(args: &BenchArgs, quantized: bool, r: &BenchResult) {
         );
     }
     println!("  compile       {:.2} s", r.compile_s);
+    match &r.jit.2 {
+        Some(why) => println!("  jit           none: {why}"),
+        None if r.jit.0 > 0 => println!(
+            "  jit           {} loop nests compiled in {:.1} ms",
+            r.jit.0, r.jit.1
+        ),
+        None => {}
+    }
     println!("  runs          {}", r.runs);
     println!("  throughput    {:.2} sequences/s", r.throughput_seq_per_s);
     println!(
@@ -281,10 +299,17 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
             optimize: true,
             fuse: !args.no_fuse,
             padding_free: !args.no_padding_free,
+            jit: !args.no_jit && CompileOptions::default().jit,
             kernel: None,
         },
     )?;
     let compile_s = t0.elapsed().as_secs_f64();
+    let (units, jit_time) = session.program().jit_units();
+    let jit = (
+        units,
+        jit_time.as_secs_f64() * 1e3,
+        session.program().jit_unavailable.clone(),
+    );
     let (lengths, batches) = match &args.lengths_from {
         None => (None, vec![random_feeds(&session, args.batch, args.seq)?]),
         Some(texts) => {
@@ -334,6 +359,7 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         compile_s,
         lengths,
         profile,
+        jit,
     })
 }
 

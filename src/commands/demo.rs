@@ -51,6 +51,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         profile: false,
         no_fuse: false,
         no_padding_free: false,
+        no_jit: false,
         lengths_from: None,
         tokenizer: None,
         distinct_batches: 16,

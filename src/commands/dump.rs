@@ -31,6 +31,9 @@ pub struct DumpArgs {
     /// cores, as a session.
     #[arg(long)]
     threads: Option<usize>,
+    /// Lower without compiling the int8 loop nests (`--after lower`).
+    #[arg(long)]
+    no_jit: bool,
 }
 
 pub fn run(args: DumpArgs) -> Result<(), CliError> {
@@ -114,6 +117,7 @@ pub fn run(args: DumpArgs) -> Result<(), CliError> {
             codegen::lower::LowerOptions {
                 threads: options.threads,
                 kernel: options.kernel,
+                jit: options.jit && !args.no_jit,
             },
         )
         .map_err(runtime::Error::from)?;

@@ -58,6 +58,9 @@ pub struct RunArgs {
     /// are computed and per-token outputs hold zeros at the padding.
     #[arg(long)]
     no_padding_free: bool,
+    /// Run the int8 GEMM loop nests interpreted instead of JIT-compiled (same results).
+    #[arg(long)]
+    no_jit: bool,
     /// Print every value instead of the first few of each row.
     #[arg(long)]
     full: bool,
@@ -88,6 +91,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             max_batch: args.max_batch,
             optimize: !args.no_optimize,
             padding_free: !args.no_padding_free,
+            jit: !args.no_jit && CompileOptions::default().jit,
             ..CompileOptions::default()
         },
     )?;

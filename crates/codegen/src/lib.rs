@@ -4,5 +4,6 @@
 //! The `kernels` module depends on nothing else in the workspace, so it can be reused and tested on
 //! its own. This crate is internal: its API is not stable; `runtime` is the public surface.
 
+pub mod jit;
 pub mod kernels;
 pub mod lower;

@@ -38,6 +38,7 @@ fn lowered(threads: usize) -> Program {
         LowerOptions {
             threads,
             kernel: Some(Int8Kernel::Scalar),
+            jit: false,
         },
     )
     .unwrap()
@@ -97,6 +98,7 @@ fn a_weight_that_is_not_constant_is_refused_by_name() {
         LowerOptions {
             threads: 1,
             kernel: None,
+            jit: false,
         },
     )
     .unwrap_err();

@@ -86,6 +86,13 @@ impl<'m> SessionBuilder<'m> {
         self
     }
 
+    /// Whether int8 GEMM loop nests run as JIT-compiled code (see [`CompileOptions::jit`]).
+    /// Default: on unless `ENCORE_JIT=0`. Results are the same bit for bit either way.
+    pub fn jit(mut self, on: bool) -> Self {
+        self.opts.jit = on;
+        self
+    }
+
     /// Whether to compute only the real tokens of a batch (see
     /// [`CompileOptions::padding_free`]). Default: on.
     pub fn padding_free(mut self, on: bool) -> Self {

@@ -47,6 +47,10 @@ pub struct CompileOptions {
     /// real length, and outputs are laid back into the padded shape with zeros at the padding.
     /// Each real token's values are the padded program's. Off: every padded token is computed.
     pub padding_free: bool,
+    /// Run the loop nest of each int8 GEMM as Cranelift-compiled code specialised to its shape
+    /// (`codegen::jit`); off, or where the platform refuses executable memory, the same nest runs
+    /// interpreted, with bit-identical results. Default: on unless `ENCORE_JIT=0`.
+    pub jit: bool,
     /// Forces the microkernel family of the weight GEMMs: int8 layers run this kernel, f32
     /// layers the f32 kernel of the same ISA level ([`crate::Kernel::f32_counterpart`]).
     /// `None`: the picker's choice for this CPU (which honours `ENCORE_KERNEL`). Products of two
@@ -65,6 +69,7 @@ impl Default for CompileOptions {
             optimize: true,
             fuse: true,
             padding_free: true,
+            jit: !codegen::jit::disabled_by_env(),
             kernel: None,
         }
     }
@@ -150,6 +155,7 @@ impl Session {
             lower::LowerOptions {
                 threads,
                 kernel: opts.kernel,
+                jit: opts.jit,
             },
         )?;
         let const_of = |v: lower::ValueId| {
@@ -810,6 +816,7 @@ impl Session {
                 one(fused::qlinear(
                     r(0),
                     w,
+                    st.jit.as_ref(),
                     r(2),
                     smooth.then(|| r(3)),
                     *act,

@@ -22,6 +22,8 @@ use std::collections::HashMap;
 
 use ir::{DType, Dim, EpilogueStep, Graph, Op, Outlet, TensorType};
 
+use crate::jit::CompiledUnit;
+use crate::kernels::int8::jit_unit_for;
 use crate::kernels::{
     pick_f32, pick_int8, plan_split_f32, plan_split_i8, F32Kernel, GemmSplit, Int8Kernel,
 };
@@ -32,7 +34,7 @@ pub const IN_PLACE_TABLE_BYTES: usize = 1 << 20;
 /// What lowering needs to know about the target.
 ///
 /// ```
-/// let o = codegen::lower::LowerOptions { threads: 2, kernel: None };
+/// let o = codegen::lower::LowerOptions { threads: 2, kernel: None, jit: false };
 /// assert_eq!(o.threads, 2);
 /// ```
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +44,9 @@ pub struct LowerOptions {
     /// Forces the int8 microkernel family (f32 layers take its f32 counterpart); `None`: the
     /// picker's choice for this CPU.
     pub kernel: Option<Int8Kernel>,
+    /// Compile the loop nest of each int8 GEMM with Cranelift ([`crate::jit`]); where that is
+    /// not possible the step runs the interpreted nest and [`Program::jit_unavailable`] says why.
+    pub jit: bool,
 }
 
 /// Why a graph cannot be lowered.
@@ -163,6 +168,8 @@ pub struct Step {
     pub lookup: Lookup,
     /// How a weight GEMM shares its columns among the threads.
     pub split: Option<GemmSplit>,
+    /// The JIT-compiled loop nest of an int8 GEMM.
+    pub jit: Option<CompiledUnit>,
 }
 
 /// A lowered model: plain data, executed by the runtime's interpreter.
@@ -183,6 +190,24 @@ pub struct Program {
     pub position_limits: Vec<(String, usize)>,
     /// Inputs that feed token lookups (their last dim is the sequence length).
     pub token_inputs: Vec<String>,
+    /// Why JIT compilation was asked for and not done (the steps run interpreted nests).
+    pub jit_unavailable: Option<String>,
+}
+
+impl Program {
+    /// The distinct JIT-compiled units the program calls, and the time Cranelift took for them
+    /// (when each was first compiled in this process).
+    pub fn jit_units(&self) -> (usize, std::time::Duration) {
+        let mut seen: Vec<usize> = Vec::new();
+        let mut time = std::time::Duration::ZERO;
+        for u in self.steps.iter().filter_map(|s| s.jit.as_ref()) {
+            if !seen.contains(&(u.f as usize)) {
+                seen.push(u.f as usize);
+                time += u.compile_time;
+            }
+        }
+        (seen.len(), time)
+    }
 }
 
 /// Lowers `graph` (already optimized and verified) for `opts`.
@@ -196,7 +221,7 @@ pub struct Program {
 ///      output \"y\" = %3\n",
 ///     None,
 /// ).unwrap();
-/// let p = codegen::lower::lower(&g, codegen::lower::LowerOptions { threads: 1, kernel: None }).unwrap();
+/// let p = codegen::lower::lower(&g, codegen::lower::LowerOptions { threads: 1, kernel: None, jit: false }).unwrap();
 /// assert_eq!(p.steps.len(), 3);
 /// // %1 dies when %2 is made, so %3 reuses its buffer.
 /// assert_eq!(p.buffers.len(), 2);
@@ -325,6 +350,7 @@ pub fn lower(graph: &Graph, opts: LowerOptions) -> Result<Program, LowerError> {
 
     // Steps, with their gathers' lookups.
     let mut steps: Vec<Step> = Vec::new();
+    let mut jit_unavailable = None;
     let mut inputs: Vec<(String, ValueId)> = Vec::new();
     let mut position_limits = Vec::new();
     let mut token_inputs: Vec<String> = Vec::new();
@@ -378,6 +404,18 @@ pub fn lower(graph: &Graph, opts: LowerOptions) -> Result<Program, LowerError> {
             WeightLayout::F32 { kernel, n: nn, .. } => Some(plan_split_f32(kernel, nn, threads)),
             WeightLayout::Table { .. } => None,
         });
+        let jit = match weight.map(|(_, w)| &weights[w].layout) {
+            Some(&WeightLayout::I8 { kernel, k, .. }) if opts.jit => {
+                match jit_unit_for(kernel, k) {
+                    Ok(u) => Some(u),
+                    Err(e) => {
+                        jit_unavailable.get_or_insert_with(|| e.to_string());
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         steps.push(Step {
             node: n.name.clone(),
             op: n.op.clone(),
@@ -387,6 +425,7 @@ pub fn lower(graph: &Graph, opts: LowerOptions) -> Result<Program, LowerError> {
             frees: Vec::new(),
             lookup,
             split,
+            jit,
         });
     }
     let outputs: Vec<(String, ValueId)> = graph
@@ -488,6 +527,7 @@ pub fn lower(graph: &Graph, opts: LowerOptions) -> Result<Program, LowerError> {
         slots,
         position_limits,
         token_inputs,
+        jit_unavailable,
     };
     program.verify()?;
     Ok(program)

@@ -15,7 +15,7 @@ impl Program {
     ///     "%0 = input[name=\"x\"] : f32[B,4]\n%1 = erf(%0) : f32[B,4]\noutput \"y\" = %1\n",
     ///     None,
     /// ).unwrap();
-    /// let p = codegen::lower::lower(&g, codegen::lower::LowerOptions { threads: 2, kernel: None }).unwrap();
+    /// let p = codegen::lower::lower(&g, codegen::lower::LowerOptions { threads: 2, kernel: None, jit: false }).unwrap();
     /// assert_eq!(
     ///     p.to_text(),
     ///     "program threads=2 slots=2\n\
@@ -28,6 +28,9 @@ impl Program {
     pub fn to_text(&self) -> String {
         let mut out = String::new();
         writeln!(out, "program threads={} slots={}", self.threads, self.slots).unwrap();
+        if let Some(why) = &self.jit_unavailable {
+            writeln!(out, "// interpreted loops: {why}").unwrap();
+        }
         for (name, v) in &self.inputs {
             let v = &self.values[*v];
             writeln!(
@@ -110,6 +113,15 @@ impl Program {
             }
             if let Some(s) = &st.split {
                 write!(out, " split={s}").unwrap();
+            }
+            if let Some(u) = &st.jit {
+                let s = u.shape;
+                write!(
+                    out,
+                    " jit=unit(mr={}, nr={}, k_pad={}, ldacc={})",
+                    s.mr, s.nr, s.k_pad, s.ldacc
+                )
+                .unwrap();
             }
             match &st.lookup {
                 Lookup::Plain => {}

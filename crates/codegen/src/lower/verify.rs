@@ -13,7 +13,7 @@ impl Program {
     ///      %3 = erf(%2) : f32[B,4]\noutput \"y\" = %3\n",
     ///     None,
     /// ).unwrap();
-    /// let mut p = codegen::lower::lower(&g, codegen::lower::LowerOptions { threads: 1, kernel: None }).unwrap();
+    /// let mut p = codegen::lower::lower(&g, codegen::lower::LowerOptions { threads: 1, kernel: None, jit: false }).unwrap();
     /// assert!(p.verify().is_ok());
     /// p.steps[1].frees.clear(); // %1 now outlives the making of %3, which shares its buffer
     /// assert!(p.verify().is_err());

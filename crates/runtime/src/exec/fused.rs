@@ -326,6 +326,7 @@ pub(crate) fn quantize_rows_here(
 pub(crate) fn qlinear(
     x: &TensorValue,
     w: &PackedWeightI8,
+    unit: Option<&codegen::jit::CompiledUnit>,
     w_scale: &TensorValue,
     inv_smooth: Option<&TensorValue>,
     act: ActQuant,
@@ -401,15 +402,12 @@ pub(crate) fn qlinear(
     let threads = ctx.gemm_threads(m * n * k);
     let epilogue = Epilogue::new(ops);
     let run = |out: Output<'_>| {
-        codegen::kernels::gemm_i8(
-            m,
-            Activations::U8(acts),
-            k,
-            w.inner(),
-            out,
-            &epilogue,
-            threads,
-        )
+        let (a, b) = (Activations::U8(acts), w.inner());
+        match unit {
+            Some(u) => codegen::kernels::int8::gemm_i8_jit(m, a, k, b, out, &epilogue, threads, u)
+                .map(|_| ()),
+            None => codegen::kernels::gemm_i8(m, a, k, b, out, &epilogue, threads),
+        }
         .map_err(|e| Error::op(node, op, e.to_string()))
     };
     let result = if EpilogueStep::output_dtype(steps) == ir::DType::U8 {

@@ -25,7 +25,7 @@ pub const NR: usize = 16;
 /// aligned), `c` addresses `MR` rows (stride `ldc`) of `NR` writable i32.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-pub unsafe fn ukernel(kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
+pub unsafe extern "C" fn ukernel(kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
     let ones = _mm256_set1_epi16(1);
     let lo_mask = _mm256_set1_epi8(0x7f);
     let hi_mask = _mm256_set1_epi8(0x80u8 as i8);

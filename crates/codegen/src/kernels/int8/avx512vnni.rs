@@ -20,7 +20,7 @@ const NV: usize = NR / 16;
 /// `kc4·NR·4` bytes (64-byte aligned), `c` addresses `MR` rows (stride `ldc`) of `NR` i32.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vnni")]
-pub unsafe fn ukernel(kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
+pub unsafe extern "C" fn ukernel(kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
     let mut acc = [[_mm512_setzero_si512(); NV]; MR];
     let (mut a, mut b) = (a, b);
     for _ in 0..kc4 {

@@ -18,7 +18,7 @@ macro_rules! ymm_dpbusd_kernel {
         $(#[$doc])*
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
-        pub unsafe fn $name(kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
+        pub unsafe extern "C" fn $name(kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
             let mut acc = [[_mm256_setzero_si256(); 2]; MR];
             for g in 0..kc4 {
                 // SAFETY: g < kc4, reads inside the panels (caller contract).

@@ -93,9 +93,14 @@ pub(crate) trait MicroKernel: Sync {
     /// # Safety
     /// Panels and tile as documented on the kernel functions; between `begin` and `end`.
     unsafe fn run(&self, kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize);
+    /// The plain function behind `run`, when there is one (what a JIT-compiled unit calls).
+    fn ukernel(&self) -> Option<UKernel> {
+        None
+    }
 }
 
-type UKernel = unsafe fn(usize, *const u8, *const i8, *mut i32, usize);
+/// A microkernel, with the C calling convention so that JIT-compiled loops can call it too.
+pub type UKernel = unsafe extern "C" fn(usize, *const u8, *const i8, *mut i32, usize);
 
 struct FnKernel {
     d: KernelDesc,
@@ -109,6 +114,9 @@ impl MicroKernel for FnKernel {
     unsafe fn run(&self, kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
         // SAFETY: forwarded contract; `f` was chosen only for a supported CPU.
         unsafe { (self.f)(kc4, a, b, c, ldc) }
+    }
+    fn ukernel(&self) -> Option<UKernel> {
+        Some(self.f)
     }
 }
 
@@ -225,7 +233,52 @@ pub fn gemm_i8(
     threads: usize,
 ) -> Result<(), KernelError> {
     let k = hw_kernel(b.kernel)?;
-    drive(&*k, m, a, lda, b, out, epilogue, threads)
+    drive(&*k, m, a, lda, b, out, epilogue, threads, None).map(|_| ())
+}
+
+/// The JIT-compiled unit loop nest for GEMMs with weight `b` (see [`crate::jit`]): specialised to
+/// `b`'s kernel, padded K and this CPU's cache blocking. Errors when the kernel has no plain
+/// function to call (AMX) or the JIT is unavailable; [`gemm_i8`] then runs the same nest
+/// interpreted.
+pub fn jit_unit(b: &PackedI8) -> Result<crate::jit::CompiledUnit, crate::jit::JitError> {
+    jit_unit_for(b.kernel, b.k)
+}
+
+/// [`jit_unit`] for weights of depth `k` packed for `kernel` (what lowering asks for, before
+/// the weights are packed).
+pub fn jit_unit_for(
+    kernel: Int8Kernel,
+    k: usize,
+) -> Result<crate::jit::CompiledUnit, crate::jit::JitError> {
+    let kern = hw_kernel(kernel).map_err(|e| crate::jit::JitError::Unavailable(e.to_string()))?;
+    let f = kern.ukernel().ok_or_else(|| {
+        crate::jit::JitError::Unavailable(format!("{} has no plain microkernel", kernel.name()))
+    })?;
+    let d = kern.desc();
+    let k_pad = k.next_multiple_of(d.k_align).max(d.k_align);
+    crate::jit::compile_unit(
+        unit_shape(&d, &blocking(&d, k_pad), k_pad),
+        f,
+        epilogue_chunk_c,
+    )
+}
+
+/// [`gemm_i8`] with the unit loop nest `unit` compiled by [`jit_unit`] for `b`. Bit-identical
+/// to [`gemm_i8`]. Returns whether the compiled nest ran: a unit made for another shape or
+/// kernel is not used (the nest runs interpreted).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_i8_jit(
+    m: usize,
+    a: Activations<'_>,
+    lda: usize,
+    b: &PackedI8,
+    out: Output<'_>,
+    epilogue: &Epilogue<'_>,
+    threads: usize,
+    unit: &crate::jit::CompiledUnit,
+) -> Result<bool, KernelError> {
+    let k = hw_kernel(b.kernel)?;
+    drive(&*k, m, a, lda, b, out, epilogue, threads, Some(unit))
 }
 
 /// [`gemm_i8`] with an explicit kernel, which must be supported and compatible with the packing.
@@ -241,7 +294,7 @@ pub fn gemm_i8_with(
     threads: usize,
 ) -> Result<(), KernelError> {
     let k = hw_kernel(kernel)?;
-    drive(&*k, m, a, lda, b, out, epilogue, threads)
+    drive(&*k, m, a, lda, b, out, epilogue, threads, None).map(|_| ())
 }
 
 /// [`gemm_i8`] running the AVX-VNNI kernel (its 6×16 register blocking, packing and driver)
@@ -270,7 +323,7 @@ pub fn gemm_i8_avxvnni_evex_twin(
             d: desc(Int8Kernel::AvxVnni),
             f: avxvnni::ukernel_evex_twin,
         };
-        drive(&k, m, a, lda, b, out, epilogue, threads)
+        drive(&k, m, a, lda, b, out, epilogue, threads, None).map(|_| ())
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -292,7 +345,7 @@ pub fn gemm_i8_amx_model(
     threads: usize,
 ) -> Result<usize, KernelError> {
     let k = ModelKernel(Mutex::new(Vec::new()));
-    drive(&k, m, a, lda, b, out, epilogue, threads)?;
+    drive(&k, m, a, lda, b, out, epilogue, threads, None)?;
     Ok(k.0
         .into_inner()
         .unwrap_or_else(|e| e.into_inner())
@@ -360,7 +413,8 @@ fn drive(
     mut out: Output<'_>,
     ep: &Epilogue<'_>,
     threads: usize,
-) -> Result<(), KernelError> {
+    unit: Option<&crate::jit::CompiledUnit>,
+) -> Result<bool, KernelError> {
     let d = kern.desc();
     if !b.compatible_with_desc(&d) {
         return Err(KernelError::BadArgs(format!(
@@ -379,7 +433,7 @@ fn drive(
         ),
     };
     if m == 0 || n == 0 {
-        return Ok(());
+        return Ok(false);
     }
     if lda < k || a_bytes.len() < (m - 1) * lda + k {
         return Err(KernelError::BadArgs(format!(
@@ -457,6 +511,14 @@ fn drive(
     }
     let a_packed = ApackPtr(apack.as_mut_ptr());
     let eager = super::pool::eager_steal();
+    let shape = unit_shape(&d, &blk, b.k_pad);
+    let unit = unit.filter(|u| {
+        u.shape == shape
+            && kern
+                .ukernel()
+                .is_some_and(|f| f as usize == u.ukernel as usize)
+            && u.epilogue as usize == epilogue_chunk_c as *const () as usize
+    });
     let body = |t: usize| {
         {
             ACC.with_borrow_mut(|acc| {
@@ -470,8 +532,8 @@ fn drive(
                         unsafe {
                             compute_unit(
                                 kern,
-                                &d,
-                                &blk,
+                                unit,
+                                shape,
                                 a_packed.get(),
                                 b,
                                 rows,
@@ -533,7 +595,7 @@ fn drive(
     if mid.is_some() {
         MID.set(mid);
     }
-    Ok(())
+    Ok(unit.is_some())
 }
 
 #[derive(Clone, Copy)]
@@ -563,13 +625,72 @@ impl PackedI8 {
     }
 }
 
+/// The shape a unit's loop nest is specialised on, for kernel `d` with cache blocking `blk`.
+fn unit_shape(d: &KernelDesc, blk: &Blocking, k_pad: usize) -> crate::jit::UnitShape {
+    crate::jit::UnitShape {
+        mr: d.mr,
+        nr: d.nr,
+        k_pad,
+        ldacc: blk.nc_panels * d.nr,
+    }
+}
+
+/// What the epilogue of one unit needs, behind the `env` pointer a JIT-compiled unit passes
+/// back to [`epilogue_chunk_c`].
+struct UnitEnv<'a, 'b> {
+    ops: &'a [EpilogueOp<'b>],
+    ctx: Int8Ctx<'a>,
+    out: OutPtr,
+    tmp: &'a mut Vec<f32>,
+    acc: *const i32,
+    ldacc: usize,
+    rows: std::ops::Range<usize>,
+    pan_start: usize,
+    mr: usize,
+    nr: usize,
+    n: usize,
+}
+
+/// The epilogue of micro-panel row `ip` of a unit, over its panels `p0..p1`, whose i32 tiles
+/// the microkernel has just finished in the accumulator.
+///
+/// # Safety
+/// The accumulator holds the micro-panel's rows (at most `mr`) of these columns at stride
+/// `ldacc` from column `(p0 − pan_start)·nr`; the output block belongs to this unit only.
+unsafe fn epilogue_chunk(env: &mut UnitEnv<'_, '_>, ip: usize, p0: usize, p1: usize) {
+    let r0 = env.rows.start + ip * env.mr;
+    let (c0, c1) = (p0 * env.nr, (p1 * env.nr).min(env.n));
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        run_block(
+            env.ops,
+            Some(env.ctx),
+            Src::I32(env.acc.add((p0 - env.pan_start) * env.nr), env.ldacc),
+            r0..(r0 + env.mr).min(env.rows.end),
+            c0..c1,
+            env.out,
+            env.tmp,
+        )
+    };
+}
+
+/// [`epilogue_chunk`] for JIT-compiled units.
+///
+/// # Safety
+/// `env` points to the live [`UnitEnv`] of the unit being computed; as [`epilogue_chunk`].
+unsafe extern "C" fn epilogue_chunk_c(env: *mut std::ffi::c_void, ip: usize, p0: usize, p1: usize) {
+    // SAFETY: `compute_unit` passes a pointer to its own `UnitEnv`, alive for the call.
+    unsafe { epilogue_chunk(&mut *(env as *mut UnitEnv<'_, '_>), ip, p0, p1) }
+}
+
 /// Computes one unit: the microkernel over its panels for each micro-panel row of its rows (in
-/// `a_packed`, the packed A of all rows) into the i32 block, then the epilogue to `out`.
+/// `a_packed`, the packed A of all rows) into the i32 block, then the epilogue to `out`; through
+/// the JIT-compiled nest `unit` when given (same calls, same order), else interpreted.
 #[allow(clippy::too_many_arguments)]
 unsafe fn compute_unit(
     kern: &dyn MicroKernel,
-    d: &KernelDesc,
-    blk: &Blocking,
+    unit: Option<&crate::jit::CompiledUnit>,
+    shape: crate::jit::UnitShape,
     a_packed: *const u8,
     b: &PackedI8,
     rows: std::ops::Range<usize>,
@@ -583,9 +704,7 @@ unsafe fn compute_unit(
     if rows.is_empty() || pans.is_empty() {
         return;
     }
-    let (mr, nr, kp) = (d.mr, d.nr, b.k_pad);
-    let ldacc = blk.nc_panels * nr;
-    let mpan = rows.len().div_ceil(mr);
+    let (mr, nr, kp) = (shape.mr, shape.nr, shape.k_pad);
     debug_assert_eq!(rows.start % mr, 0, "units start on a micro-panel");
     // SAFETY: micro-panel rows.start / mr and the following ones are inside the packed A.
     let a_rows = unsafe { a_packed.add(rows.start * kp) };
@@ -603,8 +722,40 @@ unsafe fn compute_unit(
     } else {
         ((cache_sizes().l1d / 3) / (mr * nr * 4)).max(1)
     };
+    // One pointer for the microkernel's writes and the epilogue's reads.
+    let acc = acc.as_mut_ptr();
+    let mut env = UnitEnv {
+        ops,
+        ctx,
+        out,
+        tmp,
+        acc,
+        ldacc: shape.ldacc,
+        rows: rows.clone(),
+        pan_start: pans.start,
+        mr,
+        nr,
+        n: b.n,
+    };
+    if let Some(u) = unit {
+        // SAFETY: the unit was compiled for this shape and microkernel (checked by the
+        // driver); it makes exactly the calls of the loop below, with `env` alive throughout.
+        unsafe {
+            (u.f)(
+                a_rows,
+                b.data.as_ptr(),
+                acc,
+                &mut env as *mut UnitEnv<'_, '_> as *mut std::ffi::c_void,
+                rows.len(),
+                pans.start,
+                pans.end,
+                chunk,
+            )
+        };
+        return;
+    }
+    let mpan = rows.len().div_ceil(mr);
     for ip in 0..mpan {
-        let r0 = rows.start + ip * mr;
         let mut p0 = pans.start;
         while p0 < pans.end {
             let p1 = (p0 + chunk).min(pans.end);
@@ -616,27 +767,13 @@ unsafe fn compute_unit(
                         kp / 4,
                         a_rows.add(ip * mr * kp),
                         b.data.as_ptr().add(p * kp * nr),
-                        acc.as_mut_ptr().add((p - pans.start) * nr),
-                        ldacc,
+                        acc.add((p - pans.start) * nr),
+                        shape.ldacc,
                     )
                 };
             }
-            let c0 = p0 * nr;
-            let c1 = (p1 * nr).min(b.n);
-            // SAFETY: the accumulator holds the micro-panel's rows (at most mr) of these
-            // columns at stride ldacc (from column (p0 − pans.start)·nr); the output block
-            // belongs to this unit only.
-            unsafe {
-                run_block(
-                    ops,
-                    Some(ctx),
-                    Src::I32(acc.as_ptr().add((p0 - pans.start) * nr), ldacc),
-                    r0..(r0 + mr).min(rows.end),
-                    c0..c1,
-                    out,
-                    tmp,
-                )
-            };
+            // SAFETY: the tiles of p0..p1 are finished; the output block is this unit's.
+            unsafe { epilogue_chunk(&mut env, ip, p0, p1) };
             p0 = p1;
         }
     }

@@ -1,0 +1,287 @@
+//! Cranelift JIT glue: the loop nest of an int8 GEMM work unit, compiled for one shape.
+//!
+//! A unit of [`crate::kernels::int8`]'s driver is a block of rows × a block of weight panels.
+//! Its loop nest (micro-panel rows, epilogue chunks of panels, panels) calls the hand-written
+//! microkernel on each `mr × nr` tile and the epilogue on each finished chunk. Compiled here, the
+//! nest is specialised to the [`UnitShape`] (register blocking, padded K, accumulator stride) and
+//! to the microkernel, whose address is a constant of the code: strides are immediates and the
+//! microkernel call is direct to its address rather than through the driver's trait object. No
+//! compute is generated (Cranelift emits 128-bit vectors only): the microkernels stay
+//! hand-written.
+//!
+//! Compiled units are cached for the life of the process by shape and microkernel. When the
+//! platform refuses executable memory (or the host is not one Cranelift targets) [`compile_unit`]
+//! returns an error and callers run the same nest interpreted; the two are bit-identical (the
+//! same calls in the same order).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{types, AbiParam, InstBuilder, Signature, UserFuncName};
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{default_libcall_names, Linkage, Module};
+
+use crate::kernels::int8::UKernel;
+
+/// The constants a unit's loop nest is specialised on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UnitShape {
+    /// Rows per microkernel call.
+    pub mr: usize,
+    /// Columns per microkernel call (one packed panel).
+    pub nr: usize,
+    /// K padded to the kernel's alignment (bytes per row of a packed A micro-panel).
+    pub k_pad: usize,
+    /// Stride of the i32 accumulator, in elements.
+    pub ldacc: usize,
+}
+
+/// Called by the compiled nest after each chunk of panels of a micro-panel row:
+/// `(env, micro-panel row index, first panel, end panel)`.
+pub type EpilogueCallback = unsafe extern "C" fn(*mut c_void, usize, usize, usize);
+
+/// A compiled unit: `(a_rows, b_panels, acc, env, rows, pan_start, pan_end, chunk)`.
+///
+/// For each micro-panel row `ip < ceil(rows / mr)` and each chunk `[p0, p1)` of at most `chunk`
+/// panels of `[pan_start, pan_end)`: the microkernel on every panel `p` of the chunk, with A at
+/// `a_rows + ip·mr·k_pad`, B at `b_panels + p·k_pad·nr` and C at `acc + (p − pan_start)·nr` i32,
+/// then the epilogue callback with `(env, ip, p0, p1)`.
+pub type UnitFn =
+    unsafe extern "C" fn(*const u8, *const i8, *mut i32, *mut c_void, usize, usize, usize, usize);
+
+/// A compiled unit and what it cost.
+#[derive(Debug, Clone, Copy)]
+pub struct CompiledUnit {
+    pub shape: UnitShape,
+    /// The microkernel the code calls.
+    pub ukernel: UKernel,
+    /// The epilogue callback the code calls.
+    pub epilogue: EpilogueCallback,
+    pub f: UnitFn,
+    /// Time Cranelift took for this function (the first time it was asked for).
+    pub compile_time: Duration,
+}
+
+/// Why a unit could not be compiled (the caller runs the interpreted nest instead).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum JitError {
+    #[error("JIT unavailable on this host: {0}")]
+    Unavailable(String),
+    #[error("JIT compilation failed: {0}")]
+    Compile(String),
+}
+
+struct Jit {
+    module: JITModule,
+    ctx: cranelift_codegen::Context,
+    fctx: FunctionBuilderContext,
+    cache: HashMap<(UnitShape, usize, usize), CompiledUnit>,
+    next_id: usize,
+}
+
+// SAFETY: the module is only reached through the mutex below, one thread at a time; its
+// finalized code is immutable and may be called from any thread.
+unsafe impl Send for Jit {}
+
+fn jit() -> Result<&'static Mutex<Jit>, JitError> {
+    static JIT: OnceLock<Result<Mutex<Jit>, JitError>> = OnceLock::new();
+    JIT.get_or_init(|| {
+        let mut flags = settings::builder();
+        let set = |f: &mut settings::Builder, k: &str, v: &str| {
+            f.set(k, v)
+                .map_err(|e| JitError::Unavailable(format!("flag {k}: {e}")))
+        };
+        set(&mut flags, "use_colocated_libcalls", "false")?;
+        set(&mut flags, "is_pic", "false")?;
+        set(&mut flags, "opt_level", "speed")?;
+        let isa = cranelift_native::builder()
+            .map_err(|e| JitError::Unavailable(e.to_string()))?
+            .finish(settings::Flags::new(flags))
+            .map_err(|e| JitError::Unavailable(e.to_string()))?;
+        let module = JITModule::new(JITBuilder::with_isa(isa, default_libcall_names()));
+        let ctx = module.make_context();
+        Ok(Mutex::new(Jit {
+            module,
+            ctx,
+            fctx: FunctionBuilderContext::new(),
+            cache: HashMap::new(),
+            next_id: 0,
+        }))
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+/// Whether `ENCORE_JIT=0` (or `off`) asks for the interpreted loops.
+pub fn disabled_by_env() -> bool {
+    std::env::var("ENCORE_JIT").is_ok_and(|v| v == "0" || v.eq_ignore_ascii_case("off"))
+}
+
+/// The compiled unit for `shape` calling `ukernel` and `epilogue`, compiled on first request.
+pub fn compile_unit(
+    shape: UnitShape,
+    ukernel: UKernel,
+    epilogue: EpilogueCallback,
+) -> Result<CompiledUnit, JitError> {
+    if shape.mr == 0 || shape.nr == 0 || !shape.k_pad.is_multiple_of(4) {
+        return Err(JitError::Compile(format!("bad unit shape {shape:?}")));
+    }
+    let mut guard = jit()?.lock().unwrap_or_else(|e| e.into_inner());
+    let key = (shape, ukernel as usize, epilogue as usize);
+    if let Some(u) = guard.cache.get(&key) {
+        return Ok(*u);
+    }
+    let t0 = Instant::now();
+    let jit = &mut *guard;
+    let f = build(jit, shape, ukernel, epilogue)?;
+    let unit = CompiledUnit {
+        shape,
+        ukernel,
+        epilogue,
+        f,
+        compile_time: t0.elapsed(),
+    };
+    jit.cache.insert(key, unit);
+    Ok(unit)
+}
+
+fn build(
+    jit: &mut Jit,
+    shape: UnitShape,
+    ukernel: UKernel,
+    epilogue: EpilogueCallback,
+) -> Result<UnitFn, JitError> {
+    let module = &mut jit.module;
+    let ptr = module.target_config().pointer_type();
+    let call_conv = module.isa().default_call_conv();
+    let i64t = types::I64;
+    debug_assert_eq!(ptr, i64t);
+    let sig_of = |n: usize| {
+        let mut s = Signature::new(call_conv);
+        s.params.extend((0..n).map(|_| AbiParam::new(ptr)));
+        s
+    };
+    let unit_sig = sig_of(8);
+    let ukernel_sig = sig_of(5);
+    let epilogue_sig = sig_of(4);
+    let name = format!(
+        "unit_mr{}_nr{}_k{}_ld{}_{}",
+        shape.mr, shape.nr, shape.k_pad, shape.ldacc, jit.next_id
+    );
+    jit.next_id += 1;
+    let id = module
+        .declare_function(&name, Linkage::Local, &unit_sig)
+        .map_err(|e| JitError::Compile(e.to_string()))?;
+    let frontend_config = module.target_config();
+    let ctx = &mut jit.ctx;
+    ctx.func.signature = unit_sig;
+    ctx.func.name = UserFuncName::user(0, id.as_u32());
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut jit.fctx);
+        let uk_ref = b.import_signature(ukernel_sig);
+        let ep_ref = b.import_signature(epilogue_sig);
+        let entry = b.create_block();
+        let ip_head = b.create_block();
+        let chunk_head = b.create_block();
+        let pan_head = b.create_block();
+        let pan_body = b.create_block();
+        let chunk_end = b.create_block();
+        let ip_end = b.create_block();
+        let exit = b.create_block();
+
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let p = b.block_params(entry).to_vec();
+        let (a_rows, b_panels, acc, env, rows, pan_start, pan_end, chunk) =
+            (p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
+        let ip = b.declare_var(i64t);
+        let p0 = b.declare_var(i64t);
+        let p1 = b.declare_var(i64t);
+        let pan = b.declare_var(i64t);
+        // mpan = ceil(rows / mr)
+        let rows_up = b.ins().iadd_imm_u(rows, shape.mr as i64 - 1);
+        let mpan = b.ins().udiv_imm_u(rows_up, shape.mr as i64);
+        let zero = b.ins().iconst(i64t, 0);
+        b.def_var(ip, zero);
+        b.ins().jump(ip_head, &[]);
+
+        // for ip in 0..mpan
+        b.switch_to_block(ip_head);
+        let ipv = b.use_var(ip);
+        let more = b.ins().icmp(IntCC::UnsignedLessThan, ipv, mpan);
+        b.def_var(p0, pan_start);
+        b.ins().brif(more, chunk_head, &[], exit, &[]);
+
+        // while p0 < pan_end: p1 = min(p0 + chunk, pan_end)
+        b.switch_to_block(chunk_head);
+        let p0v = b.use_var(p0);
+        let more = b.ins().icmp(IntCC::UnsignedLessThan, p0v, pan_end);
+        let next = b.ins().iadd(p0v, chunk);
+        let p1v = b.ins().umin(next, pan_end);
+        b.def_var(p1, p1v);
+        b.def_var(pan, p0v);
+        b.ins().brif(more, pan_head, &[], ip_end, &[]);
+
+        // for pan in p0..p1: ukernel(kc4, A micro-panel, B panel, acc tile, ldacc)
+        b.switch_to_block(pan_head);
+        let panv = b.use_var(pan);
+        let p1v = b.use_var(p1);
+        let more = b.ins().icmp(IntCC::UnsignedLessThan, panv, p1v);
+        b.ins().brif(more, pan_body, &[], chunk_end, &[]);
+
+        b.switch_to_block(pan_body);
+        let ipv = b.use_var(ip);
+        let panv = b.use_var(pan);
+        let a_off = b.ins().imul_imm_u(ipv, (shape.mr * shape.k_pad) as i64);
+        let a_ptr = b.ins().iadd(a_rows, a_off);
+        let b_off = b.ins().imul_imm_u(panv, (shape.k_pad * shape.nr) as i64);
+        let b_ptr = b.ins().iadd(b_panels, b_off);
+        let rel = b.ins().isub(panv, pan_start);
+        let c_off = b.ins().imul_imm_u(rel, (shape.nr * 4) as i64);
+        let c_ptr = b.ins().iadd(acc, c_off);
+        let kc4 = b.ins().iconst(i64t, (shape.k_pad / 4) as i64);
+        let ldacc = b.ins().iconst(i64t, shape.ldacc as i64);
+        let callee = b.ins().iconst(i64t, ukernel as usize as i64);
+        b.ins()
+            .call_indirect(uk_ref, callee, &[kc4, a_ptr, b_ptr, c_ptr, ldacc]);
+        let next = b.ins().iadd_imm_u(panv, 1i64);
+        b.def_var(pan, next);
+        b.ins().jump(pan_head, &[]);
+
+        // epilogue(env, ip, p0, p1); p0 = p1
+        b.switch_to_block(chunk_end);
+        let ipv = b.use_var(ip);
+        let p0v = b.use_var(p0);
+        let p1v = b.use_var(p1);
+        let callee = b.ins().iconst(i64t, epilogue as usize as i64);
+        b.ins().call_indirect(ep_ref, callee, &[env, ipv, p0v, p1v]);
+        b.def_var(p0, p1v);
+        b.ins().jump(chunk_head, &[]);
+
+        b.switch_to_block(ip_end);
+        let ipv = b.use_var(ip);
+        let next = b.ins().iadd_imm_u(ipv, 1i64);
+        b.def_var(ip, next);
+        b.ins().jump(ip_head, &[]);
+
+        b.switch_to_block(exit);
+        b.ins().return_(&[]);
+        b.seal_all_blocks();
+        b.finalize(frontend_config);
+    }
+    let defined = module.define_function(id, ctx);
+    module.clear_context(ctx);
+    defined.map_err(|e| JitError::Compile(format!("{e:?}")))?;
+    module
+        .finalize_definitions()
+        .map_err(|e| JitError::Unavailable(e.to_string()))?;
+    let code = module.get_finalized_function(id);
+    // SAFETY: the function was built with exactly `UnitFn`'s signature (eight pointer-sized
+    // integers, the platform's C convention, no return value) and is finalized (executable).
+    Ok(unsafe { std::mem::transmute::<*const u8, UnitFn>(code) })
+}

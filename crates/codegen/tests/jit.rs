@@ -1,0 +1,184 @@
+//! The JIT-compiled unit loop nest of the int8 GEMM against the interpreted one: bit-identical
+//! outputs for every kernel this CPU runs, on awkward shapes, with column-chunked epilogues and
+//! row-wide (LayerNorm) ones, on one and two threads.
+
+mod common;
+use codegen::jit::{compile_unit, UnitShape};
+use codegen::kernels::int8::{gemm_i8_jit, gemm_i8_with, jit_unit, Activations, PackedI8};
+use codegen::kernels::{Epilogue, EpilogueOp, Int8Kernel, Output, QType, RowParam};
+use common::Rng;
+
+fn kernels(test: &str) -> Vec<Int8Kernel> {
+    common::coverage::int8(test)
+        .into_iter()
+        .filter(|k| *k != Int8Kernel::Amx)
+        .collect()
+}
+
+/// Runs `m × k × n` both ways with `ops(bias, gamma, beta)` as the epilogue after the dequant.
+fn compare(kernel: Int8Kernel, m: usize, k: usize, n: usize, layer_norm: bool, threads: usize) {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (m * 7919 + k * 131 + n) as u64);
+    let w: Vec<i8> = (0..k * n).map(|_| rng.i8()).collect();
+    let a: Vec<u8> = (0..m * k).map(|_| rng.u8()).collect();
+    let w_scale: Vec<f32> = (0..n).map(|_| 0.001 + rng.f32().abs() * 0.01).collect();
+    let bias = rng.vec_f32(n);
+    let gamma = rng.vec_f32(n);
+    let beta = rng.vec_f32(n);
+    let b = PackedI8::pack_for(kernel, &w, k, n, n, false).unwrap();
+    let mut ops = vec![
+        EpilogueOp::Dequant {
+            a_scale: RowParam::PerTensor(0.02),
+            a_zero: RowParam::PerTensor(7),
+            w_scale: &w_scale,
+        },
+        EpilogueOp::Bias(&bias),
+    ];
+    if layer_norm {
+        ops.push(EpilogueOp::LayerNorm {
+            gamma: &gamma,
+            beta: &beta,
+            eps: 1e-12,
+        });
+    }
+    ops.push(EpilogueOp::Requant {
+        scale: 0.05,
+        zero_point: 3,
+        ty: QType::U8,
+    });
+    let ep = Epilogue::new(ops);
+    let unit = jit_unit(&b).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+    let (mut interpreted, mut jitted) = (vec![0u8; m * n], vec![1u8; m * n]);
+    gemm_i8_with(
+        kernel,
+        m,
+        Activations::U8(&a),
+        k,
+        &b,
+        Output::U8 {
+            c: &mut interpreted,
+            ldc: n,
+        },
+        &ep,
+        threads,
+    )
+    .unwrap();
+    let ran = gemm_i8_jit(
+        m,
+        Activations::U8(&a),
+        k,
+        &b,
+        Output::U8 {
+            c: &mut jitted,
+            ldc: n,
+        },
+        &ep,
+        threads,
+        &unit,
+    )
+    .unwrap();
+    assert!(ran, "{}: the compiled unit did not run", kernel.name());
+    assert!(
+        interpreted == jitted,
+        "{} m={m} k={k} n={n} layer_norm={layer_norm} threads={threads}: JIT differs",
+        kernel.name()
+    );
+}
+
+#[test]
+fn jit_units_match_the_interpreted_nest_bit_for_bit() {
+    for kernel in kernels("jit_units_match_the_interpreted_nest_bit_for_bit") {
+        for &(m, k, n) in &[
+            (1, 4, 1),
+            (7, 33, 50),
+            (17, 64, 97),
+            (130, 768, 200),
+            (64, 3072, 96),
+            (9, 1000, 1300),
+        ] {
+            for layer_norm in [false, true] {
+                for threads in [1, 2] {
+                    compare(kernel, m, k, n, layer_norm, threads);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn units_are_cached_by_shape_and_kernel() {
+    let kernel = kernels("units_are_cached_by_shape_and_kernel")[0];
+    let w = vec![1i8; 96 * 40];
+    let b = PackedI8::pack_for(kernel, &w, 96, 40, 40, false).unwrap();
+    let first = jit_unit(&b).unwrap();
+    let again = jit_unit(&b).unwrap();
+    assert_eq!(first.f as usize, again.f as usize, "compiled twice");
+    assert_eq!(first.compile_time, again.compile_time);
+    let deeper = PackedI8::pack_for(kernel, &vec![1i8; 192 * 40], 192, 40, 40, false).unwrap();
+    let other = jit_unit(&deeper).unwrap();
+    assert_ne!(first.f as usize, other.f as usize);
+    assert_eq!(other.shape.k_pad, 192);
+}
+
+#[test]
+fn a_unit_for_another_shape_is_not_used() {
+    // A unit compiled for K = 96 handed to a GEMM with K = 200: the driver runs the interpreted
+    // nest (a unit with the wrong strides would read outside the panels).
+    let kernel = kernels("a_unit_for_another_shape_is_not_used")[0];
+    let (m, k, n) = (13, 200, 70);
+    let mut rng = Rng(5);
+    let w: Vec<i8> = (0..k * n).map(|_| rng.i8()).collect();
+    let a: Vec<u8> = (0..m * k).map(|_| rng.u8()).collect();
+    let b = PackedI8::pack_for(kernel, &w, k, n, n, false).unwrap();
+    let small = PackedI8::pack_for(kernel, &vec![0i8; 96 * n], 96, n, n, false).unwrap();
+    let wrong = jit_unit(&small).unwrap();
+    let ws = vec![1.0f32; n];
+    let ep = Epilogue::new(vec![EpilogueOp::Dequant {
+        a_scale: RowParam::PerTensor(1.0),
+        a_zero: RowParam::PerTensor(0),
+        w_scale: &ws,
+    }]);
+    let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
+    gemm_i8_with(
+        kernel,
+        m,
+        Activations::U8(&a),
+        k,
+        &b,
+        Output::F32 {
+            c: &mut want,
+            ldc: n,
+        },
+        &ep,
+        1,
+    )
+    .unwrap();
+    let ran = gemm_i8_jit(
+        m,
+        Activations::U8(&a),
+        k,
+        &b,
+        Output::F32 {
+            c: &mut got,
+            ldc: n,
+        },
+        &ep,
+        1,
+        &wrong,
+    )
+    .unwrap();
+    assert!(!ran, "a unit for K = 96 ran on K = 200");
+    assert_eq!(want, got);
+}
+
+#[test]
+fn a_malformed_shape_is_refused() {
+    extern "C" fn nothing(_: usize, _: *const u8, _: *const i8, _: *mut i32, _: usize) {}
+    extern "C" fn no_epilogue(_: *mut std::ffi::c_void, _: usize, _: usize, _: usize) {}
+    let bad = UnitShape {
+        mr: 0,
+        nr: 16,
+        k_pad: 64,
+        ldacc: 16,
+    };
+    assert!(compile_unit(bad, nothing, no_epilogue).is_err());
+}
