@@ -26,6 +26,7 @@ use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module};
 
+use crate::kernels::f32::UKernel as F32UKernel;
 use crate::kernels::int8::UKernel;
 
 /// The constants a unit's loop nest is specialised on.
@@ -76,11 +77,59 @@ pub enum JitError {
     Compile(String),
 }
 
+/// The constants an f32 unit's loop nest is specialised on: the weight's depth and width, the
+/// register blocking and the K block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct F32UnitShape {
+    pub mr: usize,
+    pub nr: usize,
+    /// Depth of the weight.
+    pub k: usize,
+    /// Columns of the weight.
+    pub n: usize,
+    /// K block: A is packed `kc` columns at a time.
+    pub kc: usize,
+}
+
+/// Called by a compiled f32 nest to pack A's K block `kb` of the unit: `(env, kb) -> kc` (the
+/// block's depth). Then `(env)` again with `kb = usize::MAX` for the epilogue of the finished
+/// unit.
+pub type F32Callback = unsafe extern "C" fn(*mut c_void, usize) -> usize;
+
+/// A compiled f32 unit: `(b_panels, c, ldc, env, first row, rows, pan_start, pan_end, apack)`.
+///
+/// For each K block `kb`: the pack callback (A rows into `apack`), then for each micro-panel row
+/// `ip` and panel `p` the microkernel with `(kc, apack + ip·mr·kc, b_panels + p·k·nr + kb·kc·nr,
+/// c + (row + ip·mr)·ldc + p·nr, ldc, min(mr, rows − ip·mr), min(nr, n − p·nr), kb > 0)`; at the
+/// end the callback with `usize::MAX` (the epilogue).
+pub type F32UnitFn = unsafe extern "C" fn(
+    *const f32,
+    *mut f32,
+    usize,
+    *mut c_void,
+    usize,
+    usize,
+    usize,
+    usize,
+    *const f32,
+);
+
+/// A compiled f32 unit and what it cost.
+#[derive(Debug, Clone, Copy)]
+pub struct CompiledF32Unit {
+    pub shape: F32UnitShape,
+    pub ukernel: F32UKernel,
+    pub callback: F32Callback,
+    pub f: F32UnitFn,
+    pub compile_time: Duration,
+}
+
 struct Jit {
     module: JITModule,
     ctx: cranelift_codegen::Context,
     fctx: FunctionBuilderContext,
     cache: HashMap<(UnitShape, usize, usize), CompiledUnit>,
+    cache_f32: HashMap<(F32UnitShape, usize, usize), CompiledF32Unit>,
     next_id: usize,
 }
 
@@ -110,6 +159,7 @@ fn jit() -> Result<&'static Mutex<Jit>, JitError> {
             ctx,
             fctx: FunctionBuilderContext::new(),
             cache: HashMap::new(),
+            cache_f32: HashMap::new(),
             next_id: 0,
         }))
     })
@@ -274,14 +324,217 @@ fn build(
         b.seal_all_blocks();
         b.finalize(frontend_config);
     }
+    let code = finish(module, ctx, id)?;
+    // SAFETY: the function was built with exactly `UnitFn`'s signature (eight pointer-sized
+    // integers, the platform's C convention, no return value) and is finalized (executable).
+    Ok(unsafe { std::mem::transmute::<*const u8, UnitFn>(code) })
+}
+
+/// Defines the function built in `ctx`, finalizes it and returns its code address.
+fn finish(
+    module: &mut JITModule,
+    ctx: &mut cranelift_codegen::Context,
+    id: cranelift_module::FuncId,
+) -> Result<*const u8, JitError> {
     let defined = module.define_function(id, ctx);
     module.clear_context(ctx);
     defined.map_err(|e| JitError::Compile(format!("{e:?}")))?;
     module
         .finalize_definitions()
         .map_err(|e| JitError::Unavailable(e.to_string()))?;
-    let code = module.get_finalized_function(id);
-    // SAFETY: the function was built with exactly `UnitFn`'s signature (eight pointer-sized
-    // integers, the platform's C convention, no return value) and is finalized (executable).
-    Ok(unsafe { std::mem::transmute::<*const u8, UnitFn>(code) })
+    Ok(module.get_finalized_function(id))
+}
+
+/// The compiled f32 unit for `shape` calling `ukernel` and `callback`, compiled on first request.
+pub fn compile_f32_unit(
+    shape: F32UnitShape,
+    ukernel: F32UKernel,
+    callback: F32Callback,
+) -> Result<CompiledF32Unit, JitError> {
+    if shape.mr == 0 || shape.nr == 0 || shape.kc == 0 {
+        return Err(JitError::Compile(format!("bad unit shape {shape:?}")));
+    }
+    let mut guard = jit()?.lock().unwrap_or_else(|e| e.into_inner());
+    let key = (shape, ukernel as usize, callback as usize);
+    if let Some(u) = guard.cache_f32.get(&key) {
+        return Ok(*u);
+    }
+    let t0 = Instant::now();
+    let jit = &mut *guard;
+    let f = build_f32(jit, shape, ukernel, callback)?;
+    let unit = CompiledF32Unit {
+        shape,
+        ukernel,
+        callback,
+        f,
+        compile_time: t0.elapsed(),
+    };
+    jit.cache_f32.insert(key, unit);
+    Ok(unit)
+}
+
+fn build_f32(
+    jit: &mut Jit,
+    shape: F32UnitShape,
+    ukernel: F32UKernel,
+    callback: F32Callback,
+) -> Result<F32UnitFn, JitError> {
+    let module = &mut jit.module;
+    let ptr = module.target_config().pointer_type();
+    let call_conv = module.isa().default_call_conv();
+    let i64t = types::I64;
+    let unit_sig = {
+        let mut s = Signature::new(call_conv);
+        s.params.extend((0..9).map(|_| AbiParam::new(ptr)));
+        s
+    };
+    let ukernel_sig = {
+        let mut s = Signature::new(call_conv);
+        s.params.extend((0..7).map(|_| AbiParam::new(ptr)));
+        s.params.push(AbiParam::new(types::I8));
+        s
+    };
+    let callback_sig = {
+        let mut s = Signature::new(call_conv);
+        s.params.extend((0..2).map(|_| AbiParam::new(ptr)));
+        s.returns.push(AbiParam::new(ptr));
+        s
+    };
+    let name = format!(
+        "f32_unit_mr{}_nr{}_k{}_n{}_kc{}_{}",
+        shape.mr, shape.nr, shape.k, shape.n, shape.kc, jit.next_id
+    );
+    jit.next_id += 1;
+    let id = module
+        .declare_function(&name, Linkage::Local, &unit_sig)
+        .map_err(|e| JitError::Compile(e.to_string()))?;
+    let frontend_config = module.target_config();
+    let ctx = &mut jit.ctx;
+    ctx.func.signature = unit_sig;
+    ctx.func.name = UserFuncName::user(0, id.as_u32());
+    let k_blocks = shape.k.div_ceil(shape.kc).max(1);
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut jit.fctx);
+        let uk_ref = b.import_signature(ukernel_sig);
+        let cb_ref = b.import_signature(callback_sig);
+        let entry = b.create_block();
+        let kb_head = b.create_block();
+        let ip_head = b.create_block();
+        let pan_head = b.create_block();
+        let pan_body = b.create_block();
+        let ip_end = b.create_block();
+        let kb_body = b.create_block();
+        let exit = b.create_block();
+
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let p = b.block_params(entry).to_vec();
+        let (b_panels, c, ldc, env, row0, rows, pan_start, pan_end, apack) =
+            (p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]);
+        let kb = b.declare_var(i64t);
+        let kcl = b.declare_var(i64t);
+        let ip = b.declare_var(i64t);
+        let pan = b.declare_var(i64t);
+        let rows_up = b.ins().iadd_imm_u(rows, shape.mr as i64 - 1);
+        let mpan = b.ins().udiv_imm_u(rows_up, shape.mr as i64);
+        let cb = b.ins().iconst(i64t, callback as usize as i64);
+        let zero = b.ins().iconst(i64t, 0);
+        b.def_var(kb, zero);
+        b.ins().jump(kb_head, &[]);
+
+        // for kb in 0..k_blocks: kcl = pack(env, kb)
+        b.switch_to_block(kb_head);
+        let kbv = b.use_var(kb);
+        let more = b
+            .ins()
+            .icmp_imm_u(IntCC::UnsignedLessThan, kbv, k_blocks as i64);
+        b.ins().brif(more, kb_body, &[], exit, &[]);
+
+        b.switch_to_block(kb_body);
+        let kbv = b.use_var(kb);
+        let call = b.ins().call_indirect(cb_ref, cb, &[env, kbv]);
+        let kc_now = b.inst_results(call)[0];
+        b.def_var(kcl, kc_now);
+        b.def_var(ip, zero);
+        b.ins().jump(ip_head, &[]);
+
+        // for ip in 0..mpan
+        b.switch_to_block(ip_head);
+        let ipv = b.use_var(ip);
+        let more = b.ins().icmp(IntCC::UnsignedLessThan, ipv, mpan);
+        b.def_var(pan, pan_start);
+        b.ins().brif(more, pan_head, &[], ip_end, &[]);
+
+        // for pan in pan_start..pan_end: the microkernel on one tile
+        b.switch_to_block(pan_head);
+        let panv = b.use_var(pan);
+        let more = b.ins().icmp(IntCC::UnsignedLessThan, panv, pan_end);
+        let next_ip_block = b.create_block();
+        b.ins().brif(more, pan_body, &[], next_ip_block, &[]);
+
+        b.switch_to_block(pan_body);
+        let ipv = b.use_var(ip);
+        let panv = b.use_var(pan);
+        let kbv = b.use_var(kb);
+        let kcv = b.use_var(kcl);
+        let ip_rows = b.ins().imul_imm_u(ipv, shape.mr as i64);
+        // A micro-panel ip: apack + ip·mr·kc floats
+        let a_off = b.ins().imul(ip_rows, kcv);
+        let a_off = b.ins().imul_imm_u(a_off, 4);
+        let a_ptr = b.ins().iadd(apack, a_off);
+        // B: p·k·nr + kb·kc_max·nr floats
+        let b_off = b.ins().imul_imm_u(panv, (shape.k * shape.nr * 4) as i64);
+        let kb_off = b.ins().imul_imm_u(kbv, (shape.kc * shape.nr * 4) as i64);
+        let b_off = b.ins().iadd(b_off, kb_off);
+        let b_ptr = b.ins().iadd(b_panels, b_off);
+        // C: (row0 + ip·mr)·ldc + p·nr floats
+        let row = b.ins().iadd(row0, ip_rows);
+        let c_off = b.ins().imul(row, ldc);
+        let col = b.ins().imul_imm_u(panv, shape.nr as i64);
+        let c_off = b.ins().iadd(c_off, col);
+        let c_off = b.ins().imul_imm_u(c_off, 4);
+        let c_ptr = b.ins().iadd(c, c_off);
+        // mv = min(mr, rows − ip·mr), nv = min(nr, n − p·nr)
+        let left = b.ins().isub(rows, ip_rows);
+        let mr_c = b.ins().iconst(i64t, shape.mr as i64);
+        let mv = b.ins().umin(left, mr_c);
+        let n_c = b.ins().iconst(i64t, shape.n as i64);
+        let cols_left = b.ins().isub(n_c, col);
+        let nr_c = b.ins().iconst(i64t, shape.nr as i64);
+        let nv = b.ins().umin(cols_left, nr_c);
+        let acc = b.ins().icmp_imm_u(IntCC::NotEqual, kbv, 0i64);
+        let callee = b.ins().iconst(i64t, ukernel as usize as i64);
+        b.ins().call_indirect(
+            uk_ref,
+            callee,
+            &[kcv, a_ptr, b_ptr, c_ptr, ldc, mv, nv, acc],
+        );
+        let next = b.ins().iadd_imm_u(panv, 1i64);
+        b.def_var(pan, next);
+        b.ins().jump(pan_head, &[]);
+
+        b.switch_to_block(next_ip_block);
+        let ipv = b.use_var(ip);
+        let next = b.ins().iadd_imm_u(ipv, 1i64);
+        b.def_var(ip, next);
+        b.ins().jump(ip_head, &[]);
+
+        b.switch_to_block(ip_end);
+        let kbv = b.use_var(kb);
+        let next = b.ins().iadd_imm_u(kbv, 1i64);
+        b.def_var(kb, next);
+        b.ins().jump(kb_head, &[]);
+
+        // the epilogue of the finished unit
+        b.switch_to_block(exit);
+        let done = b.ins().iconst(i64t, -1i64);
+        b.ins().call_indirect(cb_ref, cb, &[env, done]);
+        b.ins().return_(&[]);
+        b.seal_all_blocks();
+        b.finalize(frontend_config);
+    }
+    let code = finish(module, ctx, id)?;
+    // SAFETY: built with exactly `F32UnitFn`'s signature (nine pointer-sized integers, the C
+    // convention, no return value) and finalized.
+    Ok(unsafe { std::mem::transmute::<*const u8, F32UnitFn>(code) })
 }

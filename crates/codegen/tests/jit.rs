@@ -1,11 +1,15 @@
-//! The JIT-compiled unit loop nest of the int8 GEMM against the interpreted one: bit-identical
-//! outputs for every kernel this CPU runs, on awkward shapes, with column-chunked epilogues and
-//! row-wide (LayerNorm) ones, on one and two threads.
+//! The JIT-compiled unit loop nests of the int8 and f32 GEMMs against the interpreted ones:
+//! bit-identical outputs for every kernel this CPU runs, on awkward shapes (K spanning several
+//! f32 K blocks), with column-chunked epilogues and row-wide (LayerNorm) ones, on one and two
+//! threads.
 
 mod common;
 use codegen::jit::{compile_unit, UnitShape};
+use codegen::kernels::f32::{gemm_f32_jit, jit_unit as f32_jit_unit};
 use codegen::kernels::int8::{gemm_i8_jit, gemm_i8_with, jit_unit, Activations, PackedI8};
-use codegen::kernels::{Epilogue, EpilogueOp, Int8Kernel, Output, QType, RowParam};
+use codegen::kernels::{
+    gemm_f32, Epilogue, EpilogueOp, Int8Kernel, Output, PackedF32, QType, RowParam,
+};
 use common::Rng;
 
 fn kernels(test: &str) -> Vec<Int8Kernel> {
@@ -181,4 +185,53 @@ fn a_malformed_shape_is_refused() {
         ldacc: 16,
     };
     assert!(compile_unit(bad, nothing, no_epilogue).is_err());
+}
+
+#[test]
+fn f32_jit_units_match_the_interpreted_nest_bit_for_bit() {
+    for kernel in common::coverage::f32("f32_jit_units_match_the_interpreted_nest_bit_for_bit") {
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (7, 33, 50),
+            (17, 300, 97),
+            (130, 768, 200),
+            (9, 2000, 70),
+        ] {
+            let mut rng = Rng(0xF32 ^ (m * 31 + k * 7 + n) as u64);
+            let w = rng.vec_f32(k * n);
+            let a = rng.vec_f32(m * k);
+            let bias = rng.vec_f32(n);
+            let gamma = rng.vec_f32(n);
+            let beta = rng.vec_f32(n);
+            let b = PackedF32::pack_strided(kernel, &w, k, n, n, false);
+            let unit = f32_jit_unit(&b).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+            for layer_norm in [false, true] {
+                let mut ops = vec![EpilogueOp::Bias(&bias)];
+                if layer_norm {
+                    ops.push(EpilogueOp::LayerNorm {
+                        gamma: &gamma,
+                        beta: &beta,
+                        eps: 1e-5,
+                    });
+                }
+                let ep = Epilogue::new(ops);
+                for threads in [1, 2] {
+                    let (mut want, mut got) = (vec![0f32; m * n], vec![1f32; m * n]);
+                    gemm_f32(m, &a, k, &b, &mut want, n, &ep, threads);
+                    let ran = gemm_f32_jit(m, &a, k, &b, &mut got, n, &ep, threads, &unit);
+                    let ctx = format!(
+                        "{} m={m} k={k} n={n} ln={layer_norm} threads={threads}",
+                        kernel.name()
+                    );
+                    assert!(ran, "{ctx}: the compiled unit did not run");
+                    assert!(
+                        want.iter()
+                            .zip(&got)
+                            .all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{ctx}: JIT differs"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -175,7 +175,11 @@ impl Session {
             weights.push(match plan.layout {
                 lower::WeightLayout::I8 { kernel, k, n } => {
                     let v = t.to_vec::<i8>().map_err(|e| op_err(e.to_string()))?;
-                    let p = PackedWeightI8::pack(&v, k, n, Some(kernel))
+                    let unit = match st.jit {
+                        Some(lower::StepJit::Int8(u)) => Some(u),
+                        _ => None,
+                    };
+                    let p = PackedWeightI8::pack(&v, k, n, Some(kernel), unit)
                         .map_err(|e| op_err(e.to_string()))?;
                     Packed::I8(p)
                 }
@@ -186,7 +190,11 @@ impl Session {
                     transposed,
                 } => {
                     let v = t.to_f32_vec().map_err(|e| op_err(e.to_string()))?;
-                    Packed::F32(PackedWeight::pack(&v, k, n, transposed, kernel))
+                    let unit = match st.jit {
+                        Some(lower::StepJit::F32(u)) => Some(u),
+                        _ => None,
+                    };
+                    Packed::F32(PackedWeight::pack(&v, k, n, transposed, kernel, unit))
                 }
                 lower::WeightLayout::Table { .. } => Packed::Table(
                     exec::shape_ops::ConstTable::new(t)
@@ -816,7 +824,6 @@ impl Session {
                 one(fused::qlinear(
                     r(0),
                     w,
-                    st.jit.as_ref(),
                     r(2),
                     smooth.then(|| r(3)),
                     *act,

@@ -22,7 +22,8 @@ use std::collections::HashMap;
 
 use ir::{DType, Dim, EpilogueStep, Graph, Op, Outlet, TensorType};
 
-use crate::jit::CompiledUnit;
+use crate::jit::{CompiledF32Unit, CompiledUnit};
+use crate::kernels::f32::jit_unit_for as f32_jit_unit_for;
 use crate::kernels::int8::jit_unit_for;
 use crate::kernels::{
     pick_f32, pick_int8, plan_split_f32, plan_split_i8, F32Kernel, GemmSplit, Int8Kernel,
@@ -44,7 +45,7 @@ pub struct LowerOptions {
     /// Forces the int8 microkernel family (f32 layers take its f32 counterpart); `None`: the
     /// picker's choice for this CPU.
     pub kernel: Option<Int8Kernel>,
-    /// Compile the loop nest of each int8 GEMM with Cranelift ([`crate::jit`]); where that is
+    /// Compile the loop nest of each weight GEMM (int8 and f32) with Cranelift ([`crate::jit`]); where that is
     /// not possible the step runs the interpreted nest and [`Program::jit_unavailable`] says why.
     pub jit: bool,
 }
@@ -168,8 +169,33 @@ pub struct Step {
     pub lookup: Lookup,
     /// How a weight GEMM shares its columns among the threads.
     pub split: Option<GemmSplit>,
-    /// The JIT-compiled loop nest of an int8 GEMM.
-    pub jit: Option<CompiledUnit>,
+    /// The JIT-compiled loop nest of a weight GEMM.
+    pub jit: Option<StepJit>,
+}
+
+/// A JIT-compiled GEMM loop nest, for the kind of weight the step reads.
+#[derive(Clone, Copy, Debug)]
+pub enum StepJit {
+    Int8(CompiledUnit),
+    F32(CompiledF32Unit),
+}
+
+impl StepJit {
+    /// The code's address (identifies the compiled function).
+    pub fn address(&self) -> usize {
+        match self {
+            StepJit::Int8(u) => u.f as usize,
+            StepJit::F32(u) => u.f as usize,
+        }
+    }
+
+    /// Cranelift's time for it, when it was first compiled.
+    pub fn compile_time(&self) -> std::time::Duration {
+        match self {
+            StepJit::Int8(u) => u.compile_time,
+            StepJit::F32(u) => u.compile_time,
+        }
+    }
 }
 
 /// A lowered model: plain data, executed by the runtime's interpreter.
@@ -201,9 +227,9 @@ impl Program {
         let mut seen: Vec<usize> = Vec::new();
         let mut time = std::time::Duration::ZERO;
         for u in self.steps.iter().filter_map(|s| s.jit.as_ref()) {
-            if !seen.contains(&(u.f as usize)) {
-                seen.push(u.f as usize);
-                time += u.compile_time;
+            if !seen.contains(&u.address()) {
+                seen.push(u.address());
+                time += u.compile_time();
             }
         }
         (seen.len(), time)
@@ -405,17 +431,19 @@ pub fn lower(graph: &Graph, opts: LowerOptions) -> Result<Program, LowerError> {
             WeightLayout::Table { .. } => None,
         });
         let jit = match weight.map(|(_, w)| &weights[w].layout) {
-            Some(&WeightLayout::I8 { kernel, k, .. }) if opts.jit => {
-                match jit_unit_for(kernel, k) {
-                    Ok(u) => Some(u),
-                    Err(e) => {
-                        jit_unavailable.get_or_insert_with(|| e.to_string());
-                        None
-                    }
-                }
+            Some(_) if !opts.jit => Ok(None),
+            Some(&WeightLayout::I8 { kernel, k, .. }) => {
+                jit_unit_for(kernel, k).map(|u| Some(StepJit::Int8(u)))
             }
-            _ => None,
-        };
+            Some(&WeightLayout::F32 { kernel, k, n, .. }) => {
+                f32_jit_unit_for(kernel, k, n).map(|u| Some(StepJit::F32(u)))
+            }
+            Some(WeightLayout::Table { .. }) | None => Ok(None),
+        }
+        .unwrap_or_else(|e| {
+            jit_unavailable.get_or_insert_with(|| e.to_string());
+            None
+        });
         steps.push(Step {
             node: n.name.clone(),
             op: n.op.clone(),

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use ir::Dim;
 
-use super::{Home, Lookup, Program, WeightLayout};
+use super::{Home, Lookup, Program, StepJit, WeightLayout};
 
 impl Program {
     /// Prints the program: inputs, packed weights, planned buffers, steps, outputs.
@@ -114,14 +114,26 @@ impl Program {
             if let Some(s) = &st.split {
                 write!(out, " split={s}").unwrap();
             }
-            if let Some(u) = &st.jit {
-                let s = u.shape;
-                write!(
-                    out,
-                    " jit=unit(mr={}, nr={}, k_pad={}, ldacc={})",
-                    s.mr, s.nr, s.k_pad, s.ldacc
-                )
-                .unwrap();
+            match &st.jit {
+                Some(StepJit::Int8(u)) => {
+                    let s = u.shape;
+                    write!(
+                        out,
+                        " jit=unit_i8(mr={}, nr={}, k_pad={}, ldacc={})",
+                        s.mr, s.nr, s.k_pad, s.ldacc
+                    )
+                    .unwrap();
+                }
+                Some(StepJit::F32(u)) => {
+                    let s = u.shape;
+                    write!(
+                        out,
+                        " jit=unit_f32(mr={}, nr={}, k={}, n={}, kc={})",
+                        s.mr, s.nr, s.k, s.n, s.kc
+                    )
+                    .unwrap();
+                }
+                None => {}
             }
             match &st.lookup {
                 Lookup::Plain => {}

@@ -326,7 +326,6 @@ pub(crate) fn quantize_rows_here(
 pub(crate) fn qlinear(
     x: &TensorValue,
     w: &PackedWeightI8,
-    unit: Option<&codegen::jit::CompiledUnit>,
     w_scale: &TensorValue,
     inv_smooth: Option<&TensorValue>,
     act: ActQuant,
@@ -403,7 +402,7 @@ pub(crate) fn qlinear(
     let epilogue = Epilogue::new(ops);
     let run = |out: Output<'_>| {
         let (a, b) = (Activations::U8(acts), w.inner());
-        match unit {
+        match w.unit() {
             Some(u) => codegen::kernels::int8::gemm_i8_jit(m, a, k, b, out, &epilogue, threads, u)
                 .map(|_| ()),
             None => codegen::kernels::gemm_i8(m, a, k, b, out, &epilogue, threads),

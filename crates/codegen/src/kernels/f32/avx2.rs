@@ -23,7 +23,7 @@ fn lane_mask(valid: usize) -> __m256i {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn ukernel(
+pub unsafe extern "C" fn ukernel(
     kc: usize,
     a: *const f32,
     b: *const f32,

@@ -19,7 +19,7 @@ const NV: usize = NR / 16;
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn ukernel(
+pub unsafe extern "C" fn ukernel(
     kc: usize,
     a: *const f32,
     b: *const f32,

@@ -23,7 +23,10 @@ use super::pool::{
 use super::select::{cache_sizes, pick_f32, F32Kernel};
 use std::cell::RefCell;
 
-type UKernel = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, usize, usize, bool);
+/// An f32 microkernel `(kc, a, b, c, ldc, mr, nr, accumulate)`, with the C calling convention so
+/// that JIT-compiled loops can call it too.
+pub type UKernel =
+    unsafe extern "C" fn(usize, *const f32, *const f32, *mut f32, usize, usize, usize, bool);
 
 struct KernelInfo {
     mr: usize,
@@ -222,9 +225,42 @@ pub fn gemm_f32(
     epilogue: &Epilogue<'_>,
     threads: usize,
 ) {
+    drive(m, a, lda, b, c, ldc, epilogue, threads, None);
+}
+
+/// [`gemm_f32`] with the unit loop nest `unit` compiled by [`jit_unit`] for `b`. Bit-identical
+/// to [`gemm_f32`]. Returns whether the compiled nest ran: a unit made for another shape or
+/// kernel is not used (the nest runs interpreted).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32_jit(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedF32,
+    c: &mut [f32],
+    ldc: usize,
+    epilogue: &Epilogue<'_>,
+    threads: usize,
+    unit: &crate::jit::CompiledF32Unit,
+) -> bool {
+    drive(m, a, lda, b, c, ldc, epilogue, threads, Some(unit))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn drive(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedF32,
+    c: &mut [f32],
+    ldc: usize,
+    epilogue: &Epilogue<'_>,
+    threads: usize,
+    unit: Option<&crate::jit::CompiledF32Unit>,
+) -> bool {
     let (k, n) = (b.k, b.n);
     if m == 0 || n == 0 {
-        return;
+        return false;
     }
     assert!(
         lda >= k && (k == 0 || a.len() >= (m - 1) * lda + k),
@@ -253,6 +289,12 @@ pub fn gemm_f32(
     let tile_spans_row = (parts == 1 || !split_n) && blk.nc_panels >= panels;
     let tile_ops: &[EpilogueOp<'_>] = if tile_spans_row { ops } else { &ops[..split] };
     let cp = SendPtr(c.as_mut_ptr());
+    let shape = unit_shape(&ki, &blk, k, n);
+    let unit = unit.filter(|u| {
+        u.shape == shape
+            && u.ukernel as usize == ki.run as usize
+            && u.callback as usize == unit_callback as *const () as usize
+    });
     let works: Vec<PartWork> = (0..parts)
         .map(|t| {
             let (rows, pans) = if split_n {
@@ -276,6 +318,7 @@ pub fn gemm_f32(
                         unsafe {
                             compute_unit(
                                 &ki,
+                                unit,
                                 &blk,
                                 k,
                                 n,
@@ -332,13 +375,138 @@ pub fn gemm_f32(
             });
         });
     }
+    unit.is_some()
+}
+
+/// What one unit's packing and epilogue need, behind the `env` pointer a JIT-compiled unit
+/// passes back to [`unit_callback`].
+struct UnitEnv<'a, 'b> {
+    a: *const f32,
+    lda: usize,
+    k: usize,
+    kc_max: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    mr: usize,
+    apack: *mut f32,
+    c: SendPtr,
+    ldc: usize,
+    tile_ops: &'a [EpilogueOp<'b>],
+    tmp: &'a mut Vec<f32>,
+}
+
+/// Packs A's rows of the unit, K block `kb`, into MR-row micro-panels (k-major, zero rows past
+/// the end); returns the block's depth.
+///
+/// # Safety
+/// `env.a` holds the unit's rows of A (row stride `lda`, `k` columns); `env.apack` holds
+/// `ceil(rows / mr)·mr·kc_max` floats.
+unsafe fn pack_block(env: &UnitEnv<'_, '_>, kb: usize) -> usize {
+    let (mr, k) = (env.mr, env.k);
+    let k0 = kb * env.kc_max;
+    let kcl = env.kc_max.min(k - k0.min(k));
+    let (m0, mcl) = (env.rows.start, env.rows.len());
+    for ip in 0..mcl.div_ceil(mr) {
+        // SAFETY: micro-panel ip of mr × kcl floats is inside the buffer (caller contract).
+        let dst = unsafe { std::slice::from_raw_parts_mut(env.apack.add(ip * mr * kcl), mr * kcl) };
+        let r0 = m0 + ip * mr;
+        let valid = mr.min(m0 + mcl - r0);
+        for (kk, d) in dst.chunks_exact_mut(mr).enumerate() {
+            for (i, v) in d.iter_mut().enumerate() {
+                // SAFETY: i < valid means row r0 + i < m, and k0 + kk < k: inside A.
+                *v = if i < valid {
+                    unsafe { *env.a.add((r0 + i) * env.lda + k0 + kk) }
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+    kcl
+}
+
+/// The tile epilogue of a finished unit.
+///
+/// # Safety
+/// The unit's block of C is finished and owned by this thread.
+unsafe fn unit_epilogue(env: &mut UnitEnv<'_, '_>) {
+    if env.tile_ops.is_empty() {
+        return;
+    }
+    let c = env.c.0;
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        run_block(
+            env.tile_ops,
+            None,
+            Src::F32(c.add(env.rows.start * env.ldc + env.cols.start), env.ldc),
+            env.rows.clone(),
+            env.cols.clone(),
+            OutPtr::F32(c, env.ldc),
+            env.tmp,
+        )
+    };
+}
+
+/// [`pack_block`] for K block `kb`, or [`unit_epilogue`] when `kb == usize::MAX`, for
+/// JIT-compiled units.
+///
+/// # Safety
+/// `env` points to the live [`UnitEnv`] of the unit being computed; as those functions.
+unsafe extern "C" fn unit_callback(env: *mut std::ffi::c_void, kb: usize) -> usize {
+    // SAFETY: `compute_unit` passes a pointer to its own `UnitEnv`, alive for the call.
+    let env = unsafe { &mut *(env as *mut UnitEnv<'_, '_>) };
+    if kb == usize::MAX {
+        // SAFETY: the compiled nest calls this after the unit's last tile.
+        unsafe { unit_epilogue(env) };
+        0
+    } else {
+        // SAFETY: forwarded.
+        unsafe { pack_block(env, kb) }
+    }
+}
+
+/// The shape an f32 unit's loop nest is specialised on.
+fn unit_shape(ki: &KernelInfo, blk: &Blocking, k: usize, n: usize) -> crate::jit::F32UnitShape {
+    crate::jit::F32UnitShape {
+        mr: ki.mr,
+        nr: ki.nr,
+        k,
+        n,
+        kc: blk.kc.min(k.max(1)),
+    }
+}
+
+/// The JIT-compiled unit loop nest for GEMMs with weight `b` (see [`crate::jit`]).
+pub fn jit_unit(b: &PackedF32) -> Result<crate::jit::CompiledF32Unit, crate::jit::JitError> {
+    jit_unit_for(b.kernel, b.k, b.n)
+}
+
+/// [`jit_unit`] for a `k × n` weight packed for `kernel` (what lowering asks for, before the
+/// weights are packed).
+pub fn jit_unit_for(
+    kernel: F32Kernel,
+    k: usize,
+    n: usize,
+) -> Result<crate::jit::CompiledF32Unit, crate::jit::JitError> {
+    if !kernel.is_supported() {
+        return Err(crate::jit::JitError::Unavailable(format!(
+            "{} is not supported here",
+            kernel.name()
+        )));
+    }
+    let ki = info(kernel);
+    let shape = unit_shape(&ki, &blocking(ki.mr, ki.nr, 4), k, n);
+    crate::jit::compile_f32_unit(shape, ki.run, unit_callback)
 }
 
 /// One unit of C (`rows × pans`): for each `kc` block, pack A and run the microkernel over
-/// the unit's panels (accumulating into C after the first block), then the tile epilogue.
+/// the unit's panels (accumulating into C after the first block), then the tile epilogue;
+/// through the JIT-compiled nest `unit` when given (same calls, same order), else interpreted.
 #[allow(clippy::too_many_arguments)]
 unsafe fn compute_unit(
     ki: &KernelInfo,
+    unit: Option<&crate::jit::CompiledF32Unit>,
     blk: &Blocking,
     k: usize,
     n: usize,
@@ -361,27 +529,44 @@ unsafe fn compute_unit(
     let (m0, mcl) = (rows.start, rows.len());
     let mpan = mcl.div_ceil(mr);
     apack.ensure(mpan * mr * kc_max);
+    let mut env = UnitEnv {
+        a,
+        lda,
+        k,
+        kc_max,
+        rows: rows.clone(),
+        cols: pans.start * nr..(pans.end * nr).min(n),
+        mr,
+        apack: apack.as_mut_ptr(),
+        c,
+        ldc,
+        tile_ops,
+        tmp,
+    };
+    if let Some(u) = unit {
+        // SAFETY: the unit was compiled for this shape and microkernel (checked by the
+        // driver); it makes exactly the calls of the loop below, with `env` alive throughout.
+        unsafe {
+            (u.f)(
+                b.data.as_ptr(),
+                c.0,
+                ldc,
+                &mut env as *mut UnitEnv<'_, '_> as *mut std::ffi::c_void,
+                m0,
+                mcl,
+                pans.start,
+                pans.end,
+                env.apack,
+            )
+        };
+        return;
+    }
     let k_blocks = k.div_ceil(kc_max).max(1);
     for kb in 0..k_blocks {
         let k0 = kb * kc_max;
-        let kcl = kc_max.min(k - k0.min(k));
-        // Pack A[rows, k0..k0+kcl] into MR-row micro-panels, k-major, zero rows past the end.
-        for ip in 0..mpan {
-            let dst = &mut apack[ip * mr * kcl..(ip + 1) * mr * kcl];
-            let r0 = m0 + ip * mr;
-            let valid = mr.min(m0 + mcl - r0);
-            for (kk, d) in dst.chunks_exact_mut(mr).enumerate() {
-                for (i, v) in d.iter_mut().enumerate() {
-                    // SAFETY: i < valid means row r0 + i < m, and k0 + kk < k: inside A
-                    // (bounds checked by the caller).
-                    *v = if i < valid {
-                        unsafe { *a.add((r0 + i) * lda + k0 + kk) }
-                    } else {
-                        0.0
-                    };
-                }
-            }
-        }
+        // SAFETY: A's rows of the unit are inside A (checked by the caller); apack was sized
+        // for mpan micro-panels of kc_max.
+        let kcl = unsafe { pack_block(&env, kb) };
         // The A micro-panel (mr × kc) stays in L1 while the B micro-panels of the unit stream
         // from L2 in address order.
         for ip in 0..mpan {
@@ -394,7 +579,7 @@ unsafe fn compute_unit(
                 unsafe {
                     (ki.run)(
                         kcl,
-                        apack.as_ptr().add(ip * mr * kcl),
+                        env.apack.add(ip * mr * kcl),
                         b.data.as_ptr().add(p * k * nr + k0 * nr),
                         c.0.add((m0 + ip * mr) * ldc + p * nr),
                         ldc,
@@ -406,21 +591,8 @@ unsafe fn compute_unit(
             }
         }
     }
-    if !tile_ops.is_empty() {
-        let cols = pans.start * nr..(pans.end * nr).min(n);
-        // SAFETY: this unit of C is finished and owned by this thread.
-        unsafe {
-            run_block(
-                tile_ops,
-                None,
-                Src::F32(c.0.add(m0 * ldc + cols.start), ldc),
-                rows,
-                cols,
-                OutPtr::F32(c.0, ldc),
-                tmp,
-            )
-        };
-    }
+    // SAFETY: this unit of C is finished and owned by this thread.
+    unsafe { unit_epilogue(&mut env) };
 }
 
 /// For B that is not a constant (e.g. attention Q·Kᵀ, P·V): strides given, packs internally.

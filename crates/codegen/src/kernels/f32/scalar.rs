@@ -11,7 +11,7 @@ pub const NR: usize = 16;
 /// `a` holds `kc·MR` floats, `b` holds `kc·NR` floats, and `c` addresses `mr ≤ MR` rows (stride
 /// `ldc`) of `nr ≤ NR` writable floats.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn ukernel(
+pub unsafe extern "C" fn ukernel(
     kc: usize,
     a: *const f32,
     b: *const f32,
