@@ -663,7 +663,7 @@ impl Session {
                 let spec = r(1).clone();
                 one(so::reshape(take(ins, 0), &spec, *allowzero, node)?)
             }
-            Op::Transpose { perm } => one(so::transpose(r(0), perm, node)?),
+            Op::Transpose { perm } => one(so::transpose(r(0), perm, Some(ctx.arena), node)?),
             Op::Unsqueeze { axes } | Op::Squeeze { axes } => {
                 // Axes given as an input (known only at run time) replace the attribute.
                 let axes = match ins.get(1) {
@@ -768,6 +768,7 @@ impl Session {
                 r(3),
                 r(4),
                 Some(r(5)),
+                ctx.arena,
                 node,
             )?),
             Op::Einsum { equation } => {
@@ -887,11 +888,26 @@ impl Session {
             Op::UnpackRows => one(packing::unpack_rows(r(0), r(1), ctx, node)?),
             Op::QuantizeLinear { axis, to } => {
                 let zp = ins.get(2).map(|i| i.get());
-                one(quant::quantize_linear(r(0), r(1), zp, *axis, *to, node)?)
+                one(quant::quantize_linear(
+                    r(0),
+                    r(1),
+                    zp,
+                    *axis,
+                    *to,
+                    ctx.arena,
+                    node,
+                )?)
             }
             Op::DequantizeLinear { axis } => {
                 let zp = ins.get(2).map(|i| i.get());
-                one(quant::dequantize_linear(r(0), r(1), zp, *axis, node)?)
+                one(quant::dequantize_linear(
+                    r(0),
+                    r(1),
+                    zp,
+                    *axis,
+                    ctx.arena,
+                    node,
+                )?)
             }
             Op::DynamicQuantizeLinear => quant::dynamic_quantize_linear(r(0), node),
             Op::MatMulInteger => {

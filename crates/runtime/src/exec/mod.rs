@@ -93,9 +93,18 @@ impl Arena {
     }
 
     /// A byte buffer of `len` with unspecified contents, for data a kernel overwrites; give it
-    /// back with [`Arena::recycle_bytes`].
+    /// back with [`Arena::recycle_bytes`] (or [`Arena::recycle`] in a u8 or i8 tensor). The
+    /// smallest free buffer that fits and is at most twice as large (as for f32).
     pub fn bytes_for_overwrite(&mut self, len: usize) -> Vec<u8> {
-        match self.bytes.iter().position(|v| v.capacity() >= len) {
+        let most = len.saturating_mul(2).max(1024);
+        let best = self
+            .bytes
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= len && v.capacity() <= most)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i);
+        match best {
             Some(i) => {
                 let mut v = self.bytes.swap_remove(i);
                 v.truncate(len);
@@ -106,9 +115,18 @@ impl Arena {
         }
     }
 
+    /// [`Arena::bytes_for_overwrite`] as i8.
+    pub fn i8_for_overwrite(&mut self, len: usize) -> Vec<i8> {
+        let mut v = std::mem::ManuallyDrop::new(self.bytes_for_overwrite(len));
+        // SAFETY: u8 and i8 have the same size and alignment and every bit pattern is valid for
+        // both, so the allocation (its layout included) is a valid Vec<i8> of the same length
+        // and capacity; the ManuallyDrop keeps the Vec<u8> from freeing it.
+        unsafe { Vec::from_raw_parts(v.as_mut_ptr() as *mut i8, v.len(), v.capacity()) }
+    }
+
     /// Takes back a byte buffer from [`Arena::bytes_for_overwrite`].
     pub fn recycle_bytes(&mut self, v: Vec<u8>) {
-        if self.bytes.len() < 4 {
+        if self.bytes.len() < 32 {
             self.bytes.push(v);
         }
     }
@@ -121,6 +139,14 @@ impl Arena {
                 self.free.push(v)
             }
             crate::TensorData::U8(v) if v.capacity() >= 256 => self.recycle_bytes(v),
+            crate::TensorData::I8(v) if v.capacity() >= 256 => {
+                let mut v = std::mem::ManuallyDrop::new(v);
+                // SAFETY: as in `i8_for_overwrite`, the other way round.
+                let bytes = unsafe {
+                    Vec::from_raw_parts(v.as_mut_ptr() as *mut u8, v.len(), v.capacity())
+                };
+                self.recycle_bytes(bytes)
+            }
             _ => {}
         }
     }

@@ -198,7 +198,7 @@ pub(crate) fn gemm(
     }
     let a_t;
     let a = if trans_a {
-        a_t = super::shape_ops::transpose(a, &[1, 0], node)?;
+        a_t = super::shape_ops::transpose(a, &[1, 0], None, node)?;
         &a_t
     } else {
         a

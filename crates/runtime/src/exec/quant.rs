@@ -3,7 +3,7 @@
 use ir::DType;
 
 use super::nn::plan_matmul;
-use super::norm_axis;
+use super::{norm_axis, Arena};
 use crate::value::{TensorData, TensorValue};
 use crate::Error;
 
@@ -110,6 +110,7 @@ pub(crate) fn quantize_linear(
     zp: Option<&TensorValue>,
     axis: i64,
     to: DType,
+    arena: &mut Arena,
     node: &str,
 ) -> Result<TensorValue, Error> {
     let op = "quantize_linear";
@@ -119,24 +120,22 @@ pub(crate) fn quantize_linear(
     let p = QParams::new(x.shape(), scale, zp, axis, node, op)?;
     let out_dt = zp.map(|z| z.dtype()).unwrap_or(to);
     let data = match out_dt {
-        DType::U8 => TensorData::U8(
-            xv.iter()
-                .enumerate()
-                .map(|(i, &v)| {
-                    let (s, z) = p.at(i);
-                    quantize_one(v, s, z, 0, 255) as u8
-                })
-                .collect(),
-        ),
-        DType::I8 => TensorData::I8(
-            xv.iter()
-                .enumerate()
-                .map(|(i, &v)| {
-                    let (s, z) = p.at(i);
-                    quantize_one(v, s, z, -128, 127) as i8
-                })
-                .collect(),
-        ),
+        DType::U8 => {
+            let mut out = arena.bytes_for_overwrite(xv.len());
+            for (i, (o, &v)) in out.iter_mut().zip(xv).enumerate() {
+                let (s, z) = p.at(i);
+                *o = quantize_one(v, s, z, 0, 255) as u8;
+            }
+            TensorData::U8(out)
+        }
+        DType::I8 => {
+            let mut out = arena.i8_for_overwrite(xv.len());
+            for (i, (o, &v)) in out.iter_mut().zip(xv).enumerate() {
+                let (s, z) = p.at(i);
+                *o = quantize_one(v, s, z, -128, 127) as i8;
+            }
+            TensorData::I8(out)
+        }
         d => return Err(Error::op(node, op, format!("cannot quantize to {d}"))),
     };
     Ok(TensorValue::raw_data(x.shape().to_vec(), data))
@@ -148,6 +147,7 @@ pub(crate) fn dequantize_linear(
     scale: &TensorValue,
     zp: Option<&TensorValue>,
     axis: i64,
+    arena: &mut Arena,
     node: &str,
 ) -> Result<TensorValue, Error> {
     let op = "dequantize_linear";
@@ -156,18 +156,16 @@ pub(crate) fn dequantize_linear(
         let (s, z) = p.at(i);
         (q - z) as f32 * s
     };
-    let out: Vec<f32> = match x.data() {
-        TensorData::U8(v) => v
-            .iter()
-            .enumerate()
-            .map(|(i, &q)| deq(i, q as i32))
-            .collect(),
-        TensorData::I8(v) => v
-            .iter()
-            .enumerate()
-            .map(|(i, &q)| deq(i, q as i32))
-            .collect(),
-        TensorData::I32(v) => v.iter().enumerate().map(|(i, &q)| deq(i, q)).collect(),
+    let fill = |out: &mut [f32], q: &dyn Fn(usize) -> i32| {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = deq(i, q(i));
+        }
+    };
+    let mut out = arena.f32_for_overwrite(x.len());
+    match x.data() {
+        TensorData::U8(v) => fill(&mut out, &|i| v[i] as i32),
+        TensorData::I8(v) => fill(&mut out, &|i| v[i] as i32),
+        TensorData::I32(v) => fill(&mut out, &|i| v[i]),
         d => {
             return Err(Error::op(
                 node,
@@ -175,7 +173,7 @@ pub(crate) fn dequantize_linear(
                 format!("input must be u8, i8 or i32, got {}", d.dtype()),
             ))
         }
-    };
+    }
     Ok(TensorValue::raw(x.shape().to_vec(), out))
 }
 
@@ -211,18 +209,100 @@ pub(crate) fn dynamic_quantize_linear(
     ])
 }
 
-fn as_i32(t: &TensorValue, node: &str, what: &str) -> Result<Vec<i32>, Error> {
-    Ok(match t.data() {
-        TensorData::U8(v) => v.iter().map(|&x| x as i32).collect(),
-        TensorData::I8(v) => v.iter().map(|&x| x as i32).collect(),
-        d => {
-            return Err(Error::op(
+/// The elements of a u8 or i8 tensor, widened to i32 on reading.
+#[derive(Clone, Copy)]
+enum Ints<'a> {
+    U8(&'a [u8]),
+    I8(&'a [i8]),
+}
+
+impl<'a> Ints<'a> {
+    fn of(t: &'a TensorValue, node: &str, what: &str) -> Result<Ints<'a>, Error> {
+        match t.data() {
+            TensorData::U8(v) => Ok(Ints::U8(v)),
+            TensorData::I8(v) => Ok(Ints::I8(v)),
+            d => Err(Error::op(
                 node,
                 "matmul_integer",
                 format!("{what} must be u8 or i8, got {}", d.dtype()),
-            ))
+            )),
         }
-    })
+    }
+
+    fn len(self) -> usize {
+        match self {
+            Ints::U8(v) => v.len(),
+            Ints::I8(v) => v.len(),
+        }
+    }
+
+    fn at(self, i: usize) -> i32 {
+        match self {
+            Ints::U8(v) => v[i] as i32,
+            Ints::I8(v) => v[i] as i32,
+        }
+    }
+}
+
+thread_local! {
+    /// Row and panel scratch of [`integer_rows`] (kept between runs, so a steady run allocates
+    /// none).
+    static SCRATCH: std::cell::RefCell<(Vec<i32>, Vec<i32>, Vec<i32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
+
+/// The exact i32 product of `a` and `b` (numpy matmul broadcasting, zero points per tensor, per
+/// row of `a` or per column of `b`), handed to `emit(output row index, row)` one output row at
+/// a time. Returns the output shape.
+fn integer_rows(
+    a: &TensorValue,
+    b: &TensorValue,
+    azp: Option<&TensorValue>,
+    bzp: Option<&TensorValue>,
+    node: &str,
+    mut emit: impl FnMut(usize, &[i32]),
+) -> Result<Vec<usize>, Error> {
+    let p = plan_matmul(a.shape(), b.shape(), node, "matmul_integer")?;
+    let (m, k, n) = (p.m, p.k, p.n);
+    let (av, bv) = (Ints::of(a, node, "a")?, Ints::of(b, node, "b")?);
+    let azp = azp.map(|z| Ints::of(z, node, "a_zero_point")).transpose()?;
+    let bzp = bzp.map(|z| Ints::of(z, node, "b_zero_point")).transpose()?;
+    let (az_len, bz_len) = (azp.map_or(1, Ints::len), bzp.map_or(1, Ints::len));
+    if !(az_len == 1 || az_len == m) || !(bz_len == 1 || bz_len == n) {
+        return Err(Error::op(
+            node,
+            "matmul_integer",
+            format!(
+                "zero points of {az_len} and {bz_len} elements do not fit [{m}, {k}] × [{k}, {n}]"
+            ),
+        ));
+    }
+    let zero_of = |z: Option<Ints<'_>>, len: usize, i: usize| {
+        z.map_or(0, |z| z.at(if len == 1 { 0 } else { i }))
+    };
+    SCRATCH.with_borrow_mut(|(b_centered, a_row, c_row)| {
+        b_centered.clear();
+        // B minus its zero points, once per distinct B matrix (a constant weight is shared by
+        // all).
+        let mut b_at = usize::MAX;
+        for (bi, &(oa, ob)) in p.pairs.iter().enumerate() {
+            if ob != b_at {
+                b_centered.clear();
+                b_centered.extend((0..k * n).map(|e| bv.at(ob + e) - zero_of(bzp, bz_len, e % n)));
+                b_at = ob;
+            }
+            for i in 0..m {
+                let za = zero_of(azp, az_len, i);
+                a_row.clear();
+                a_row.extend((0..k).map(|e| av.at(oa + i * k + e) - za));
+                c_row.clear();
+                c_row.resize(n, 0);
+                super::simd::i32_row_times_panel(a_row, b_centered, n, c_row);
+                emit(bi * m + i, c_row);
+            }
+        }
+    });
+    Ok(p.out_shape)
 }
 
 /// `matmul_integer(a, b, a_zero_point?, b_zero_point?)` → i32, exact. Zero points are scalars,
@@ -234,60 +314,15 @@ pub(crate) fn matmul_integer(
     bzp: Option<&TensorValue>,
     node: &str,
 ) -> Result<TensorValue, Error> {
-    let p = plan_matmul(a.shape(), b.shape(), node, "matmul_integer")?;
-    let (m, k, n) = (p.m, p.k, p.n);
-    let av = as_i32(a, node, "a")?;
-    let bv = as_i32(b, node, "b")?;
-    let azp = azp
-        .map(|z| as_i32(z, node, "a_zero_point"))
-        .transpose()?
-        .unwrap_or_else(|| vec![0]);
-    let bzp = bzp
-        .map(|z| as_i32(z, node, "b_zero_point"))
-        .transpose()?
-        .unwrap_or_else(|| vec![0]);
-    if !(azp.len() == 1 || azp.len() == m) || !(bzp.len() == 1 || bzp.len() == n) {
-        return Err(Error::op(
-            node,
-            "matmul_integer",
-            format!(
-                "zero points of {} and {} elements do not fit [{m}, {k}] × [{k}, {n}]",
-                azp.len(),
-                bzp.len()
-            ),
-        ));
-    }
-    let mut out = vec![0i32; p.pairs.len() * m * n];
-    // B minus its zero points, once per distinct B matrix (a constant weight is shared by all).
-    let mut b_centered: Vec<i32> = Vec::new();
-    let mut b_at = usize::MAX;
-    for (bi, &(oa, ob)) in p.pairs.iter().enumerate() {
-        if ob != b_at {
-            b_centered.clear();
-            b_centered.extend(
-                bv[ob..ob + k * n]
-                    .iter()
-                    .enumerate()
-                    .map(|(e, &q)| q - bzp[if bzp.len() == 1 { 0 } else { e % n }]),
-            );
-            b_at = ob;
-        }
-        let c = &mut out[bi * m * n..(bi + 1) * m * n];
-        for i in 0..m {
-            let za = azp[if azp.len() == 1 { 0 } else { i }];
-            let a_row: Vec<i32> = av[oa + i * k..oa + (i + 1) * k]
-                .iter()
-                .map(|&q| q - za)
-                .collect();
-            super::simd::i32_row_times_panel(&a_row, &b_centered, n, &mut c[i * n..(i + 1) * n]);
-        }
-    }
-    Ok(TensorValue::raw(p.out_shape, out))
+    let mut out: Vec<i32> = Vec::new();
+    let shape = integer_rows(a, b, azp, bzp, node, |_, row| out.extend_from_slice(row))?;
+    Ok(TensorValue::raw(shape, out))
 }
 
 /// `MatMul(DequantizeLinear(qa, sa, za), DequantizeLinear(qb, sb, zb))` computed as
 /// `Σ(qa−za)(qb−zb)` in i32 (exact), times `sa·sb[n]` in f32. `sa` is per tensor, `sb` per
 /// tensor or per output column.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn qdq_matmul(
     qa: &TensorValue,
     sa: &TensorValue,
@@ -295,10 +330,11 @@ pub(crate) fn qdq_matmul(
     qb: &TensorValue,
     sb: &TensorValue,
     zb: Option<&TensorValue>,
+    arena: &mut Arena,
     node: &str,
 ) -> Result<TensorValue, Error> {
-    let acc = matmul_integer(qa, qb, za, zb, node)?;
-    let n = *acc.shape().last().unwrap_or(&1);
+    let plan = plan_matmul(qa.shape(), qb.shape(), node, "matmul")?;
+    let n = plan.n;
     let sa = sa
         .as_f32()
         .filter(|v| v.len() == 1)
@@ -313,16 +349,13 @@ pub(crate) fn qdq_matmul(
                 format!("quantized B needs 1 or {n} f32 scales"),
             )
         })?;
-    let scales: Vec<f32> = (0..n)
-        .map(|j| sa * sb[if sb.len() == 1 { 0 } else { j }])
-        .collect();
-    let shape = acc.shape().to_vec();
-    let acc = acc.into_vec::<i32>()?;
-    let out: Vec<f32> = acc
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| v as f32 * scales[i % n.max(1)])
-        .collect();
+    let scale = |j: usize| sa * sb[if sb.len() == 1 { 0 } else { j }];
+    let mut out = arena.f32_for_overwrite(plan.pairs.len() * plan.m * n);
+    let shape = integer_rows(qa, qb, za, zb, node, |r, row| {
+        for (j, (o, &v)) in out[r * n..(r + 1) * n].iter_mut().zip(row).enumerate() {
+            *o = v as f32 * scale(j);
+        }
+    })?;
     Ok(TensorValue::raw(shape, out))
 }
 
@@ -339,6 +372,7 @@ mod tests {
             Some(&TensorValue::scalar(0i8)),
             1,
             DType::I8,
+            &mut Arena::default(),
             "q",
         )
         .unwrap();
@@ -349,6 +383,7 @@ mod tests {
             Some(&TensorValue::scalar(10u8)),
             1,
             DType::U8,
+            &mut Arena::default(),
             "q",
         )
         .unwrap();
@@ -358,6 +393,7 @@ mod tests {
             &TensorValue::scalar(0.5f32),
             Some(&TensorValue::scalar(10u8)),
             1,
+            &mut Arena::default(),
             "d",
         )
         .unwrap();
@@ -368,9 +404,9 @@ mod tests {
     fn per_axis() {
         let x = TensorValue::from_i8(vec![2, 2], vec![1, 2, 3, 4]).unwrap();
         let s = TensorValue::from_f32(vec![2], vec![1.0, 10.0]).unwrap();
-        let d = dequantize_linear(&x, &s, None, 1, "d").unwrap();
+        let d = dequantize_linear(&x, &s, None, 1, &mut Arena::default(), "d").unwrap();
         assert_eq!(d.as_f32().unwrap(), &[1.0, 20.0, 3.0, 40.0]);
-        let d = dequantize_linear(&x, &s, None, 0, "d").unwrap();
+        let d = dequantize_linear(&x, &s, None, 0, &mut Arena::default(), "d").unwrap();
         assert_eq!(d.as_f32().unwrap(), &[1.0, 2.0, 30.0, 40.0]);
     }
 

@@ -166,13 +166,15 @@ pub(crate) fn flatten(x: Input<'_>, axis: i64, node: &str) -> Result<TensorValue
     relabel(x, vec![s[..a].iter().product(), s[a..].iter().product()])
 }
 
-fn transpose_typed<T: Copy>(v: &[T], shape: &[usize], perm: &[usize]) -> Vec<T> {
+/// `v` transposed, appended to `out` (empty; from the arena when the caller has one).
+fn transpose_typed<T: Copy>(v: &[T], shape: &[usize], perm: &[usize], mut out: Vec<T>) -> Vec<T> {
     let rank = shape.len();
     let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
     let in_strides = strides_of(shape);
     // Strides of the input seen in output order.
     let src: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
-    let mut out = Vec::with_capacity(v.len());
+    out.clear();
+    out.reserve(v.len());
     if v.is_empty() {
         return out;
     }
@@ -188,7 +190,13 @@ fn transpose_typed<T: Copy>(v: &[T], shape: &[usize], perm: &[usize]) -> Vec<T> 
     out
 }
 
-pub(crate) fn transpose(x: &TensorValue, perm: &[i64], node: &str) -> Result<TensorValue, Error> {
+/// `transpose[perm](x)`; an f32 result takes its buffer from `arena` when given.
+pub(crate) fn transpose(
+    x: &TensorValue,
+    perm: &[i64],
+    arena: Option<&mut super::Arena>,
+    node: &str,
+) -> Result<TensorValue, Error> {
     let rank = x.rank();
     let perm: Vec<usize> = if perm.is_empty() {
         (0..rank).rev().collect()
@@ -210,7 +218,13 @@ pub(crate) fn transpose(x: &TensorValue, perm: &[i64], node: &str) -> Result<Ten
     }
     let out_shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
     let sh = x.shape();
-    let data = map_data!(x.data(), v => transpose_typed(v, sh, &perm));
+    let data = match (x.data(), arena) {
+        (TensorData::F32(v), Some(arena)) => {
+            let out = arena.f32_with_capacity(v.len());
+            TensorData::F32(transpose_typed(v, sh, &perm, out))
+        }
+        (data, _) => map_data!(data, v => transpose_typed(v, sh, &perm, Vec::new())),
+    };
     Ok(TensorValue::raw_data(out_shape, data))
 }
 
@@ -1568,7 +1582,7 @@ mod tests {
         let r = reshape(Input::Ref(&x), &i64s(vec![2], vec![0, -1]), false, "r").unwrap();
         assert_eq!(r.shape(), &[2, 3]);
         assert!(reshape(Input::Ref(&x), &i64s(vec![1], vec![4]), false, "r").is_err());
-        let t = transpose(&x, &[1, 0], "t").unwrap();
+        let t = transpose(&x, &[1, 0], None, "t").unwrap();
         assert_eq!(t.as_f32().unwrap(), &[1., 4., 2., 5., 3., 6.]);
         let m = reduce(&x, ReduceOp::Mean, &[-1], true, "m").unwrap();
         assert_eq!(
