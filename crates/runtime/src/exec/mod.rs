@@ -30,8 +30,23 @@ pub(crate) struct Ctx<'a> {
     pub arena: &'a mut Arena,
 }
 
-/// Freed f32 buffers kept for reuse: an intermediate dies after its last consumer ran and its
-/// vector comes back here, so a steady-state run allocates (almost) nothing for f32 activations.
+/// The smallest free buffer of `pool` with room for `len` elements and at most twice that (or
+/// 1024): a small value (an output that leaves with its buffer) never takes a large one, whose
+/// replacement would then differ from run to run, so the pool settles after one run.
+fn take_fitting<T>(pool: &mut Vec<Vec<T>>, len: usize) -> Option<Vec<T>> {
+    let most = len.saturating_mul(2).max(1024);
+    let best = pool
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.capacity() >= len && v.capacity() <= most)
+        .min_by_key(|(_, v)| v.capacity())
+        .map(|(i, _)| i)?;
+    Some(pool.swap_remove(best))
+}
+
+/// Freed buffers kept for reuse (f32, and bytes for u8 and i8 values): an intermediate dies
+/// after its last consumer ran and its vector comes back here, so a steady-state run allocates
+/// (almost) nothing for activations.
 #[derive(Default)]
 pub(crate) struct Arena {
     free: Vec<Vec<f32>>,
@@ -77,36 +92,16 @@ impl Arena {
         }
     }
 
-    /// The smallest free buffer with room for `len` elements and at most twice that (or 1024):
-    /// a small value (an output that leaves with its buffer) never takes a large one, whose
-    /// replacement would then differ from run to run, so the pool settles after one run.
     fn take_fitting(&mut self, len: usize) -> Option<Vec<f32>> {
-        let most = len.saturating_mul(2).max(1024);
-        let best = self
-            .free
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.capacity() >= len && v.capacity() <= most)
-            .min_by_key(|(_, v)| v.capacity())
-            .map(|(i, _)| i)?;
-        Some(self.free.swap_remove(best))
+        take_fitting(&mut self.free, len)
     }
 
     /// A byte buffer of `len` with unspecified contents, for data a kernel overwrites; give it
     /// back with [`Arena::recycle_bytes`] (or [`Arena::recycle`] in a u8 or i8 tensor). The
     /// smallest free buffer that fits and is at most twice as large (as for f32).
     pub fn bytes_for_overwrite(&mut self, len: usize) -> Vec<u8> {
-        let most = len.saturating_mul(2).max(1024);
-        let best = self
-            .bytes
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.capacity() >= len && v.capacity() <= most)
-            .min_by_key(|(_, v)| v.capacity())
-            .map(|(i, _)| i);
-        match best {
-            Some(i) => {
-                let mut v = self.bytes.swap_remove(i);
+        match take_fitting(&mut self.bytes, len) {
+            Some(mut v) => {
                 v.truncate(len);
                 v.resize(len, 0);
                 v
