@@ -368,15 +368,17 @@ impl<'m> Importer<'m> {
                 }
             }
             "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Erf" | "Tanh" | "Sigmoid"
-            | "Relu" | "Not" | "Sin" | "Cos" | "Round" => {
+            | "Relu" | "Not" | "Sin" | "Cos" | "Round" | "Ceil" | "Floor" | "Sign" => {
                 x.arity(1, 1)?;
                 let a = x.input(0)?;
                 let op = UnaryOp::from_name(&x.op_type().to_lowercase()).expect("listed above");
                 let d = match op {
                     UnaryOp::Not => self.require_dtype(&x, 0, &[DType::Bool])?,
-                    UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Round => {
-                        self.require_dtype(&x, 0, &[DType::F32])?
-                    }
+                    UnaryOp::Sin
+                    | UnaryOp::Cos
+                    | UnaryOp::Round
+                    | UnaryOp::Ceil
+                    | UnaryOp::Floor => self.require_dtype(&x, 0, &[DType::F32])?,
                     _ => self.dtype(a),
                 };
                 self.emit(n, Op::Unary(op), &[a], &[d])?;

@@ -55,6 +55,13 @@ pub enum UnaryOp {
     Cos,
     /// Round half to even (ONNX `Round`), floats only.
     Round,
+    /// Round towards +inf (ONNX `Ceil`), floats only.
+    Ceil,
+    /// Round towards -inf (ONNX `Floor`), floats only.
+    Floor,
+    /// -1, 0 or 1 by the sign of `x` (ONNX `Sign`; 0 for both zeros, NaN stays NaN), floats and
+    /// integers.
+    Sign,
     /// Each f32 rounded to the nearest float16 value (±inf beyond its range), kept as f32: what a
     /// `Cast` to FLOAT16 computes in a model encore widens to f32.
     RoundToF16,
@@ -71,6 +78,19 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
+    /// ONNX `Sign` of a float: `f32::signum` gives 1 for +0 and -1 for -0, ONNX (and numpy) 0.
+    pub fn sign_f32(x: f32) -> f32 {
+        if x > 0.0 {
+            1.0
+        } else if x < 0.0 {
+            -1.0
+        } else if x.is_nan() {
+            x
+        } else {
+            0.0
+        }
+    }
+
     /// Whether the op maps each element to a bool.
     pub fn is_predicate(self) -> bool {
         matches!(
@@ -159,6 +179,7 @@ name_table!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", P
 name_table!(UnaryOp { Neg => "neg", Abs => "abs", Sqrt => "sqrt", Reciprocal => "reciprocal",
     Exp => "exp", Log => "log", Erf => "erf", Tanh => "tanh", Sigmoid => "sigmoid",
     Relu => "relu", Not => "not", Sin => "sin", Cos => "cos", Round => "round",
+    Ceil => "ceil", Floor => "floor", Sign => "sign",
     RoundToF16 => "round_to_f16", RoundToBf16 => "round_to_bf16", IsNan => "is_nan",
     IsInf => "is_inf", IsPosInf => "is_pos_inf", IsNegInf => "is_neg_inf" });
 name_table!(ReduceOp { Mean => "reduce_mean", Sum => "reduce_sum", Max => "reduce_max",

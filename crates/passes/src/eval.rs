@@ -538,6 +538,9 @@ fn unary(u: UnaryOp, d: Data) -> Option<Data> {
             Sin => v.into_iter().map(f32::sin).collect(),
             Cos => v.into_iter().map(f32::cos).collect(),
             Round => v.into_iter().map(f32::round_ties_even).collect(),
+            Ceil => v.into_iter().map(f32::ceil).collect(),
+            Floor => v.into_iter().map(f32::floor).collect(),
+            Sign => v.into_iter().map(UnaryOp::sign_f32).collect(),
             RoundToF16 => v
                 .into_iter()
                 .map(|x| half::f16::from_f32(x).to_f32())
@@ -552,6 +555,7 @@ fn unary(u: UnaryOp, d: Data) -> Option<Data> {
             Neg => v.into_iter().map(|x| x.wrapping_neg()).collect(),
             Abs => v.into_iter().map(|x| x.wrapping_abs()).collect(),
             Relu => v.into_iter().map(|x| x.max(0)).collect(),
+            Sign => v.into_iter().map(i64::signum).collect(),
             Not => v.into_iter().map(|x| i64::from(x == 0)).collect(),
             _ => return None,
         }),

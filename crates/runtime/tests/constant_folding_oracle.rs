@@ -70,6 +70,39 @@ fn shared_models_fold_to_the_same_outputs() {
     }
 }
 
+/// DeBERTa-v2's relative-position buckets on constant positions (sign and abs of i64 offsets,
+/// ceil of a scaled logarithm, floor): folded, they equal what the kernels compute.
+#[test]
+fn relative_position_buckets_fold_to_the_same_outputs() {
+    let text = "\
+%0 = input[name=\"x\"] : f32[5]
+%1 = const[value=i64[5]{-9, -1, 1, 2, 40}] : i64[5]
+%2 = sign(%1) : i64[*]
+%3 = abs(%1) : i64[*]
+%4 = cast[to=f32](%3) : f32[*]
+%5 = log(%4) : f32[*]
+%6 = const[value=f32[]{1.7}] : f32[]
+%7 = mul(%5, %6) : f32[*]
+%8 = ceil(%7) : f32[*]
+%9 = floor(%7) : f32[*]
+%10 = cast[to=f32](%2) : f32[*]
+%11 = mul(%8, %10) : f32[*]
+%12 = add(%11, %0) : f32[*]
+%13 = add(%9, %0) : f32[*]
+%14 = sign(%7) : f32[*]
+%15 = add(%14, %0) : f32[*]
+output \"a\" = %2
+output \"b\" = %12
+output \"c\" = %13
+output \"d\" = %15
+";
+    let g = ir::text::parse(text, None).unwrap();
+    let x = TensorValue::from_f32(vec![5], vec![0.5, -1.0, 2.0, 3.5, 0.0]).unwrap();
+    let removed = check("relative position buckets", g, &[("x", x)]);
+    // The 12 nodes before the adds fold into the 4 constants the adds and output `a` read.
+    assert_eq!(removed, 8, "folding left some of sign, abs, log, ceil, floor unfolded");
+}
+
 /// Folds of each kind on a small graph: arithmetic on shapes, constant_of_shape, sqrt, where,
 /// transpose, gather/slice/concat of constants, cast with truncation.
 #[test]

@@ -257,6 +257,35 @@ fn sin_and_cos_match_f64_within_an_ulp() {
     assert!(e.contains("`n`") && e.contains("i64"), "{e}");
 }
 
+/// DeBERTa-v2's log-bucketed relative positions take `Sign` of int64 offsets and `Ceil` of
+/// their logarithm.
+#[test]
+fn sign_ceil_and_floor() {
+    let x = f32s(
+        &[7],
+        &[-2.5, -0.0, 0.0, 3.0, f32::NAN, f32::NEG_INFINITY, 1e-30],
+    );
+    let y = Case::new("Sign", 13, vec![x]).run1();
+    let y = y.as_f32().unwrap();
+    assert_eq!(y[..4], [-1.0, 0.0, 0.0, 1.0]);
+    // Both zeros give +0 (f32::signum would give 1 and -1), NaN stays NaN, as in numpy.
+    assert!(y[1].is_sign_positive() && y[4].is_nan());
+    assert_eq!(y[5..], [-1.0, 1.0]);
+    let y = Case::new("Sign", 11, vec![i64s(&[4], &[-7, 0, 5, i64::MIN])]).run1();
+    assert_eq!(y.to_i64_vec().unwrap(), [-1, 0, 1, -1]);
+
+    let x = f32s(&[6], &[-1.5, -0.5, 0.5, 1.0, 2.7, -0.0]);
+    let c = Case::new("Ceil", 13, vec![x.clone()]).run1();
+    assert_eq!(c.as_f32().unwrap(), [-1.0, -0.0, 1.0, 1.0, 3.0, -0.0]);
+    let f = Case::new("Floor", 13, vec![x]).run1();
+    assert_eq!(f.as_f32().unwrap(), [-2.0, -1.0, 0.0, 1.0, 2.0, -0.0]);
+    // Integers are not a type of Ceil: a typed error naming the node.
+    let e = Case::new("Ceil", 13, vec![i64s(&[1], &[1])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("i64"), "{e}");
+}
+
 #[test]
 fn size_is_the_element_count() {
     let y = Case::new("Size", 13, vec![f32s(&[2, 3, 4], &[0.0; 24])]).run1();
