@@ -46,7 +46,12 @@
 //! - quantization: QuantizeLinear, DequantizeLinear (not blocked), DynamicQuantizeLinear,
 //!   MatMulInteger;
 //! - Constant, and Identity and Dropout, which add no node (Dropout's mask must be unused, and
-//!   its training mode a constant false).
+//!   its training mode a constant false);
+//! - control flow: If, whose two branches are imported inline (reading values of the enclosing
+//!   graph by name) and whose outputs each become a `select` of the two branch values, whole
+//!   and of any shape: a condition that constant folding decides (DeBERTa-v2's comparison of
+//!   two lengths that are both the sequence) leaves the other branch as dead code; otherwise
+//!   both branches run. Loop and Scan are not imported.
 //!
 //! Anything else is an [`ImportError::UnsupportedOp`] naming the node, op, domain and opset, never
 //! a silently different graph. Inputs that the IR needs at import (a Slice's starts when steps

@@ -403,6 +403,15 @@ pub enum Op {
     Unary(UnaryOp),
     /// `(cond, a, b)` elementwise with broadcasting.
     Where,
+    /// `(cond, a, b)`: all of `a` when the one element of `cond` (bool) is true, else all of `b`.
+    /// Nothing is broadcast: `a` and `b` may differ in shape, and the result has the shape of
+    /// the one chosen. The outputs of an ONNX `If`, whose two branches are imported inline (both
+    /// run unless `cond` folds to a constant, when the other branch is dead code).
+    ///
+    /// ```text
+    /// %9 = select(%2, %5, %8) : i64[1,S,S]
+    /// ```
+    Select,
     /// `(x)` converted to `to`.
     Cast { to: DType },
     /// `(x, min?, max?)` elementwise clamp to `[min, max]` (one-element tensors of x's dtype;
@@ -722,7 +731,8 @@ impl Op {
             | Op::Range
             | Op::Flatten { .. }
             | Op::PackRows
-            | Op::UnpackRows => OpKind::Data,
+            | Op::UnpackRows
+            | Op::Select => OpKind::Data,
         }
     }
 
@@ -734,6 +744,7 @@ impl Op {
             Op::Binary(b) => b.name(),
             Op::Unary(u) => u.name(),
             Op::Where => "where",
+            Op::Select => "select",
             Op::Cast { .. } => "cast",
             Op::Clip => "clip",
             Op::Shape { .. } => "shape",
@@ -787,7 +798,11 @@ impl Op {
         match self {
             Op::Input { .. } | Op::Const { .. } => (0, 0),
             Op::Binary(_) => (2, 2),
-            Op::Where | Op::Range | Op::ScatterNd { .. } | Op::ScatterElements { .. } => (3, 3),
+            Op::Where
+            | Op::Select
+            | Op::Range
+            | Op::ScatterNd { .. }
+            | Op::ScatterElements { .. } => (3, 3),
             Op::Clip => (1, 3),
             Op::Unary(_)
             | Op::Cast { .. }
@@ -938,6 +953,7 @@ impl Op {
             Op::Binary(_)
             | Op::Unary(_)
             | Op::Where
+            | Op::Select
             | Op::Clip
             | Op::Slice
             | Op::Expand
@@ -964,6 +980,7 @@ impl Op {
                 value: a.tensor("value")?,
             },
             "where" => Op::Where,
+            "select" => Op::Select,
             "clip" => Op::Clip,
             "cast" => Op::Cast { to: a.dtype("to")? },
             "shape" => Op::Shape {

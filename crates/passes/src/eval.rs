@@ -137,6 +137,21 @@ fn fixed_shape(ty: &TensorType) -> Result<Vec<usize>, String> {
 /// assert_eq!(r.to_vec::<i64>().unwrap(), vec![10, 20]);
 /// ```
 pub fn eval_node(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Option<Tensor>, String> {
+    if matches!(op, Op::Select) {
+        // The chosen value whole, whatever its shape: nothing to compute.
+        return match inputs[0]
+            .to_i64_vec()
+            .map_err(|e| e.to_string())?
+            .as_slice()
+        {
+            [0] => Ok(Some(inputs[2].clone())),
+            [_] => Ok(Some(inputs[1].clone())),
+            c => Err(format!(
+                "select condition holds {} elements, not 1",
+                c.len()
+            )),
+        };
+    }
     let oshape = fixed_shape(out)?;
     let n = oshape
         .iter()

@@ -346,6 +346,31 @@ fn infer(
         }
         Op::Unary(u) => one(u.output_dtype(dtype(0)), ins[0].shape.clone()),
         Op::Where => one(dtype(1), shapes.map(|s| broadcast(ctx, &s)).transpose()?),
+        Op::Select => {
+            if dtype(0) != DType::Bool || dtype(1) != dtype(2) {
+                return Err(format!(
+                    "select: takes a bool condition and two values of one dtype, got {}, {}, {}",
+                    dtype(0),
+                    dtype(1),
+                    dtype(2)
+                ));
+            }
+            let n = ins[0]
+                .shape
+                .as_ref()
+                .and_then(|s| s.iter().map(|d| d.as_fixed()).product::<Option<usize>>());
+            if n.is_some_and(|n| n != 1) {
+                return Err(format!(
+                    "select: the condition must hold one element, holds {n:?}"
+                ));
+            }
+            // Either value may come out: a dim is known where both agree.
+            let shape = match (&ins[1].shape, &ins[2].shape) {
+                (Some(a), Some(b)) if a == b => Some(a.clone()),
+                _ => None,
+            };
+            one(dtype(1), shape)
+        }
         Op::Cast { to } => one(*to, ins[0].shape.clone()),
         Op::Clip => {
             for (i, t) in ins.iter().enumerate().skip(1) {
@@ -1367,6 +1392,13 @@ fn infer_value(op: &Op, ins: &[TensorType], vals: &[Option<&SymTensor>]) -> Opti
                 .collect();
             Some(SymTensor::new(vec![n], data))
         }
+        Op::Select => match vals[0]?.data.as_slice() {
+            [c] => match c.as_int()? {
+                0 => vals[2].cloned(),
+                _ => vals[1].cloned(),
+            },
+            _ => None,
+        },
         Op::Slice => {
             let v = vals[0]?;
             if v.shape.len() != 1 {

@@ -100,7 +100,10 @@ output \"d\" = %15
     let x = TensorValue::from_f32(vec![5], vec![0.5, -1.0, 2.0, 3.5, 0.0]).unwrap();
     let removed = check("relative position buckets", g, &[("x", x)]);
     // The 12 nodes before the adds fold into the 4 constants the adds and output `a` read.
-    assert_eq!(removed, 8, "folding left some of sign, abs, log, ceil, floor unfolded");
+    assert_eq!(
+        removed, 8,
+        "folding left some of sign, abs, log, ceil, floor unfolded"
+    );
 }
 
 /// Folds of each kind on a small graph: arithmetic on shapes, constant_of_shape, sqrt, where,

@@ -4,9 +4,7 @@
 //! TorchScript and the dynamo exporters, with eager and, where the class has it, SDPA attention)
 //! imports, matches onnxruntime within 1e-4 at real positions as imported, decluttered and
 //! padding-free, and quantizes (INT8, dynamic and static activations) with a mean cosine of its
-//! sentence embeddings to FP32 of at least 0.99. An export encore refuses is listed in
-//! [`REFUSED`] with the typed error it gets and why, so that the test fails when support
-//! appears or the error changes.
+//! sentence embeddings to FP32 of at least 0.99.
 //!
 //! `cargo test --release -p runtime --test family_models -- --nocapture` prints one `FAMILY`
 //! line per model, a row of the table in `docs/family.md`: architecture, exporter, attention,
@@ -19,10 +17,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{compare, model_entry, ref_batches, RefBatch};
-use frontend_onnx::ImportError;
 use runtime::quantize::QuantizeOptions;
 use runtime::quantize::{calibrate, mean_cosine, quantize, ActivationMode, CalibrationBatch};
-use runtime::{CompileOptions, Error, Model, Session};
+use runtime::{CompileOptions, Model, Session};
 use serde_json::Value;
 
 /// An FP32 implementation summing in another order than onnxruntime stays well within this
@@ -33,21 +30,6 @@ const MIN_COSINE_DYNAMIC: f64 = 0.99;
 /// Per-tensor static activations lose more (MiniLM: 0.9959 against 0.9994 dynamic); the tiny
 /// models of ../shared are held to this floor too.
 const MIN_COSINE_STATIC: f64 = 0.98;
-
-/// Exports encore refuses: (model id, what the error must be, why).
-const REFUSED: &[(&str, Refusal, &str)] = &[(
-    "deberta-v2-torchscript-eager",
-    Refusal::UnsupportedOp("If"),
-    "the TorchScript exporter keeps DeBERTa's `if query_layer.size(-2) != key_layer.size(-2)` \
-     (recompute the relative positions) as an ONNX `If` with subgraphs, and encore imports no \
-     control flow; the dynamo export of the same model resolves the test while tracing and runs",
-)];
-
-#[derive(Debug)]
-enum Refusal {
-    /// `Error::Import(ImportError::UnsupportedOp)` naming this op.
-    UnsupportedOp(&'static str),
-}
 
 fn family_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/models/family")
@@ -131,23 +113,7 @@ fn check(id: &str) {
         entry["exporter"].as_str().unwrap(),
         entry["attention"].as_str().unwrap()
     );
-    let loaded = Model::load(&path);
-    if let Some((_, refusal, why)) = REFUSED.iter().find(|(r, _, _)| *r == id) {
-        let err = match loaded {
-            Ok(_) => panic!("{id} now imports: move it out of REFUSED (it was refused: {why})"),
-            Err(e) => e,
-        };
-        match (refusal, &err) {
-            (
-                Refusal::UnsupportedOp(op),
-                Error::Import(ImportError::UnsupportedOp { op_type, .. }),
-            ) if op_type == op => {}
-            _ => panic!("{id}: expected {refusal:?} ({why}), got {err}"),
-        }
-        println!("{row} no: {refusal:?} | | | | | | |");
-        return;
-    }
-    let fp32 = loaded.unwrap_or_else(|e| panic!("{id}: {e}"));
+    let fp32 = Model::load(&path).unwrap_or_else(|e| panic!("{id}: {e}"));
     let batches = ref_batches(&dir, entry);
     assert!(!batches.is_empty(), "{id}: no reference batches");
     let session = |optimize, padding_free| {
@@ -273,6 +239,30 @@ family! {
     modernbert_torchscript_sdpa: "modernbert-torchscript-sdpa",
     modernbert_dynamo_eager: "modernbert-dynamo-eager",
     modernbert_dynamo_sdpa: "modernbert-dynamo-sdpa",
+}
+
+/// DeBERTa-v2's TorchScript export keeps `if query_layer.size(-2) != key_layer.size(-2)` (then
+/// recompute the relative positions) as an ONNX `If` per layer. Imported, each is a `select`
+/// between its inlined branches; the condition compares two symbolic lengths that are both the
+/// sequence, so it folds and the optimized graph computes neither the test nor the dead branch.
+#[test]
+fn deberta_torchscript_if_folds_away() {
+    let man = manifest();
+    let entry = model_entry(&man, "deberta-v2-torchscript-eager");
+    let model = Model::load(family_dir().join(entry["file"].as_str().unwrap())).unwrap();
+    let selects = |g: &ir::Graph| {
+        g.node_ids()
+            .filter(|&n| g.node(n).op.name() == "select")
+            .count()
+    };
+    assert_eq!(entry["ops"]["If"], 2, "the export has one If per layer");
+    assert_eq!(selects(model.graph()), 2, "imported: one select per If");
+    let session = Session::new(&model, CompileOptions::default()).unwrap();
+    assert_eq!(
+        selects(session.graph()),
+        0,
+        "the If conditions did not fold"
+    );
 }
 
 /// The variants the script could not make are the attention implementations the classes lack

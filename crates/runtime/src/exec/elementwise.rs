@@ -524,6 +524,23 @@ fn where_typed<T: Copy>(
 }
 
 /// `where(cond, a, b)` with three-way broadcasting.
+/// The condition of a `Select` (an ONNX `If`): one bool.
+pub(crate) fn select_condition(c: &TensorValue, node: &str) -> Result<bool, Error> {
+    match c.as_bool() {
+        Some([c]) => Ok(*c),
+        Some(v) => Err(Error::op(
+            node,
+            "select",
+            format!("the condition must hold one element, holds {}", v.len()),
+        )),
+        None => Err(Error::op(
+            node,
+            "select",
+            format!("the condition must be bool, got {}", c.dtype()),
+        )),
+    }
+}
+
 pub(crate) fn where_op(
     c: &TensorValue,
     a: &TensorValue,
