@@ -364,9 +364,18 @@ fn infer(
                     "select: the condition must hold one element, holds {n:?}"
                 ));
             }
-            // Either value may come out: a dim is known where both agree.
-            let shape = match (&ins[1].shape, &ins[2].shape) {
-                (Some(a), Some(b)) if a == b => Some(a.clone()),
+            // A condition whose value is known already (in this same sweep) gives the chosen
+            // value's shape, so that what follows is typed at once: DeBERTa's next layer tests
+            // shapes that come through this one, and a select per iteration of the pipeline
+            // would not reach a fixpoint on 12 layers. Otherwise either value may come out.
+            let chosen = vals[0].and_then(|v| match v.data.as_slice() {
+                [c] => c.as_int(),
+                _ => None,
+            });
+            let shape = match (chosen, &ins[1].shape, &ins[2].shape) {
+                (Some(0), _, b) => b.clone(),
+                (Some(_), a, _) => a.clone(),
+                (None, Some(a), Some(b)) if a == b => Some(a.clone()),
                 _ => None,
             };
             one(dtype(1), shape)

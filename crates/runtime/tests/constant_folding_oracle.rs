@@ -106,6 +106,49 @@ output \"d\" = %15
     );
 }
 
+/// A chain of `select`s (ONNX `If`s) each testing a shape that comes through the one before,
+/// as DeBERTa's layers do (`if query.size(-2) != key.size(-2)`): one shape inference types
+/// the whole chain (a known condition gives the chosen value's shape), so the selects fold at
+/// once, and a session compiles 12 of them where a select per pipeline iteration would stop at
+/// the 8-iteration limit.
+#[test]
+fn chained_selects_fold_in_one_sweep() {
+    let mut text = String::from(
+        "%0 = input[name=\"x\"] : f32[B,S]\n%1 = shape[start=1, end=2](%0) : i64[1]\n",
+    );
+    let mut prev = 0;
+    for i in 0..12 {
+        let n = 2 + 4 * i;
+        // Unchanged (then) or doubled along the sequence (else), by whether the value so far
+        // still has the input's length.
+        text += &format!(
+            "%{a} = shape[start=1, end=2](%{prev}) : i64[*]\n\
+             %{c} = equal(%{a}, %1) : bool[*]\n\
+             %{d} = concat[axis=1](%{prev}, %{prev}) : f32[*]\n\
+             %{s} = select(%{c}, %{prev}, %{d}) : f32[*]\n",
+            a = n,
+            c = n + 1,
+            d = n + 2,
+            s = n + 3
+        );
+        prev = n + 3;
+    }
+    text += &format!("output \"y\" = %{prev}\n");
+    let g = ir::text::parse(&text, None).unwrap();
+    let x = TensorValue::from_f32(vec![2, 3], vec![0.5, -1.0, 2.0, 3.5, 0.0, -2.5]).unwrap();
+    let removed = check("chained selects", g.clone(), &[("x", x.clone())]);
+    // Everything but the input: the length %1 and the 12 × 4 nodes of the chain.
+    assert_eq!(removed, 1 + 12 * 4, "not every select folded in one sweep");
+    let s = Session::new(&Model::from_graph(g).unwrap(), CompileOptions::default()).unwrap();
+    let left = s
+        .graph()
+        .node_ids()
+        .filter(|&n| s.graph().node(n).op.name() == "select")
+        .count();
+    assert_eq!(left, 0);
+    assert_eq!(s.run(&[("x", x.clone())]).unwrap()[0].1, x);
+}
+
 /// Folds of each kind on a small graph: arithmetic on shapes, constant_of_shape, sqrt, where,
 /// transpose, gather/slice/concat of constants, cast with truncation.
 #[test]

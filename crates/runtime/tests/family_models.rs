@@ -3,8 +3,8 @@
 //! XLM-RoBERTa, DistilBERT, ELECTRA, ALBERT, MPNet, DeBERTa-v2 and ModernBERT, each through the
 //! TorchScript and the dynamo exporters, with eager and, where the class has it, SDPA attention)
 //! imports, matches onnxruntime within 1e-4 at real positions as imported, decluttered and
-//! padding-free, and quantizes (INT8, dynamic and static activations) with a mean cosine of its
-//! sentence embeddings to FP32 of at least 0.99.
+//! padding-free, and quantizes (INT8, every linear layer, dynamic and static activations) with a
+//! mean cosine of its sentence embeddings to FP32 of at least 0.99.
 //!
 //! `cargo test --release -p runtime --test family_models -- --nocapture` prints one `FAMILY`
 //! line per model, a row of the table in `docs/family.md`: architecture, exporter, attention,
@@ -17,19 +17,19 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{compare, model_entry, ref_batches, RefBatch};
-use runtime::quantize::QuantizeOptions;
-use runtime::quantize::{calibrate, mean_cosine, quantize, ActivationMode, CalibrationBatch};
+use runtime::quantize::{
+    calibrate, mean_cosine, quantize, ActivationMode, CalibrationBatch, QuantizeOptions,
+};
 use runtime::{CompileOptions, Model, Session};
 use serde_json::Value;
 
 /// An FP32 implementation summing in another order than onnxruntime stays well within this
 /// (the exports themselves differ from PyTorch by ≤ 2.2e-6, manifest `ort_vs_torch_max_abs`).
 const FP32_TOL: f32 = 1e-4;
-/// The goal of the issue for INT8 with per-token (dynamic) activations.
-const MIN_COSINE_DYNAMIC: f64 = 0.99;
-/// Per-tensor static activations lose more (MiniLM: 0.9959 against 0.9994 dynamic); the tiny
-/// models of ../shared are held to this floor too.
-const MIN_COSINE_STATIC: f64 = 0.98;
+/// The goal of the issue, for per-token (dynamic) and per-tensor (static) activations alike:
+/// static loses more on real text (MiniLM: 0.9959 against 0.9994), but these random encoders
+/// measured >= 0.9999 both ways.
+const MIN_COSINE: f64 = 0.99;
 
 fn family_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/models/family")
@@ -155,10 +155,7 @@ fn check(id: &str) {
     let stats = calibrate(&fp32, &calib, 2, &mut |_, _| {}).unwrap_or_else(|e| panic!("{id}: {e}"));
     let arch = entry["architecture"].as_str().unwrap();
     let mut cosines = vec![];
-    for (mode, floor) in [
-        (ActivationMode::Dynamic, MIN_COSINE_DYNAMIC),
-        (ActivationMode::Static, MIN_COSINE_STATIC),
-    ] {
+    for mode in [ActivationMode::Dynamic, ActivationMode::Static] {
         let opts = QuantizeOptions {
             activations: mode,
             ..QuantizeOptions::default()
@@ -174,7 +171,10 @@ fn check(id: &str) {
         );
         let int8 = Session::new(&q, CompileOptions::default()).unwrap();
         let cos = mean_cosine(&default, &int8, &calib).unwrap();
-        assert!(cos >= floor, "{id} {mode:?}: mean cosine {cos} < {floor}");
+        assert!(
+            cos >= MIN_COSINE,
+            "{id} {mode:?}: mean cosine {cos} < {MIN_COSINE}"
+        );
         cosines.push(cos);
     }
     println!(
