@@ -27,7 +27,7 @@ them):
 
 Base sizes (the published shapes of bert-base-uncased, roberta-base, xlm-roberta-base,
 distilbert-base-uncased, electra-base-discriminator, albert-base-v2, mpnet-base /
-all-mpnet-base-v2, deberta-v3-base and ModernBERT-base, random weights; 0.2-1.1 GB each, not
+all-mpnet-base-v2, deberta-v3-base and ModernBERT-base, random weights; 0.04-1.1 GB each, not
 committed):
 
     .venv-family/bin/python scripts/make_family.py --base --out /tmp/family-base \\
