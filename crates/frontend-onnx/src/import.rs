@@ -7,7 +7,8 @@ use std::path::Path;
 use ir::{DType, Dim, Graph, NodeId, Op, Outlet, Shape, TensorType};
 
 use crate::proto::{
-    tensor_shape_proto::dimension, type_proto, GraphProto, ModelProto, NodeProto, ValueInfoProto,
+    tensor_shape_proto::dimension, type_proto, GraphProto, ModelProto, NodeProto, TensorProto,
+    ValueInfoProto,
 };
 use crate::tensor::{self, ExternalData};
 use crate::ImportError;
@@ -247,6 +248,73 @@ impl<'m> Importer<'m> {
     }
 }
 
+impl<'m> Importer<'m> {
+    fn add_initializer(&mut self, t: &'m TensorProto) -> Result<(), ImportError> {
+        self.onnx_types.insert(t.name.as_str(), t.data_type);
+        let value = tensor::tensor_from_proto(t, &mut self.ext)?;
+        let name = self.unique_name(&t.name);
+        let o = self.graph.add_const(&name, value);
+        self.values.insert(t.name.as_str(), o);
+        Ok(())
+    }
+
+    /// Imports the nodes of a subgraph without inputs (an `If` branch) into the graph, reading
+    /// values of the enclosing scopes by name, and returns the outlets of its outputs.
+    pub(crate) fn import_branch(
+        &mut self,
+        g: &'m GraphProto,
+        owner: &str,
+    ) -> Result<Vec<Outlet>, ImportError> {
+        if let Some(i) = g.input.first() {
+            return Err(ImportError::BadNode {
+                node: owner.to_string(),
+                op_type: "If".into(),
+                message: format!("a branch takes no inputs, this one takes `{}`", i.name),
+            });
+        }
+        // ONNX names are unique across a graph and its subgraphs; a branch that rebinds a name of
+        // an enclosing scope would make reads of it ambiguous.
+        let produced = g
+            .initializer
+            .iter()
+            .map(|t| t.name.as_str())
+            .chain(g.node.iter().flat_map(|n| {
+                n.output
+                    .iter()
+                    .filter(|o| !o.is_empty())
+                    .map(String::as_str)
+            }));
+        for name in produced {
+            if self.values.contains_key(name) {
+                return Err(ImportError::DuplicateProducer {
+                    name: name.to_string(),
+                    first: "an enclosing graph".into(),
+                    second: format!("a branch of `{owner}`"),
+                });
+            }
+        }
+        let initializers: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+        let outer: HashSet<&str> = self.values.keys().copied().collect();
+        let order = check_and_order(g, &initializers, &outer)?;
+        for t in &g.initializer {
+            self.add_initializer(t)?;
+        }
+        for i in order {
+            self.import_node(&g.node[i])?;
+        }
+        g.output
+            .iter()
+            .map(|o| {
+                self.values.get(o.name.as_str()).copied().ok_or_else(|| {
+                    ImportError::MissingOutput {
+                        name: o.name.clone(),
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
 /// Imports a decoded model.
 pub(crate) fn import_model(model: &ModelProto, base: Option<&Path>) -> Result<Graph, ImportError> {
     let g = model.graph.as_ref().ok_or(ImportError::MissingGraph)?;
@@ -280,17 +348,10 @@ pub(crate) fn import_model(model: &ModelProto, base: Option<&Path>) -> Result<Gr
     }
 
     let initializers: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
-    let order = check_and_order(g, &initializers)?;
+    let order = check_and_order(g, &initializers, &HashSet::new())?;
 
     let mut uses: HashMap<&str, usize> = HashMap::new();
-    for n in &g.node {
-        for i in n.input.iter().filter(|i| !i.is_empty()) {
-            *uses.entry(i.as_str()).or_default() += 1;
-        }
-    }
-    for o in &g.output {
-        *uses.entry(o.name.as_str()).or_default() += 1;
-    }
+    count_uses(g, &mut uses);
     let mut declared = HashMap::new();
     for vi in g.value_info.iter().chain(&g.output) {
         declared.insert(vi.name.as_str(), vi);
@@ -331,11 +392,7 @@ pub(crate) fn import_model(model: &ModelProto, base: Option<&Path>) -> Result<Gr
         imp.values.insert(vi.name.as_str(), o);
     }
     for t in &g.initializer {
-        imp.onnx_types.insert(t.name.as_str(), t.data_type);
-        let value = tensor::tensor_from_proto(t, &mut imp.ext)?;
-        let name = imp.unique_name(&t.name);
-        let o = imp.graph.add_const(&name, value);
-        imp.values.insert(t.name.as_str(), o);
+        imp.add_initializer(t)?;
     }
     for i in order {
         imp.import_node(&g.node[i])?;
@@ -356,11 +413,64 @@ pub(crate) fn import_model(model: &ModelProto, base: Option<&Path>) -> Result<Gr
     Ok(graph)
 }
 
+/// Counts the reads of every value by `g`'s nodes, its outputs and its subgraphs.
+fn count_uses<'m>(g: &'m GraphProto, uses: &mut HashMap<&'m str, usize>) {
+    for n in &g.node {
+        for i in n.input.iter().filter(|i| !i.is_empty()) {
+            *uses.entry(i.as_str()).or_default() += 1;
+        }
+        for sub in subgraphs(n) {
+            count_uses(sub, uses);
+        }
+    }
+    for o in &g.output {
+        *uses.entry(o.name.as_str()).or_default() += 1;
+    }
+}
+
+/// The graphs held by a node's attributes (the branches of an `If`).
+pub(crate) fn subgraphs(n: &NodeProto) -> impl Iterator<Item = &GraphProto> {
+    n.attribute.iter().flat_map(|a| a.g.iter().chain(&a.graphs))
+}
+
+/// What a node reads: its inputs, and the values of enclosing scopes that the nodes and outputs
+/// of its subgraphs read (an `If` branch may use any value computed before the `If`).
+fn node_reads(n: &NodeProto) -> Vec<&str> {
+    let mut reads: Vec<&str> = n
+        .input
+        .iter()
+        .filter(|i| !i.is_empty())
+        .map(String::as_str)
+        .collect();
+    for g in subgraphs(n) {
+        let mut defined: HashSet<&str> = g
+            .initializer
+            .iter()
+            .map(|t| t.name.as_str())
+            .chain(g.input.iter().map(|v| v.name.as_str()))
+            .collect();
+        for m in &g.node {
+            defined.extend(
+                m.output
+                    .iter()
+                    .filter(|o| !o.is_empty())
+                    .map(String::as_str),
+            );
+        }
+        let inner = g.node.iter().flat_map(node_reads);
+        let outputs = g.output.iter().map(|o| o.name.as_str());
+        reads.extend(inner.chain(outputs).filter(|r| !defined.contains(r)));
+    }
+    reads
+}
+
 /// Checks names (every input produced, nothing produced twice, every graph output produced) and
 /// returns the node indices in a topological order: the file's order when it already is one.
+/// `outer` are the values of enclosing scopes that a subgraph may read.
 fn check_and_order(
     g: &GraphProto,
     initializers: &HashSet<&str>,
+    outer: &HashSet<&str>,
 ) -> Result<Vec<usize>, ImportError> {
     // Value name to its producer: None for graph inputs and initializers, Some(i) for node i.
     let mut producer: HashMap<&str, Option<usize>> = HashMap::new();
@@ -407,12 +517,13 @@ fn check_and_order(
     let mut pending = vec![0usize; g.node.len()];
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); g.node.len()];
     for (i, n) in g.node.iter().enumerate() {
-        for input in n.input.iter().filter(|s| !s.is_empty()) {
-            match producer.get(input.as_str()) {
+        for input in node_reads(n) {
+            match producer.get(input) {
+                None if outer.contains(input) => {}
                 None => {
                     return Err(ImportError::DanglingInput {
                         node: node_label(n),
-                        input: input.clone(),
+                        input: input.to_string(),
                     })
                 }
                 Some(Some(p)) => {
@@ -424,7 +535,7 @@ fn check_and_order(
         }
     }
     for o in &g.output {
-        if !producer.contains_key(o.name.as_str()) {
+        if !producer.contains_key(o.name.as_str()) && !outer.contains(o.name.as_str()) {
             return Err(ImportError::MissingOutput {
                 name: o.name.clone(),
             });

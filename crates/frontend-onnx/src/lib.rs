@@ -21,7 +21,7 @@
 //!   base's, an integer base with a float exponent is computed in f32 and truncated), Max, Min,
 //!   Sum (variadic ones become chains), Mod (both `fmod` forms), Equal, Less, Greater, And, Or,
 //!   Xor, Not, Neg, Abs, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Sin, Cos, Round
-//!   (half to even), IsNaN, IsInf, Gelu (opset 20+), Where, Cast and CastLike (whose target is
+//!   (half to even), Ceil, Floor, Sign (floats and integers), IsNaN, IsInf, Gelu (opset 20+), Where, Cast and CastLike (whose target is
 //!   its second input's ONNX type where the model states it; to FLOAT16 and BFLOAT16 as a
 //!   rounding to their precision in f32, to DOUBLE as to FLOAT, see below);
 //! - shapes and indexing: Shape, Reshape, Transpose, Unsqueeze, Squeeze, Flatten, Concat, Gather,
@@ -46,7 +46,12 @@
 //! - quantization: QuantizeLinear, DequantizeLinear (not blocked), DynamicQuantizeLinear,
 //!   MatMulInteger;
 //! - Constant, and Identity and Dropout, which add no node (Dropout's mask must be unused, and
-//!   its training mode a constant false).
+//!   its training mode a constant false);
+//! - control flow: If, whose two branches are imported inline (reading values of the enclosing
+//!   graph by name) and whose outputs each become a `select` of the two branch values, whole
+//!   and of any shape: a condition that constant folding decides (DeBERTa-v2's comparison of
+//!   two lengths that are both the sequence) leaves the other branch as dead code; otherwise
+//!   both branches run. Loop and Scan are not imported.
 //!
 //! Anything else is an [`ImportError::UnsupportedOp`] naming the node, op, domain and opset, never
 //! a silently different graph. Inputs that the IR needs at import (a Slice's starts when steps

@@ -368,15 +368,17 @@ impl<'m> Importer<'m> {
                 }
             }
             "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Erf" | "Tanh" | "Sigmoid"
-            | "Relu" | "Not" | "Sin" | "Cos" | "Round" => {
+            | "Relu" | "Not" | "Sin" | "Cos" | "Round" | "Ceil" | "Floor" | "Sign" => {
                 x.arity(1, 1)?;
                 let a = x.input(0)?;
                 let op = UnaryOp::from_name(&x.op_type().to_lowercase()).expect("listed above");
                 let d = match op {
                     UnaryOp::Not => self.require_dtype(&x, 0, &[DType::Bool])?,
-                    UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Round => {
-                        self.require_dtype(&x, 0, &[DType::F32])?
-                    }
+                    UnaryOp::Sin
+                    | UnaryOp::Cos
+                    | UnaryOp::Round
+                    | UnaryOp::Ceil
+                    | UnaryOp::Floor => self.require_dtype(&x, 0, &[DType::F32])?,
                     _ => self.dtype(a),
                 };
                 self.emit(n, Op::Unary(op), &[a], &[d])?;
@@ -416,6 +418,50 @@ impl<'m> Importer<'m> {
                 let a = x.input(0)?;
                 let d = self.dtype(a);
                 self.emit(n, Op::Gelu { approx }, &[a], &[d])?;
+            }
+            "If" => {
+                // Both branches are imported inline and each output selects its value: a branch
+                // costs nothing once the condition folds (a comparison of shapes, as in
+                // DeBERTa's TorchScript export), and is computed, unused, when it does not.
+                x.arity(1, 1)?;
+                self.require_dtype(&x, 0, &[DType::Bool])?;
+                let cond = x.input(0)?;
+                let mut branches = Vec::with_capacity(2);
+                for name in ["then_branch", "else_branch"] {
+                    let g = x
+                        .attr(name, AttributeType::Graph)?
+                        .and_then(|a| a.g.as_ref())
+                        .ok_or_else(|| x.bad_attr(name, "the branch graph is missing"))?;
+                    branches.push(self.import_branch(g, &x.label)?);
+                }
+                let (then_outs, else_outs) = (&branches[0], &branches[1]);
+                if then_outs.len() != n.output.len() || else_outs.len() != n.output.len() {
+                    return Err(x.bad(format!(
+                        "the branches have {} and {} outputs, the node {}",
+                        then_outs.len(),
+                        else_outs.len(),
+                        n.output.len()
+                    )));
+                }
+                for (i, out) in n.output.iter().enumerate() {
+                    let (a, b) = (then_outs[i], else_outs[i]);
+                    let d = self.dtype(a);
+                    if self.dtype(b) != d {
+                        return Err(x.bad(format!(
+                            "output {i}: the branches give {d} and {}",
+                            self.dtype(b)
+                        )));
+                    }
+                    if out.is_empty() {
+                        continue;
+                    }
+                    let ty = self.output_type(out, d)?;
+                    let name = self.unique_name(&format!("{}/select{i}", x.label));
+                    let id = self
+                        .graph
+                        .add_node(Op::Select, &name, &[cond, a, b], vec![ty])?;
+                    self.values.insert(out.as_str(), Outlet::new(id, 0));
+                }
             }
             "Where" => {
                 x.arity(3, 3)?;

@@ -55,6 +55,13 @@ pub enum UnaryOp {
     Cos,
     /// Round half to even (ONNX `Round`), floats only.
     Round,
+    /// Round towards +inf (ONNX `Ceil`), floats only.
+    Ceil,
+    /// Round towards -inf (ONNX `Floor`), floats only.
+    Floor,
+    /// -1, 0 or 1 by the sign of `x` (ONNX `Sign`; 0 for both zeros, NaN stays NaN), floats and
+    /// integers.
+    Sign,
     /// Each f32 rounded to the nearest float16 value (±inf beyond its range), kept as f32: what a
     /// `Cast` to FLOAT16 computes in a model encore widens to f32.
     RoundToF16,
@@ -71,6 +78,19 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
+    /// ONNX `Sign` of a float: `f32::signum` gives 1 for +0 and -1 for -0, ONNX (and numpy) 0.
+    pub fn sign_f32(x: f32) -> f32 {
+        if x > 0.0 {
+            1.0
+        } else if x < 0.0 {
+            -1.0
+        } else if x.is_nan() {
+            x
+        } else {
+            0.0
+        }
+    }
+
     /// Whether the op maps each element to a bool.
     pub fn is_predicate(self) -> bool {
         matches!(
@@ -159,6 +179,7 @@ name_table!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", P
 name_table!(UnaryOp { Neg => "neg", Abs => "abs", Sqrt => "sqrt", Reciprocal => "reciprocal",
     Exp => "exp", Log => "log", Erf => "erf", Tanh => "tanh", Sigmoid => "sigmoid",
     Relu => "relu", Not => "not", Sin => "sin", Cos => "cos", Round => "round",
+    Ceil => "ceil", Floor => "floor", Sign => "sign",
     RoundToF16 => "round_to_f16", RoundToBf16 => "round_to_bf16", IsNan => "is_nan",
     IsInf => "is_inf", IsPosInf => "is_pos_inf", IsNegInf => "is_neg_inf" });
 name_table!(ReduceOp { Mean => "reduce_mean", Sum => "reduce_sum", Max => "reduce_max",
@@ -382,6 +403,15 @@ pub enum Op {
     Unary(UnaryOp),
     /// `(cond, a, b)` elementwise with broadcasting.
     Where,
+    /// `(cond, a, b)`: all of `a` when the one element of `cond` (bool) is true, else all of `b`.
+    /// Nothing is broadcast: `a` and `b` may differ in shape, and the result has the shape of
+    /// the one chosen. The outputs of an ONNX `If`, whose two branches are imported inline (both
+    /// run unless `cond` folds to a constant, when the other branch is dead code).
+    ///
+    /// ```text
+    /// %9 = select(%2, %5, %8) : i64[1,S,S]
+    /// ```
+    Select,
     /// `(x)` converted to `to`.
     Cast { to: DType },
     /// `(x, min?, max?)` elementwise clamp to `[min, max]` (one-element tensors of x's dtype;
@@ -701,7 +731,8 @@ impl Op {
             | Op::Range
             | Op::Flatten { .. }
             | Op::PackRows
-            | Op::UnpackRows => OpKind::Data,
+            | Op::UnpackRows
+            | Op::Select => OpKind::Data,
         }
     }
 
@@ -713,6 +744,7 @@ impl Op {
             Op::Binary(b) => b.name(),
             Op::Unary(u) => u.name(),
             Op::Where => "where",
+            Op::Select => "select",
             Op::Cast { .. } => "cast",
             Op::Clip => "clip",
             Op::Shape { .. } => "shape",
@@ -766,7 +798,11 @@ impl Op {
         match self {
             Op::Input { .. } | Op::Const { .. } => (0, 0),
             Op::Binary(_) => (2, 2),
-            Op::Where | Op::Range | Op::ScatterNd { .. } | Op::ScatterElements { .. } => (3, 3),
+            Op::Where
+            | Op::Select
+            | Op::Range
+            | Op::ScatterNd { .. }
+            | Op::ScatterElements { .. } => (3, 3),
             Op::Clip => (1, 3),
             Op::Unary(_)
             | Op::Cast { .. }
@@ -917,6 +953,7 @@ impl Op {
             Op::Binary(_)
             | Op::Unary(_)
             | Op::Where
+            | Op::Select
             | Op::Clip
             | Op::Slice
             | Op::Expand
@@ -943,6 +980,7 @@ impl Op {
                 value: a.tensor("value")?,
             },
             "where" => Op::Where,
+            "select" => Op::Select,
             "clip" => Op::Clip,
             "cast" => Op::Cast { to: a.dtype("to")? },
             "shape" => Op::Shape {

@@ -91,9 +91,28 @@ fn fold_node(g: &mut Graph, id: NodeId, values: &Values) -> Result<bool, String>
         Op::Reshape { allowzero } => fold_reshape(g, id, allowzero),
         Op::Expand => fold_expand(g, id),
         Op::Where => fold_where(g, id),
+        Op::Select => fold_select(g, id),
         Op::Shape { .. } => Ok(false),
         _ => shape_of_input(g, id, values),
     }
+}
+
+/// `Select` with a constant condition is the value it chooses (the other, an `If` branch, is
+/// then dead code). Unlike `Where`'s branches, the chosen value may be more precisely typed than
+/// the select, whose shape is known only where both agree; consumers are retyped by the next
+/// shape inference.
+fn fold_select(g: &mut Graph, id: NodeId) -> Result<bool, String> {
+    let ins = g.node_inputs(id);
+    let Some(c) = g.const_value(ins[0]).and_then(|t| t.to_i64_vec().ok()) else {
+        return Ok(false);
+    };
+    let pick = match c.as_slice() {
+        [0] => ins[2],
+        [_] => ins[1],
+        _ => return Ok(false),
+    };
+    g.replace_uses(id.into(), pick).map_err(|e| e.to_string())?;
+    Ok(true)
 }
 
 /// `Where` with a constant all-true or all-false condition is the chosen branch, when that

@@ -137,6 +137,21 @@ fn fixed_shape(ty: &TensorType) -> Result<Vec<usize>, String> {
 /// assert_eq!(r.to_vec::<i64>().unwrap(), vec![10, 20]);
 /// ```
 pub fn eval_node(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Option<Tensor>, String> {
+    if matches!(op, Op::Select) {
+        // The chosen value whole, whatever its shape: nothing to compute.
+        return match inputs[0]
+            .to_i64_vec()
+            .map_err(|e| e.to_string())?
+            .as_slice()
+        {
+            [0] => Ok(Some(inputs[2].clone())),
+            [_] => Ok(Some(inputs[1].clone())),
+            c => Err(format!(
+                "select condition holds {} elements, not 1",
+                c.len()
+            )),
+        };
+    }
     let oshape = fixed_shape(out)?;
     let n = oshape
         .iter()
@@ -538,6 +553,9 @@ fn unary(u: UnaryOp, d: Data) -> Option<Data> {
             Sin => v.into_iter().map(f32::sin).collect(),
             Cos => v.into_iter().map(f32::cos).collect(),
             Round => v.into_iter().map(f32::round_ties_even).collect(),
+            Ceil => v.into_iter().map(f32::ceil).collect(),
+            Floor => v.into_iter().map(f32::floor).collect(),
+            Sign => v.into_iter().map(UnaryOp::sign_f32).collect(),
             RoundToF16 => v
                 .into_iter()
                 .map(|x| half::f16::from_f32(x).to_f32())
@@ -552,6 +570,7 @@ fn unary(u: UnaryOp, d: Data) -> Option<Data> {
             Neg => v.into_iter().map(|x| x.wrapping_neg()).collect(),
             Abs => v.into_iter().map(|x| x.wrapping_abs()).collect(),
             Relu => v.into_iter().map(|x| x.max(0)).collect(),
+            Sign => v.into_iter().map(i64::signum).collect(),
             Not => v.into_iter().map(|x| i64::from(x == 0)).collect(),
             _ => return None,
         }),

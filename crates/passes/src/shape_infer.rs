@@ -346,6 +346,40 @@ fn infer(
         }
         Op::Unary(u) => one(u.output_dtype(dtype(0)), ins[0].shape.clone()),
         Op::Where => one(dtype(1), shapes.map(|s| broadcast(ctx, &s)).transpose()?),
+        Op::Select => {
+            if dtype(0) != DType::Bool || dtype(1) != dtype(2) {
+                return Err(format!(
+                    "select: takes a bool condition and two values of one dtype, got {}, {}, {}",
+                    dtype(0),
+                    dtype(1),
+                    dtype(2)
+                ));
+            }
+            let n = ins[0]
+                .shape
+                .as_ref()
+                .and_then(|s| s.iter().map(|d| d.as_fixed()).product::<Option<usize>>());
+            if n.is_some_and(|n| n != 1) {
+                return Err(format!(
+                    "select: the condition must hold one element, holds {n:?}"
+                ));
+            }
+            // A condition whose value is known already (in this same sweep) gives the chosen
+            // value's shape, so that what follows is typed at once: DeBERTa's next layer tests
+            // shapes that come through this one, and a select per iteration of the pipeline
+            // would not reach a fixpoint on 12 layers. Otherwise either value may come out.
+            let chosen = vals[0].and_then(|v| match v.data.as_slice() {
+                [c] => c.as_int(),
+                _ => None,
+            });
+            let shape = match (chosen, &ins[1].shape, &ins[2].shape) {
+                (Some(0), _, b) => b.clone(),
+                (Some(_), a, _) => a.clone(),
+                (None, Some(a), Some(b)) if a == b => Some(a.clone()),
+                _ => None,
+            };
+            one(dtype(1), shape)
+        }
         Op::Cast { to } => one(*to, ins[0].shape.clone()),
         Op::Clip => {
             for (i, t) in ins.iter().enumerate().skip(1) {
@@ -1367,6 +1401,13 @@ fn infer_value(op: &Op, ins: &[TensorType], vals: &[Option<&SymTensor>]) -> Opti
                 .collect();
             Some(SymTensor::new(vec![n], data))
         }
+        Op::Select => match vals[0]?.data.as_slice() {
+            [c] => match c.as_int()? {
+                0 => vals[2].cloned(),
+                _ => vals[1].cloned(),
+            },
+            _ => None,
+        },
         Op::Slice => {
             let v = vals[0]?;
             if v.shape.len() != 1 {

@@ -653,6 +653,14 @@ impl Session {
             }
             Op::Unary(u) => one(ew::unary(*u, take(ins, 0), ctx, node)?),
             Op::Where => one(ew::where_op(r(0), r(1), r(2), node)?),
+            Op::Select => {
+                let chosen = if ew::select_condition(r(0), node)? {
+                    1
+                } else {
+                    2
+                };
+                one(take(ins, chosen).into_owned())
+            }
             Op::Clip => {
                 let bound = |i: usize| ins.get(i).map(|t| t.get());
                 one(ew::clip(r(0), bound(1), bound(2), node)?)

@@ -257,6 +257,127 @@ fn sin_and_cos_match_f64_within_an_ulp() {
     assert!(e.contains("`n`") && e.contains("i64"), "{e}");
 }
 
+/// DeBERTa-v2's log-bucketed relative positions take `Sign` of int64 offsets and `Ceil` of
+/// their logarithm.
+#[test]
+fn sign_ceil_and_floor() {
+    let x = f32s(
+        &[7],
+        &[-2.5, -0.0, 0.0, 3.0, f32::NAN, f32::NEG_INFINITY, 1e-30],
+    );
+    let y = Case::new("Sign", 13, vec![x]).run1();
+    let y = y.as_f32().unwrap();
+    assert_eq!(y[..4], [-1.0, 0.0, 0.0, 1.0]);
+    // Both zeros give +0 (f32::signum would give 1 and -1), NaN stays NaN, as in numpy.
+    assert!(y[1].is_sign_positive() && y[4].is_nan());
+    assert_eq!(y[5..], [-1.0, 1.0]);
+    let y = Case::new("Sign", 11, vec![i64s(&[4], &[-7, 0, 5, i64::MIN])]).run1();
+    assert_eq!(y.to_i64_vec().unwrap(), [-1, 0, 1, -1]);
+
+    let x = f32s(&[6], &[-1.5, -0.5, 0.5, 1.0, 2.7, -0.0]);
+    let c = Case::new("Ceil", 13, vec![x.clone()]).run1();
+    assert_eq!(c.as_f32().unwrap(), [-1.0, -0.0, 1.0, 1.0, 3.0, -0.0]);
+    let f = Case::new("Floor", 13, vec![x]).run1();
+    assert_eq!(f.as_f32().unwrap(), [-2.0, -1.0, 0.0, 1.0, 2.0, -0.0]);
+    // Integers are not a type of Ceil: a typed error naming the node.
+    let e = Case::new("Ceil", 13, vec![i64s(&[1], &[1])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("i64"), "{e}");
+}
+
+/// An `If` branch: `nodes` computing `output`, reading values of the enclosing graph by name.
+fn branch(name: &str, nodes: Vec<NodeProto>, output: &str) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Graph as i32,
+        g: Some(GraphProto {
+            name: name.into(),
+            node: nodes,
+            output: vec![ValueInfoProto {
+                name: output.into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// `If(cond)` with `x` as `in1`, a value of the graph that only the branches read.
+fn if_case(cond: TensorValue, x: TensorValue, branches: &[&AttributeProto]) -> Case {
+    fn cond_only(m: &mut ModelProto) {
+        m.graph.as_mut().unwrap().node[0].input.truncate(1);
+    }
+    let mut c = Case::new("If", 17, vec![cond, x]);
+    c.patch = Some(cond_only);
+    branches.iter().fold(c, |c, &b| c.attr(b.clone()))
+}
+
+fn node(op: &str, inputs: &[&str], output: &str, attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        op_type: op.into(),
+        name: format!("{op}_{output}"),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+/// `If` (DeBERTa-v2's TorchScript export has one per layer): the chosen branch's value, whole,
+/// when the branches differ in shape too; fed (both branches run, the output selected) and as
+/// initializers (the condition folds and the other branch is dropped) alike.
+#[test]
+fn if_gives_the_chosen_branch() {
+    let then_b = branch(
+        "then_branch",
+        vec![node("Add", &["in1", "in1"], "t", vec![])],
+        "t",
+    );
+    let else_b = branch(
+        "else_branch",
+        vec![node(
+            "Concat",
+            &["in1", "in1"],
+            "e",
+            vec![int_attr("axis", 0)],
+        )],
+        "e",
+    );
+    let x = f32s(&[2], &[1.0, -2.0]);
+    for (c, want) in [(true, vec![2.0, -4.0]), (false, vec![1.0, -2.0, 1.0, -2.0])] {
+        let cond = TensorValue::from_bool(vec![1], vec![c]).unwrap();
+        let y = if_case(cond, x.clone(), &[&then_b, &else_b]).run1();
+        assert_eq!(y.shape(), [want.len()], "cond {c}");
+        assert_eq!(y.as_f32().unwrap(), want, "cond {c}");
+    }
+    let cond = TensorValue::from_bool(vec![], vec![true]).unwrap();
+    // A branch's unsupported op is refused by its own name; a condition that is not bool, or
+    // that holds more than one element, is a typed error.
+    let bad_then = branch(
+        "then_branch",
+        vec![node("Hardmax", &["in1"], "t", vec![])],
+        "t",
+    );
+    let e = if_case(cond.clone(), x.clone(), &[&bad_then, &else_b])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`Hardmax_t`") && e.contains("`Hardmax`"), "{e}");
+    let e = if_case(f32s(&[1], &[1.0]), x.clone(), &[&then_b, &else_b])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("f32"), "{e}");
+    let two = TensorValue::from_bool(vec![2], vec![true, false]).unwrap();
+    let e = if_case(two, x.clone(), &[&then_b, &else_b])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("one element"), "{e}");
+    // A missing branch is a typed error naming the attribute.
+    let e = if_case(cond, x, &[&else_b]).run().unwrap_err();
+    assert!(e.contains("then_branch"), "{e}");
+}
+
 #[test]
 fn size_is_the_element_count() {
     let y = Case::new("Size", 13, vec![f32s(&[2, 3, 4], &[0.0; 24])]).run1();

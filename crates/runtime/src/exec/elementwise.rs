@@ -421,6 +421,9 @@ pub(crate) fn unary(
                 UnaryOp::Sin => f32::sin,
                 UnaryOp::Cos => f32::cos,
                 UnaryOp::Round => f32::round_ties_even,
+                UnaryOp::Ceil => f32::ceil,
+                UnaryOp::Floor => f32::floor,
+                UnaryOp::Sign => UnaryOp::sign_f32,
                 UnaryOp::RoundToF16 => |v| half::f16::from_f32(v).to_f32(),
                 UnaryOp::RoundToBf16 => |v| half::bf16::from_f32(v).to_f32(),
                 UnaryOp::Not
@@ -454,6 +457,9 @@ pub(crate) fn unary(
                 (UnaryOp::Relu, TensorData::I64(v)) => {
                     TensorData::I64(v.iter().map(|&a| a.max(0)).collect())
                 }
+                (UnaryOp::Sign, TensorData::I64(v)) => {
+                    TensorData::I64(v.iter().map(|a| a.signum()).collect())
+                }
                 (UnaryOp::Neg, TensorData::I32(v)) => {
                     TensorData::I32(v.iter().map(|a| a.wrapping_neg()).collect())
                 }
@@ -463,11 +469,17 @@ pub(crate) fn unary(
                 (UnaryOp::Relu, TensorData::I32(v)) => {
                     TensorData::I32(v.iter().map(|&a| a.max(0)).collect())
                 }
+                (UnaryOp::Sign, TensorData::I32(v)) => {
+                    TensorData::I32(v.iter().map(|a| a.signum()).collect())
+                }
                 (UnaryOp::Neg, TensorData::I8(v)) => {
                     TensorData::I8(v.iter().map(|a| a.wrapping_neg()).collect())
                 }
                 (UnaryOp::Abs, TensorData::I8(v)) => {
                     TensorData::I8(v.iter().map(|a| a.wrapping_abs()).collect())
+                }
+                (UnaryOp::Sign, TensorData::I8(v)) => {
+                    TensorData::I8(v.iter().map(|a| a.signum()).collect())
                 }
                 _ => return Err(bad()),
             };
@@ -512,6 +524,23 @@ fn where_typed<T: Copy>(
 }
 
 /// `where(cond, a, b)` with three-way broadcasting.
+/// The condition of a `Select` (an ONNX `If`): one bool.
+pub(crate) fn select_condition(c: &TensorValue, node: &str) -> Result<bool, Error> {
+    match c.as_bool() {
+        Some([c]) => Ok(*c),
+        Some(v) => Err(Error::op(
+            node,
+            "select",
+            format!("the condition must hold one element, holds {}", v.len()),
+        )),
+        None => Err(Error::op(
+            node,
+            "select",
+            format!("the condition must be bool, got {}", c.dtype()),
+        )),
+    }
+}
+
 pub(crate) fn where_op(
     c: &TensorValue,
     a: &TensorValue,
