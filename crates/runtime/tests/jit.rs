@@ -1,6 +1,7 @@
 //! JIT-compiled and interpreted loop nests give bit-identical results on every model in
-//! `../shared/models` (and on MiniLM quantized by encore, dynamic and static), on 1 and 2
-//! threads; every weight product (int8 and f32) of the JIT session has a compiled unit.
+//! `../shared/models` and `tests/models/family` (and on MiniLM quantized by encore, dynamic and
+//! static), on 1 and 2 threads; every weight product (int8 and f32) of the JIT session has a
+//! compiled unit.
 
 mod common;
 
@@ -102,6 +103,20 @@ fn every_shared_model_runs_the_same_with_and_without_jit() {
     }
     // The QDQ and dynamic exports (tiny BERT three ways, MiniLM QDQ) exercise the JIT.
     assert!(int8_seen >= 4, "only {int8_seen} int8 models");
+}
+
+#[test]
+fn every_family_export_runs_the_same_with_and_without_jit() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/models/family");
+    let man: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let models = man["models"].as_array().unwrap();
+    assert!(models.len() >= 30, "{} family exports", models.len());
+    for entry in models {
+        let id = entry["id"].as_str().unwrap();
+        let model = Model::load(dir.join(entry["file"].as_str().unwrap())).unwrap();
+        check(id, &model, &reference_feeds(&dir, entry));
+    }
 }
 
 #[test]
