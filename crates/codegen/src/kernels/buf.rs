@@ -118,3 +118,44 @@ impl<T: Pod + std::fmt::Debug> std::fmt::Debug for AlignedBuf<T> {
             .finish()
     }
 }
+
+/// A raw pointer that workers of one parallel loop share: each writes a disjoint part of the
+/// buffer it points into (parts that cannot be split into contiguous slices, such as attention
+/// heads interleaved in a row, or GEMM units), or all only read it.
+///
+/// Making one is safe; every dereference is `unsafe` and its `SAFETY` comment says why the
+/// parts are disjoint or read-only.
+///
+/// ```
+/// use codegen::kernels::SharedPtr;
+/// let mut v = vec![0u32; 4];
+/// let p = SharedPtr(v.as_mut_ptr());
+/// std::thread::scope(|s| {
+///     for t in 0..4 {
+///         // SAFETY: thread t writes element t only; `v` outlives the scope.
+///         s.spawn(move || unsafe { *p.get().add(t) = t as u32 });
+///     }
+/// });
+/// assert_eq!(v, [0, 1, 2, 3]);
+/// ```
+pub struct SharedPtr<T>(pub *mut T);
+
+// Manual impls: derived ones would require `T: Copy`.
+impl<T> Clone for SharedPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedPtr<T> {}
+// SAFETY: the pointer itself is plain data; what is done through it is checked at each
+// dereference (disjoint writes or shared reads, as the type's contract says).
+unsafe impl<T> Send for SharedPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SharedPtr<T> {}
+
+impl<T> SharedPtr<T> {
+    /// The pointer (a method, so that closures capture the whole `Sync` wrapper, not the field).
+    pub fn get(self) -> *mut T {
+        self.0
+    }
+}

@@ -3,7 +3,7 @@
 use super::attn_kernels::{attn_scores, attn_values, IB, JB};
 use super::packing::RowMap;
 use super::simd::softmax_row;
-use super::{broadcast_strides, Ctx, SyncPtr};
+use super::{broadcast_strides, Ctx, SharedPtr};
 use crate::value::TensorValue;
 use crate::Error;
 
@@ -421,7 +421,7 @@ fn attend(
         return Vec::new();
     }
     let mut out = ctx.arena.f32_for_overwrite(out_rows * h);
-    let optr = SyncPtr(out.as_mut_ptr());
+    let optr = SharedPtr(out.as_mut_ptr());
     let tasks = plans.len() * num_heads;
     let work = plans
         .iter()
@@ -513,7 +513,7 @@ fn attend(
                     // sequence's rows (`rows` lie within its nq, and sequences own disjoint
                     // rows), so writers never overlap, and `out` outlives the parallel call.
                     unsafe {
-                        let o = optr.ptr().add(o_at + rows.start * h);
+                        let o = optr.get().add(o_at + rows.start * h);
                         attn_values(p, n_pad, v_rows, ldv, o, h, m_pad, n, dh);
                     }
                     return;
@@ -527,7 +527,7 @@ fn attend(
                 for (r, i) in rows.enumerate() {
                     // SAFETY: as above, this task's columns of row i of its sequence.
                     let dst =
-                        unsafe { std::slice::from_raw_parts_mut(optr.ptr().add(o_at + i * h), dh) };
+                        unsafe { std::slice::from_raw_parts_mut(optr.get().add(o_at + i * h), dh) };
                     dst.copy_from_slice(&o_scratch[r * dh_pad..][..dh]);
                 }
             };

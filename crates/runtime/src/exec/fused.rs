@@ -5,7 +5,7 @@ use codegen::kernels::{Activations, Epilogue, EpilogueOp, Output, QType, RowPara
 use ir::{ActQuant, EpilogueStep, GeluApprox};
 
 use super::nn::{f32_of, linear_rows};
-use super::{Ctx, Input, SyncPtr};
+use super::{Ctx, Input, SharedPtr};
 use crate::gemm::{gemm_packed_program, PackedWeight, PackedWeightI8};
 use crate::value::TensorValue;
 use crate::Error;
@@ -254,7 +254,10 @@ pub(crate) fn quantize_rows(
         ActQuant::DynamicToken => {
             let mut scales = vec![0f32; m];
             let mut zeros = vec![0i32; m];
-            let (sp, zp) = (SyncPtr(scales.as_mut_ptr()), SyncPtr(zeros.as_mut_ptr()));
+            let (sp, zp) = (
+                SharedPtr(scales.as_mut_ptr()),
+                SharedPtr(zeros.as_mut_ptr()),
+            );
             ctx.par_rows_mut_work(&mut data, k, work, |r0, block| {
                 for (i, q) in block.chunks_exact_mut(k).enumerate() {
                     let r = r0 + i;
@@ -265,8 +268,8 @@ pub(crate) fn quantize_rows(
                     // SAFETY: row r belongs to this block only; both vectors have m entries
                     // and outlive the parallel call.
                     unsafe {
-                        *sp.ptr().add(r) = s;
-                        *zp.ptr().add(r) = z;
+                        *sp.get().add(r) = s;
+                        *zp.get().add(r) = z;
                     }
                 }
             });

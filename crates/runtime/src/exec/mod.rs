@@ -175,25 +175,7 @@ impl Input<'_> {
     }
 }
 
-/// Raw pointer that may cross threads: used where workers write disjoint parts of one buffer
-/// that cannot be split into contiguous slices (e.g. attention heads interleaved in a row).
-pub(crate) struct SyncPtr<T>(pub *mut T);
-// Manual impls: derived ones would require `T: Copy`.
-impl<T> Clone for SyncPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SyncPtr<T> {}
-unsafe impl<T> Send for SyncPtr<T> {}
-unsafe impl<T> Sync for SyncPtr<T> {}
-
-impl<T> SyncPtr<T> {
-    /// The pointer (a method, so that closures capture the whole `Sync` wrapper).
-    pub fn ptr(self) -> *mut T {
-        self.0
-    }
-}
+pub(crate) use codegen::kernels::SharedPtr;
 
 impl Ctx<'_> {
     /// Splits `out` (made of rows of `row_len` elements) into one contiguous block of rows per
@@ -223,13 +205,13 @@ impl Ctx<'_> {
             return;
         }
         let len = out.len();
-        let ptr = SyncPtr(out.as_mut_ptr());
+        let ptr = SharedPtr(out.as_mut_ptr());
         parallel_chunks(rows, parts, |r| {
             let (start, end) = (r.start * row_len, (r.end * row_len).min(len));
             // SAFETY: each chunk of rows is claimed once, so the blocks are disjoint, inside
             // `out`, which outlives the call (parallel_for returns when every part is done).
             let block =
-                unsafe { std::slice::from_raw_parts_mut(ptr.ptr().add(start), end - start) };
+                unsafe { std::slice::from_raw_parts_mut(ptr.get().add(start), end - start) };
             f(r.start, block);
         });
     }

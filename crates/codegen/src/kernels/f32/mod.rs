@@ -14,7 +14,7 @@ pub mod avx2;
 pub mod avx512;
 pub mod scalar;
 
-use super::buf::AlignedBuf;
+use super::buf::{AlignedBuf, SharedPtr};
 use super::epilogue::{run_block, Epilogue, EpilogueOp, OutPtr, Output, Src};
 use super::pool::{
     effective_threads, parallel_chunks, parallel_for, plan_split, split_range, splits_columns,
@@ -166,20 +166,6 @@ thread_local! {
     static EPI_TMP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: the driver gives each part a disjoint set of C elements.
-unsafe impl Send for SendPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    /// Method access makes closures capture the whole (Sync) wrapper, not the raw field.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// How [`gemm_f32`] shares an `n`-column GEMM with a weight packed for `kernel` among `threads`
 /// workers (a LayerNorm step in the epilogue runs after the tiles, so it does not change it).
 /// Problems too small to be worth a second thread run on one, whatever the plan.
@@ -288,7 +274,7 @@ fn drive(
     let split = epilogue.row_split();
     let tile_spans_row = (parts == 1 || !split_n) && blk.nc_panels >= panels;
     let tile_ops: &[EpilogueOp<'_>] = if tile_spans_row { ops } else { &ops[..split] };
-    let cp = SendPtr(c.as_mut_ptr());
+    let cp = SharedPtr(c.as_mut_ptr());
     let shape = unit_shape(&ki, &blk, k, n);
     let unit = unit.filter(|u| {
         u.shape == shape
@@ -389,7 +375,7 @@ struct UnitEnv<'a, 'b> {
     cols: std::ops::Range<usize>,
     mr: usize,
     apack: *mut f32,
-    c: SendPtr,
+    c: SharedPtr<f32>,
     ldc: usize,
     tile_ops: &'a [EpilogueOp<'b>],
     tmp: &'a mut Vec<f32>,
@@ -433,7 +419,7 @@ unsafe fn unit_epilogue(env: &mut UnitEnv<'_, '_>) {
     if env.tile_ops.is_empty() {
         return;
     }
-    let c = env.c.0;
+    let c = env.c.get();
     // SAFETY: as the caller guarantees.
     unsafe {
         run_block(
@@ -513,7 +499,7 @@ unsafe fn compute_unit(
     a: *const f32,
     lda: usize,
     b: &PackedF32,
-    c: SendPtr,
+    c: SharedPtr<f32>,
     ldc: usize,
     rows: std::ops::Range<usize>,
     pans: std::ops::Range<usize>,
@@ -549,7 +535,7 @@ unsafe fn compute_unit(
         unsafe {
             (u.f)(
                 b.data.as_ptr(),
-                c.0,
+                c.get(),
                 ldc,
                 &mut env as *mut UnitEnv<'_, '_> as *mut std::ffi::c_void,
                 m0,
@@ -581,7 +567,7 @@ unsafe fn compute_unit(
                         kcl,
                         env.apack.add(ip * mr * kcl),
                         b.data.as_ptr().add(p * k * nr + k0 * nr),
-                        c.0.add((m0 + ip * mr) * ldc + p * nr),
+                        c.get().add((m0 + ip * mr) * ldc + p * nr),
                         ldc,
                         mv,
                         nv,

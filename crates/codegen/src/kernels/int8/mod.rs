@@ -23,7 +23,7 @@ pub mod tile_model;
 
 pub use pack::PackedI8;
 
-use super::buf::AlignedBuf;
+use super::buf::{AlignedBuf, SharedPtr};
 use super::epilogue::{run_block, Epilogue, EpilogueOp, Int8Ctx, OutPtr, Output, Src};
 use super::error::KernelError;
 use super::pool::{
@@ -497,7 +497,7 @@ fn drive(
     let mut apack = APACK.take().unwrap_or_else(|| AlignedBuf::zeroed(0));
     apack.ensure(m_panels * d.mr * b.k_pad);
     {
-        let dst = ApackPtr(apack.as_mut_ptr());
+        let dst = SharedPtr(apack.as_mut_ptr());
         parallel_chunks(m_panels, threads.min(m_panels), |pans| {
             let len = pans.len() * d.mr * b.k_pad;
             // SAFETY: chunks of micro-panels are disjoint byte ranges of the buffer, which
@@ -509,7 +509,7 @@ fn drive(
             pack::pack_a(a_bytes, lda, b.k, b.k_pad, rows, d.mr, d.a_layout, xor, dst);
         });
     }
-    let a_packed = ApackPtr(apack.as_mut_ptr());
+    let a_packed = SharedPtr(apack.as_mut_ptr());
     let eager = super::pool::eager_steal();
     let shape = unit_shape(&d, &blk, b.k_pad);
     let unit = unit.filter(|u| {
@@ -573,7 +573,7 @@ fn drive(
     if two_phase {
         let row_ops = &ops[split..];
         let parts = threads.min(m);
-        let mid_ptr = MidPtr(mid.as_ref().expect("two-phase has its buffer").as_ptr());
+        let mid_ptr = SharedPtr(mid.as_mut().expect("two-phase has its buffer").as_mut_ptr());
         parallel_chunks(m, parts, |rows| {
             let mp = mid_ptr;
             EPI_TMP.with_borrow_mut(|tmp| {
@@ -582,7 +582,7 @@ fn drive(
                     run_block(
                         row_ops,
                         None,
-                        Src::F32(mp.0.add(rows.start * n), n),
+                        Src::F32(mp.get().add(rows.start * n), n),
                         rows,
                         0..n,
                         final_out,
@@ -597,27 +597,6 @@ fn drive(
     }
     Ok(unit.is_some())
 }
-
-#[derive(Clone, Copy)]
-struct ApackPtr(*mut u8);
-// SAFETY: written in disjoint chunks while packing, read-only while the units run.
-unsafe impl Send for ApackPtr {}
-// SAFETY: as above.
-unsafe impl Sync for ApackPtr {}
-
-impl ApackPtr {
-    /// The pointer (a method, so that closures capture the `Sync` wrapper, not the field).
-    fn get(self) -> *mut u8 {
-        self.0
-    }
-}
-
-#[derive(Clone, Copy)]
-struct MidPtr(*const f32);
-// SAFETY: read-only after phase one.
-unsafe impl Send for MidPtr {}
-// SAFETY: as above.
-unsafe impl Sync for MidPtr {}
 
 impl PackedI8 {
     fn compatible_with_desc(&self, d: &KernelDesc) -> bool {
