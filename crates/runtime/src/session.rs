@@ -17,6 +17,7 @@ use std::sync::Mutex;
 
 use codegen::lower::{self, Lookup, Program};
 use ir::{Graph, Op};
+use smallvec::SmallVec;
 
 use crate::exec::{self, Arena, Ctx, Input};
 use crate::gemm::{PackedWeight, PackedWeightI8};
@@ -526,7 +527,8 @@ impl Session {
         };
         for st in &program.steps {
             // Inputs read for the last time, once, are handed over owned.
-            let mut owned: Vec<Option<TensorValue>> = Vec::with_capacity(st.inputs.len());
+            // Inline storage: no heap allocation per step for the usual handful of inputs.
+            let mut owned: SmallVec<[Option<TensorValue>; 8]> = SmallVec::new();
             for &v in &st.inputs {
                 let once = st.inputs.iter().filter(|&&x| x == v).count() == 1;
                 let dying = once && st.frees.binary_search(&v).is_ok();
@@ -543,7 +545,7 @@ impl Session {
                 });
             }
             let packed_slot = st.weight.map(|(i, _)| i);
-            let mut ins: Vec<Input<'_>> = st
+            let mut ins: SmallVec<[Input<'_>; 8]> = st
                 .inputs
                 .iter()
                 .zip(owned)
@@ -585,6 +587,8 @@ impl Session {
                     ctx.arena.recycle(t);
                 }
             }
+            // Ends the borrows of `slots` before they are written below.
+            drop(ins);
             let outs = outs?;
             for &v in &st.frees {
                 if let Slot::Own(t) = std::mem::replace(&mut slots[slot(v)], Slot::Empty) {
