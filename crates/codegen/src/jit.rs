@@ -20,7 +20,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{types, AbiParam, InstBuilder, Signature, UserFuncName};
+use cranelift_codegen::ir::{types, AbiParam, InstBuilder, Signature, Type, UserFuncName};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
@@ -55,18 +55,20 @@ pub type EpilogueCallback = unsafe extern "C" fn(*mut c_void, usize, usize, usiz
 pub type UnitFn =
     unsafe extern "C" fn(*const u8, *const i8, *mut i32, *mut c_void, usize, usize, usize, usize);
 
-/// A compiled unit and what it cost.
+/// A compiled loop nest and what it cost: its shape, the microkernel and callback its code
+/// calls (addresses baked in), the code, and Cranelift's time for it (when it was first asked
+/// for in this process).
 #[derive(Debug, Clone, Copy)]
-pub struct CompiledUnit {
-    pub shape: UnitShape,
-    /// The microkernel the code calls.
-    pub ukernel: UKernel,
-    /// The epilogue callback the code calls.
-    pub epilogue: EpilogueCallback,
-    pub f: UnitFn,
-    /// Time Cranelift took for this function (the first time it was asked for).
+pub struct Compiled<S, K, C, F> {
+    pub shape: S,
+    pub ukernel: K,
+    pub callback: C,
+    pub f: F,
     pub compile_time: Duration,
 }
+
+/// A compiled int8 unit (callback: the epilogue of each chunk).
+pub type CompiledUnit = Compiled<UnitShape, UKernel, EpilogueCallback, UnitFn>;
 
 /// Why a unit could not be compiled (the caller runs the interpreted nest instead).
 #[derive(Debug, Clone, thiserror::Error)]
@@ -114,22 +116,22 @@ pub type F32UnitFn = unsafe extern "C" fn(
     *const f32,
 );
 
-/// A compiled f32 unit and what it cost.
-#[derive(Debug, Clone, Copy)]
-pub struct CompiledF32Unit {
-    pub shape: F32UnitShape,
-    pub ukernel: F32UKernel,
-    pub callback: F32Callback,
-    pub f: F32UnitFn,
-    pub compile_time: Duration,
+/// A compiled f32 unit (callback: A packing per K block, then the unit's epilogue).
+pub type CompiledF32Unit = Compiled<F32UnitShape, F32UKernel, F32Callback, F32UnitFn>;
+
+/// What a cached unit was compiled for: its shape, microkernel and callback addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum CacheKey {
+    Int8(UnitShape, usize, usize),
+    F32(F32UnitShape, usize, usize),
 }
 
 struct Jit {
     module: JITModule,
     ctx: cranelift_codegen::Context,
     fctx: FunctionBuilderContext,
-    cache: HashMap<(UnitShape, usize, usize), CompiledUnit>,
-    cache_f32: HashMap<(F32UnitShape, usize, usize), CompiledF32Unit>,
+    /// Code address and compile time of every unit made.
+    cache: HashMap<CacheKey, (usize, Duration)>,
     next_id: usize,
 }
 
@@ -159,7 +161,6 @@ fn jit() -> Result<&'static Mutex<Jit>, JitError> {
             ctx,
             fctx: FunctionBuilderContext::new(),
             cache: HashMap::new(),
-            cache_f32: HashMap::new(),
             next_id: 0,
         }))
     })
@@ -172,6 +173,22 @@ pub fn disabled_by_env() -> bool {
     std::env::var("ENCORE_JIT").is_ok_and(|v| v == "0" || v.eq_ignore_ascii_case("off"))
 }
 
+/// The code cached for `key`, or what `build` makes for it (then cached), with its compile time.
+fn cached(
+    key: CacheKey,
+    build: impl FnOnce(&mut Jit) -> Result<*const u8, JitError>,
+) -> Result<(*const u8, Duration), JitError> {
+    let mut guard = jit()?.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(code, time)) = guard.cache.get(&key) {
+        return Ok((code as *const u8, time));
+    }
+    let t0 = Instant::now();
+    let code = build(&mut guard)?;
+    let time = t0.elapsed();
+    guard.cache.insert(key, (code as usize, time));
+    Ok((code, time))
+}
+
 /// The compiled unit for `shape` calling `ukernel` and `epilogue`, compiled on first request.
 pub fn compile_unit(
     shape: UnitShape,
@@ -181,23 +198,47 @@ pub fn compile_unit(
     if shape.mr == 0 || shape.nr == 0 || !shape.k_pad.is_multiple_of(4) {
         return Err(JitError::Compile(format!("bad unit shape {shape:?}")));
     }
-    let mut guard = jit()?.lock().unwrap_or_else(|e| e.into_inner());
-    let key = (shape, ukernel as usize, epilogue as usize);
-    if let Some(u) = guard.cache.get(&key) {
-        return Ok(*u);
-    }
-    let t0 = Instant::now();
-    let jit = &mut *guard;
-    let f = build(jit, shape, ukernel, epilogue)?;
-    let unit = CompiledUnit {
+    let key = CacheKey::Int8(shape, ukernel as usize, epilogue as usize);
+    let (code, compile_time) = cached(key, |jit| build(jit, shape, ukernel, epilogue))?;
+    Ok(CompiledUnit {
         shape,
         ukernel,
-        epilogue,
-        f,
-        compile_time: t0.elapsed(),
-    };
-    jit.cache.insert(key, unit);
-    Ok(unit)
+        callback: epilogue,
+        // SAFETY: `build` made this code with exactly `UnitFn`'s signature (eight
+        // pointer-sized integers, the platform's C convention, no return value), finalized.
+        f: unsafe { std::mem::transmute::<*const u8, UnitFn>(code) },
+        compile_time,
+    })
+}
+
+/// A signature in the platform's C convention: `params` pointer-sized integers, then `extra`,
+/// returning a pointer-sized integer when `returns`.
+fn c_signature(module: &JITModule, params: usize, extra: &[Type], returns: bool) -> Signature {
+    let ptr = module.target_config().pointer_type();
+    let mut s = Signature::new(module.isa().default_call_conv());
+    s.params.extend((0..params).map(|_| AbiParam::new(ptr)));
+    s.params.extend(extra.iter().map(|&t| AbiParam::new(t)));
+    if returns {
+        s.returns.push(AbiParam::new(ptr));
+    }
+    s
+}
+
+/// Declares a new function `name` (made unique) with `sig` and points `jit.ctx` at it.
+fn start_function(
+    jit: &mut Jit,
+    name: &str,
+    sig: Signature,
+) -> Result<cranelift_module::FuncId, JitError> {
+    let name = format!("{name}_{}", jit.next_id);
+    jit.next_id += 1;
+    let id = jit
+        .module
+        .declare_function(&name, Linkage::Local, &sig)
+        .map_err(|e| JitError::Compile(e.to_string()))?;
+    jit.ctx.func.signature = sig;
+    jit.ctx.func.name = UserFuncName::user(0, id.as_u32());
+    Ok(id)
 }
 
 fn build(
@@ -205,32 +246,18 @@ fn build(
     shape: UnitShape,
     ukernel: UKernel,
     epilogue: EpilogueCallback,
-) -> Result<UnitFn, JitError> {
-    let module = &mut jit.module;
-    let ptr = module.target_config().pointer_type();
-    let call_conv = module.isa().default_call_conv();
+) -> Result<*const u8, JitError> {
     let i64t = types::I64;
-    debug_assert_eq!(ptr, i64t);
-    let sig_of = |n: usize| {
-        let mut s = Signature::new(call_conv);
-        s.params.extend((0..n).map(|_| AbiParam::new(ptr)));
-        s
-    };
-    let unit_sig = sig_of(8);
-    let ukernel_sig = sig_of(5);
-    let epilogue_sig = sig_of(4);
+    debug_assert_eq!(jit.module.target_config().pointer_type(), i64t);
+    let ukernel_sig = c_signature(&jit.module, 5, &[], false);
+    let epilogue_sig = c_signature(&jit.module, 4, &[], false);
     let name = format!(
-        "unit_mr{}_nr{}_k{}_ld{}_{}",
-        shape.mr, shape.nr, shape.k_pad, shape.ldacc, jit.next_id
+        "unit_mr{}_nr{}_k{}_ld{}",
+        shape.mr, shape.nr, shape.k_pad, shape.ldacc
     );
-    jit.next_id += 1;
-    let id = module
-        .declare_function(&name, Linkage::Local, &unit_sig)
-        .map_err(|e| JitError::Compile(e.to_string()))?;
-    let frontend_config = module.target_config();
+    let id = start_function(jit, &name, c_signature(&jit.module, 8, &[], false))?;
+    let frontend_config = jit.module.target_config();
     let ctx = &mut jit.ctx;
-    ctx.func.signature = unit_sig;
-    ctx.func.name = UserFuncName::user(0, id.as_u32());
     {
         let mut b = FunctionBuilder::new(&mut ctx.func, &mut jit.fctx);
         let uk_ref = b.import_signature(ukernel_sig);
@@ -324,10 +351,7 @@ fn build(
         b.seal_all_blocks();
         b.finalize(frontend_config);
     }
-    let code = finish(module, ctx, id)?;
-    // SAFETY: the function was built with exactly `UnitFn`'s signature (eight pointer-sized
-    // integers, the platform's C convention, no return value) and is finalized (executable).
-    Ok(unsafe { std::mem::transmute::<*const u8, UnitFn>(code) })
+    finish(&mut jit.module, ctx, id)
 }
 
 /// Defines the function built in `ctx`, finalizes it and returns its code address.
@@ -354,23 +378,17 @@ pub fn compile_f32_unit(
     if shape.mr == 0 || shape.nr == 0 || shape.kc == 0 {
         return Err(JitError::Compile(format!("bad unit shape {shape:?}")));
     }
-    let mut guard = jit()?.lock().unwrap_or_else(|e| e.into_inner());
-    let key = (shape, ukernel as usize, callback as usize);
-    if let Some(u) = guard.cache_f32.get(&key) {
-        return Ok(*u);
-    }
-    let t0 = Instant::now();
-    let jit = &mut *guard;
-    let f = build_f32(jit, shape, ukernel, callback)?;
-    let unit = CompiledF32Unit {
+    let key = CacheKey::F32(shape, ukernel as usize, callback as usize);
+    let (code, compile_time) = cached(key, |jit| build_f32(jit, shape, ukernel, callback))?;
+    Ok(CompiledF32Unit {
         shape,
         ukernel,
         callback,
-        f,
-        compile_time: t0.elapsed(),
-    };
-    jit.cache_f32.insert(key, unit);
-    Ok(unit)
+        // SAFETY: `build_f32` made this code with exactly `F32UnitFn`'s signature (nine
+        // pointer-sized integers, the C convention, no return value), finalized.
+        f: unsafe { std::mem::transmute::<*const u8, F32UnitFn>(code) },
+        compile_time,
+    })
 }
 
 fn build_f32(
@@ -378,40 +396,17 @@ fn build_f32(
     shape: F32UnitShape,
     ukernel: F32UKernel,
     callback: F32Callback,
-) -> Result<F32UnitFn, JitError> {
-    let module = &mut jit.module;
-    let ptr = module.target_config().pointer_type();
-    let call_conv = module.isa().default_call_conv();
+) -> Result<*const u8, JitError> {
     let i64t = types::I64;
-    let unit_sig = {
-        let mut s = Signature::new(call_conv);
-        s.params.extend((0..9).map(|_| AbiParam::new(ptr)));
-        s
-    };
-    let ukernel_sig = {
-        let mut s = Signature::new(call_conv);
-        s.params.extend((0..7).map(|_| AbiParam::new(ptr)));
-        s.params.push(AbiParam::new(types::I8));
-        s
-    };
-    let callback_sig = {
-        let mut s = Signature::new(call_conv);
-        s.params.extend((0..2).map(|_| AbiParam::new(ptr)));
-        s.returns.push(AbiParam::new(ptr));
-        s
-    };
+    let ukernel_sig = c_signature(&jit.module, 7, &[types::I8], false);
+    let callback_sig = c_signature(&jit.module, 2, &[], true);
     let name = format!(
-        "f32_unit_mr{}_nr{}_k{}_n{}_kc{}_{}",
-        shape.mr, shape.nr, shape.k, shape.n, shape.kc, jit.next_id
+        "f32_unit_mr{}_nr{}_k{}_n{}_kc{}",
+        shape.mr, shape.nr, shape.k, shape.n, shape.kc
     );
-    jit.next_id += 1;
-    let id = module
-        .declare_function(&name, Linkage::Local, &unit_sig)
-        .map_err(|e| JitError::Compile(e.to_string()))?;
-    let frontend_config = module.target_config();
+    let id = start_function(jit, &name, c_signature(&jit.module, 9, &[], false))?;
+    let frontend_config = jit.module.target_config();
     let ctx = &mut jit.ctx;
-    ctx.func.signature = unit_sig;
-    ctx.func.name = UserFuncName::user(0, id.as_u32());
     let k_blocks = shape.k.div_ceil(shape.kc).max(1);
     {
         let mut b = FunctionBuilder::new(&mut ctx.func, &mut jit.fctx);
@@ -533,8 +528,5 @@ fn build_f32(
         b.seal_all_blocks();
         b.finalize(frontend_config);
     }
-    let code = finish(module, ctx, id)?;
-    // SAFETY: built with exactly `F32UnitFn`'s signature (nine pointer-sized integers, the C
-    // convention, no return value) and finalized.
-    Ok(unsafe { std::mem::transmute::<*const u8, F32UnitFn>(code) })
+    finish(&mut jit.module, ctx, id)
 }

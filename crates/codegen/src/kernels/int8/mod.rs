@@ -517,7 +517,7 @@ fn drive(
             && kern
                 .ukernel()
                 .is_some_and(|f| f as usize == u.ukernel as usize)
-            && u.epilogue as usize == epilogue_chunk_c as *const () as usize
+            && u.callback as usize == epilogue_chunk_c as *const () as usize
     });
     let body = |t: usize| {
         {
