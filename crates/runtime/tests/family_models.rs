@@ -69,17 +69,7 @@ fn fp32_error(session: &Session, batches: &[RefBatch], id: &str, what: &str) -> 
 }
 
 fn calibration_batches(batches: &[RefBatch]) -> Vec<CalibrationBatch> {
-    batches
-        .iter()
-        .map(|b| {
-            CalibrationBatch::from_feeds(
-                b.feeds()
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), v))
-                    .collect(),
-            )
-        })
-        .collect()
+    batches.iter().map(RefBatch::calibration).collect()
 }
 
 /// Linear layers per encoder layer and outside the layers, by architecture: what quantize must

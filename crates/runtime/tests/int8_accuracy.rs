@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{manifest, model_entry, models_dir, ref_batches};
+use common::{manifest, model_entry, models_dir, ref_batches, RefBatch};
 use runtime::eval::{encoder_fn, EvalData, TOKENIZER_OPTIONS};
 use runtime::quantize::{
     calibrate, choose_alpha, mean_cosine, quantize, ActivationMode, CalibrationBatch,
@@ -232,14 +232,7 @@ fn tiny_models_int8_cosine() {
         let fp32 = Model::load(dir.join(entry["file"].as_str().unwrap())).unwrap();
         let batches: Vec<CalibrationBatch> = ref_batches(&dir, entry)
             .iter()
-            .map(|b| {
-                CalibrationBatch::from_feeds(
-                    b.feeds()
-                        .into_iter()
-                        .map(|(k, v)| (k.to_string(), v))
-                        .collect(),
-                )
-            })
+            .map(RefBatch::calibration)
             .collect();
         let stats = calibrate(&fp32, &batches, 2, &mut |_, _| {}).unwrap();
         for mode in [ActivationMode::Dynamic, ActivationMode::Static] {

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use runtime::quantize::{calibrate, quantize, ActivationMode, CalibrationBatch, QuantizeOptions};
+use runtime::quantize::{quantize, CalibrationBatch, QuantizeOptions};
 use runtime::{Model, Session, TensorValue};
 
 fn int8_products(session: &Session) -> usize {
@@ -134,11 +134,6 @@ fn encore_quantized_minilm_runs_the_same_with_and_without_jit() {
         .iter()
         .map(|f| CalibrationBatch::from_feeds(f.clone()))
         .collect();
-    let stats = calibrate(&fp32, &batches, 2, &mut |_, _| {}).unwrap();
-    let opts = QuantizeOptions {
-        activations: ActivationMode::Static,
-        ..QuantizeOptions::default()
-    };
-    let (fixed, _) = quantize(&fp32, Some(&stats), &opts).unwrap();
+    let fixed = quantize_static(&fp32, &batches);
     check("minilm-l6 int8 static", &fixed, &feeds);
 }

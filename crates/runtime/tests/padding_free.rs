@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use runtime::quantize::{calibrate, quantize, ActivationMode, CalibrationBatch, QuantizeOptions};
+use runtime::quantize::{quantize, CalibrationBatch, QuantizeOptions};
 use runtime::{Model, Session, TensorValue};
 
 /// `lengths.len()` sequences right-padded to the longest (at least 4 tokens, so that a batch of
@@ -135,12 +135,7 @@ fn int8_minilm_packed_equals_padded_at_real_tokens() {
         .iter()
         .map(|l| CalibrationBatch::from_feeds(feeds(&probe, l)))
         .collect();
-    let stats = calibrate(&fp32, &batches, 2, &mut |_, _| {}).unwrap();
-    let opts = QuantizeOptions {
-        activations: ActivationMode::Static,
-        ..QuantizeOptions::default()
-    };
-    let (fixed, _) = quantize(&fp32, Some(&stats), &opts).unwrap();
+    let fixed = quantize_static(&fp32, &batches);
     check("minilm-l6 int8 static", &fixed);
 }
 

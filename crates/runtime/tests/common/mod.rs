@@ -65,6 +65,25 @@ impl RefBatch {
             .map(|(n, t)| (n.as_str(), t.clone()))
             .collect()
     }
+
+    /// The batch's inputs as a calibration batch.
+    pub fn calibration(&self) -> runtime::quantize::CalibrationBatch {
+        runtime::quantize::CalibrationBatch::from_feeds(self.inputs.clone())
+    }
+}
+
+/// `fp32` quantized with static (per-tensor) activations calibrated on `batches` (2 threads).
+pub fn quantize_static(
+    fp32: &runtime::Model,
+    batches: &[runtime::quantize::CalibrationBatch],
+) -> runtime::Model {
+    use runtime::quantize::{calibrate, quantize, ActivationMode, QuantizeOptions};
+    let stats = calibrate(fp32, batches, 2, &mut |_, _| {}).unwrap();
+    let opts = QuantizeOptions {
+        activations: ActivationMode::Static,
+        ..QuantizeOptions::default()
+    };
+    quantize(fp32, Some(&stats), &opts).unwrap().0
 }
 
 fn read_group(dir: &Path, v: &Value) -> Vec<(String, TensorValue)> {
