@@ -64,16 +64,18 @@ fn requant_row(m: usize, n: usize, k: usize, threads: usize, vnni_peak: f64) -> 
     }
 }
 
-/// `--epilogues`: the cost of the fused epilogue programs on the FFN1 shape (128 × 3072 × 768,
-/// 1 thread, picked int8 kernel, u8 output).
+/// `--epilogues`: the cost of the fused epilogue programs of a BERT-base layer (static
+/// activations, M = 1024 tokens = batch 8 × 128, 1 thread, picked int8 kernel): each GEMM with
+/// its encoder epilogue beside the same GEMM storing the bare i32 product.
 fn epilogue_costs() {
-    let (m, n, k) = (128usize, 3072usize, 768usize);
-    let kern = pick_int8(m, n, k);
-    let a: Vec<u8> = (0..m * k).map(|i| (i * 7 % 251) as u8).collect();
-    let w: Vec<i8> = (0..n * k).map(|i| (i * 13 % 255) as i8).collect();
-    let b = PackedI8::pack_for(kern, &w, k, n, k, true).expect("packing");
-    let ws = vec![1e-4f32; n];
-    let bias = vec![0.1f32; n];
+    let m = 1024usize;
+    let kern = pick_int8(m, 3072, 768);
+    let bias = vec![0.1f32; 3072];
+    let gamma = vec![1.0f32; 3072];
+    let beta = vec![0.0f32; 3072];
+    let smooth = vec![0.9f32; 3072];
+    let ws = vec![1e-4f32; 3072];
+    let residual: Vec<f32> = (0..m * 768).map(|i| (i % 17) as f32 * 0.1).collect();
     let dq = EpilogueOp::Dequant {
         a_scale: RowParam::PerTensor(0.02),
         a_zero: RowParam::PerTensor(128),
@@ -84,38 +86,94 @@ fn epilogue_costs() {
         zero_point: 128,
         ty: QType::U8,
     };
-    let progs = [
-        ("dequant+requant", vec![dq, rq]),
+    let res_ln = |n: usize| {
+        vec![
+            dq,
+            EpilogueOp::Bias(&bias),
+            EpilogueOp::AddResidual {
+                data: &residual,
+                ld: n,
+            },
+            EpilogueOp::LayerNorm {
+                gamma: &gamma,
+                beta: &beta,
+                eps: 1e-12,
+            },
+        ]
+    };
+    let gemms: Vec<(&str, usize, usize, Vec<EpilogueOp<'_>>)> = vec![
         (
-            "dequant+bias+gelu(erf)+requant",
-            vec![dq, EpilogueOp::Bias(&bias), EpilogueOp::GeluErf, rq],
+            "qkv: dequant+bias -> f32",
+            2304,
+            768,
+            vec![dq, EpilogueOp::Bias(&bias)],
         ),
         (
-            "dequant+bias+gelu(tanh)+requant",
-            vec![dq, EpilogueOp::Bias(&bias), EpilogueOp::GeluTanh, rq],
+            "attn-out: dequant+bias+residual+layernorm -> f32",
+            768,
+            768,
+            res_ln(768),
+        ),
+        (
+            "ffn1: dequant+bias+gelu(erf)+mulcol+requant -> u8",
+            3072,
+            768,
+            vec![
+                dq,
+                EpilogueOp::Bias(&bias),
+                EpilogueOp::GeluErf,
+                EpilogueOp::MulCol(&smooth),
+                rq,
+            ],
+        ),
+        (
+            "ffn2: dequant+bias+residual+layernorm -> f32",
+            768,
+            3072,
+            res_ln(768),
         ),
     ];
-    let mut y = vec![0u8; m * n];
-    for (name, ops) in progs {
+    let a: Vec<u8> = (0..m * 3072).map(|i| (i * 7 % 251) as u8).collect();
+    let (mut total_ep, mut total_bare) = (0.0, 0.0);
+    for (name, n, k, ops) in gemms {
+        let w: Vec<i8> = (0..n * k).map(|i| (i * 13 % 255) as i8).collect();
+        let b = PackedI8::pack_for(kern, &w, k, n, k, true).expect("packing");
+        let quantized = matches!(ops.last(), Some(EpilogueOp::Requant { .. }));
         let ep = Epilogue::new(ops);
-        let s = time_best(Duration::from_millis(300), || {
-            gemm_i8(
-                m,
-                Activations::U8(&a),
-                k,
-                &b,
-                Output::U8 { c: &mut y, ldc: n },
-                &ep,
-                1,
-            )
-            .expect("int8 gemm");
+        let mut y32 = vec![0i32; m * n];
+        let mut yf = vec![0f32; m * n];
+        let mut yu = vec![0u8; m * n];
+        let bare = time_best(Duration::from_millis(400), || {
+            let out = Output::I32 {
+                c: &mut y32,
+                ldc: n,
+            };
+            gemm_i8(m, Activations::U8(&a), k, &b, out, &Epilogue::none(), 1).expect("gemm");
         });
+        let fused = time_best(Duration::from_millis(400), || {
+            let out = if quantized {
+                Output::U8 { c: &mut yu, ldc: n }
+            } else {
+                Output::F32 { c: &mut yf, ldc: n }
+            };
+            gemm_i8(m, Activations::U8(&a), k, &b, out, &ep, 1).expect("gemm");
+        });
+        total_ep += fused;
+        total_bare += bare;
         println!(
-            "{} {m}x{n}x{k} 1 thread, {name}: {:.1} GOPS",
+            "{} {m}x{n}x{k} 1 thread, {name}: {:.2} ms, bare i32 {:.2} ms, epilogue {:.1} ns per output",
             kern.name(),
-            2.0 * (m * n * k) as f64 / s / 1e9
+            fused * 1e3,
+            bare * 1e3,
+            (fused - bare) * 1e9 / (m * n) as f64
         );
     }
+    println!(
+        "one layer's four GEMMs: {:.2} ms with epilogues, {:.2} ms bare ({:.0} % epilogue)",
+        total_ep * 1e3,
+        total_bare * 1e3,
+        100.0 * (total_ep - total_bare) / total_ep
+    );
 }
 
 fn main() {

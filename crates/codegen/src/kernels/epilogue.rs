@@ -581,7 +581,7 @@ pub(crate) fn sum_f32(y: &[f32]) -> f32 {
     for (j, v) in ch.remainder().iter().enumerate() {
         acc[j] += v;
     }
-    acc.iter().sum()
+    math::fold_lanes(acc, |a, b| a + b)
 }
 
 #[inline(always)]
@@ -596,7 +596,7 @@ fn sum_sq_f32(y: &[f32]) -> f32 {
     for (j, v) in ch.remainder().iter().enumerate() {
         acc[j] = v.mul_add(*v, acc[j]);
     }
-    acc.iter().sum()
+    math::fold_lanes(acc, |a, b| a + b)
 }
 
 /// The low byte (two's complement) of an integral f32 in [-2^22, 2^22]: adding 1.5·2^23 puts

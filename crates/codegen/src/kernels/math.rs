@@ -119,6 +119,27 @@ pub fn gelu_tanh(x: f32) -> f32 {
     }
 }
 
+/// Folds 16 lanes pairwise with `f` (lanes `l` and `l + 8`, then `l + 4`, `l + 2`, `l + 1`): a
+/// fixed order, the same on every CPU, that a vector unit runs as four shuffles where a
+/// sequential fold is a 16-long dependency chain. Reductions over 16 independent lanes end here.
+///
+/// ```
+/// let lanes: [f32; 16] = std::array::from_fn(|i| i as f32);
+/// assert_eq!(codegen::kernels::math::fold_lanes(lanes, |a, b| a + b), 120.0);
+/// assert_eq!(codegen::kernels::math::fold_lanes(lanes, f32::max), 15.0);
+/// ```
+#[inline(always)]
+pub fn fold_lanes(mut lanes: [f32; 16], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut half = 8;
+    while half > 0 {
+        for l in 0..half {
+            lanes[l] = f(lanes[l], lanes[l + half]);
+        }
+        half /= 2;
+    }
+    lanes[0]
+}
+
 /// f32 → bf16 bits, round to nearest even; NaN stays NaN.
 ///
 /// ```

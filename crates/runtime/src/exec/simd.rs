@@ -63,7 +63,7 @@ pub(crate) fn softmax_row_exact(row: &mut [f32]) {
 }
 
 /// Sum with 16 independent lanes (a vectorisable reduction; the order differs from a
-/// sequential sum only by rounding).
+/// sequential sum only by rounding): element `i` goes to lane `i mod 16`.
 #[inline(always)]
 fn lane_sum(v: &[f32]) -> f32 {
     let mut acc = [0.0f32; JB];
@@ -73,27 +73,26 @@ fn lane_sum(v: &[f32]) -> f32 {
             acc[l] += c[l];
         }
     }
-    let mut s = chunks.remainder().iter().sum::<f32>();
-    for a in acc {
-        s += a;
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a += x;
     }
-    s
+    math::fold_lanes(acc, |a, b| a + b)
 }
 
 #[inline(always)]
 fn lane_max(v: &[f32]) -> f32 {
+    let max = |a: f32, b: f32| if b > a { b } else { a };
     let mut acc = [f32::NEG_INFINITY; JB];
     let mut chunks = v.chunks_exact(JB);
     for c in &mut chunks {
         for l in 0..JB {
-            acc[l] = if c[l] > acc[l] { c[l] } else { acc[l] };
+            acc[l] = max(acc[l], c[l]);
         }
     }
-    let mut m = f32::NEG_INFINITY;
-    for &x in chunks.remainder().iter().chain(&acc) {
-        m = if x > m { x } else { m };
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a = max(*a, x);
     }
-    m
+    math::fold_lanes(acc, max)
 }
 
 multiversion! {
@@ -101,10 +100,21 @@ multiversion! {
     /// vectorised `exp` of codegen (≤ 2 ulp). Used inside the fused attention.
     fn softmax_row(row: &mut [f32]) {
         let max = lane_max(row);
-        for v in row.iter_mut() {
-            *v = math::exp(*v - max);
+        // The exponentials are summed as they are made, in the lanes of `lane_sum`.
+        let mut acc = [0.0f32; JB];
+        let mut chunks = row.chunks_exact_mut(JB);
+        for c in &mut chunks {
+            for l in 0..JB {
+                let e = math::exp(c[l] - max);
+                c[l] = e;
+                acc[l] += e;
+            }
         }
-        let inv = 1.0 / lane_sum(row);
+        for (a, v) in acc.iter_mut().zip(chunks.into_remainder()) {
+            *v = math::exp(*v - max);
+            *a += *v;
+        }
+        let inv = 1.0 / math::fold_lanes(acc, |a, b| a + b);
         for v in row.iter_mut() {
             *v *= inv;
         }
@@ -125,10 +135,10 @@ multiversion! {
                     sq[l] += d * d;
                 }
             }
-            let mut var = chunks.remainder().iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>();
-            for a in sq {
-                var += a;
+            for (a, &v) in sq.iter_mut().zip(chunks.remainder()) {
+                *a += (v - mean) * (v - mean);
             }
+            let var = math::fold_lanes(sq, |a, b| a + b);
             let inv = 1.0 / (var / n as f32 + eps).sqrt();
             match b {
                 Some(b) => {

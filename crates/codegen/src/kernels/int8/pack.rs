@@ -209,3 +209,53 @@ pub(crate) fn pack_a(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `Quad` packing of whole and partial micro-panels, u8 and s8, rows wider than K,
+    /// against its definition.
+    #[test]
+    fn quad_packing_matches_its_definition() {
+        for (mr, k, lda, m, xor) in [
+            (8usize, 768usize, 768usize, 19usize, 0u8),
+            (8, 20, 23, 8, 0x80),
+            (6, 12, 12, 13, 0),
+            (4, 8, 9, 5, 0x80),
+            (5, 16, 16, 11, 0x80),
+            (8, 10, 10, 9, 0),
+        ] {
+            let k_pad = k.next_multiple_of(4);
+            let a: Vec<u8> = (0..m * lda).map(|i| (i * 37 % 251) as u8).collect();
+            let rows = 1..m;
+            let mpan = rows.len().div_ceil(mr);
+            let mut dst = vec![0xEEu8; mpan * mr * k_pad];
+            pack_a(
+                &a,
+                lda,
+                k,
+                k_pad,
+                rows.clone(),
+                mr,
+                ALayout::Quad,
+                xor,
+                &mut dst,
+            );
+            for ip in 0..mpan {
+                for i in 0..mr {
+                    for kk in 0..k_pad {
+                        let r = rows.start + ip * mr + i;
+                        let want = if r < rows.end && kk < k {
+                            a[r * lda + kk] ^ xor
+                        } else {
+                            0
+                        };
+                        let at = ip * mr * k_pad + ((kk / 4) * mr + i) * 4 + kk % 4;
+                        assert_eq!(dst[at], want, "mr {mr} k {k} panel {ip} row {i} k {kk}");
+                    }
+                }
+            }
+        }
+    }
+}
