@@ -5,6 +5,10 @@ use ir::{
     BinaryOp, DType, GeluApprox, Op, Outlet, PadMode, ReduceOp, ScatterReduction, Tensor, UnaryOp,
 };
 
+/// The highest rank an axis may assume when the input's rank is not declared (ONNX has no
+/// limit; no real model comes near it).
+const MAX_UNDECLARED_RANK: usize = 64;
+
 use crate::import::{node_label, Importer};
 use crate::proto::{AttributeProto, AttributeType, NodeProto, TensorProto};
 use crate::tensor;
@@ -1352,10 +1356,17 @@ impl<'m> Importer<'m> {
         axis: i64,
         why: &str,
     ) -> Result<Vec<i64>, ImportError> {
+        let rank = self.graph.outlet_type(a).rank();
         if axis < 0 {
+            // An axis below −rank (or below any real rank when it is not declared) would name
+            // axes that do not exist, and a huge one would make a huge list.
+            let lowest = -(rank.unwrap_or(MAX_UNDECLARED_RANK) as i64);
+            if axis < lowest {
+                return Err(x.bad_attr("axis", format!("is {axis}, below -rank ({lowest})")));
+            }
             return Ok((axis..0).collect());
         }
-        let rank = self.graph.outlet_type(a).rank().ok_or_else(|| {
+        let rank = rank.ok_or_else(|| {
             x.bad(format!(
                 "{why} with axis {axis}, and the rank of the input is not declared"
             ))

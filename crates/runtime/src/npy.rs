@@ -210,6 +210,17 @@ impl TensorValue {
         parse_npy(&bytes, path)
     }
 
+    /// Parses the bytes of a NumPy `.npy` file, as [`TensorValue::read_npy`] does after reading
+    /// it: malformed input is an [`Error`], never a panic.
+    ///
+    /// ```
+    /// use runtime::TensorValue;
+    /// assert!(TensorValue::from_npy_bytes(b"\x93NUMPY\x01\x00").is_err());
+    /// ```
+    pub fn from_npy_bytes(bytes: &[u8]) -> Result<TensorValue, Error> {
+        parse_npy(bytes, Path::new("<bytes>"))
+    }
+
     /// Writes the tensor as a NumPy `.npy` file (version 1.0).
     pub fn write_npy(&self, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
