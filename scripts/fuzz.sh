@@ -4,7 +4,7 @@
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET ...]
 #
 # Builds the targets of fuzz/ with AFL instrumentation, then fuzzes each named target (default:
-# all five) for SECONDS_PER_TARGET (default 3600). A target resumes from its previous findings
+# all six) for SECONDS_PER_TARGET (default 3600). A target resumes from its previous findings
 # in fuzz/out/TARGET when they exist, else starts from the committed seeds in fuzz/corpus/TARGET.
 # Afterwards the queue is minimised back into fuzz/corpus/TARGET (commit it) and every crash or
 # hang is copied to fuzz/regressions/TARGET, which `cargo test` in fuzz/ replays.
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../fuzz"
 secs=${1:-3600}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(onnx_import ir_text npy tokenizer_front session_inputs)
+[ ${#targets[@]} -eq 0 ] && targets=(onnx_import model_file ir_text npy tokenizer_front session_inputs)
 export ENCORE_MODELS=${ENCORE_MODELS:-$(cd ../../shared/models 2>/dev/null && pwd || echo ../../shared/models)}
 export AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_NO_UI=1
 cargo afl build --release

@@ -22,6 +22,22 @@ pub fn onnx_import(data: &[u8]) {
     let _ = runtime::Session::builder(&model).threads(1).build();
 }
 
+/// Model file bytes (a compiled `.encore` file or ONNX, told apart by content as
+/// `Model::load` does) → load from disk → compile a session (1 thread): the path of
+/// `encore run --model FILE`.
+pub fn model_file(data: &[u8]) {
+    if data.len() > MAX_INPUT {
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("encore-fuzz-{}.model", std::process::id()));
+    std::fs::write(&path, data).expect("write the model file");
+    let model = runtime::Model::load(&path);
+    let _ = std::fs::remove_file(&path);
+    if let Ok(model) = model {
+        let _ = runtime::Session::builder(&model).threads(1).build();
+    }
+}
+
 /// IR text → graph → print → parse again: a graph that parses prints to text that parses to
 /// the same text.
 pub fn ir_text(data: &[u8]) {

@@ -38,6 +38,14 @@ fn onnx_import_corpus() {
 }
 
 #[test]
+fn model_file_corpus() {
+    assert!(
+        replay("model_file", targets::model_file) > 0,
+        "no model-file corpus"
+    );
+}
+
+#[test]
 fn ir_text_corpus() {
     assert!(replay("ir_text", targets::ir_text) > 0, "no IR corpus");
 }
