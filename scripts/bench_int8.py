@@ -174,7 +174,19 @@ def model_facts(model: Path) -> dict:
                 break
     init_names = set(inits)
     inputs = [i.name for i in m.graph.input if i.name not in init_names]
-    return {"vocab": vocab, "hidden": hidden, "inputs": inputs}
+    # The roofline's work: every MatMul/Gemm with a 2-D weight initializer runs once per token
+    # (K x N multiply-adds), except the pooler and classifier heads, which run once per
+    # sequence; attention adds 2 x seq x hidden per token and layer (Q.K^T and P.V), one layer
+    # per Softmax.
+    linear_macs = 0
+    for n in m.graph.node:
+        if n.op_type in ("MatMul", "Gemm") and len(n.input) >= 2 and n.input[1] in inits:
+            dims = inits[n.input[1]]
+            if len(dims) == 2 and not any(h in n.input[1] for h in ("pooler", "classifier")):
+                linear_macs += dims[0] * dims[1]
+    layers = sum(1 for n in m.graph.node if n.op_type == "Softmax")
+    return {"vocab": vocab, "hidden": hidden, "inputs": inputs,
+            "linear_macs_per_token": linear_macs, "layers": layers}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -646,7 +658,12 @@ def int8_peak(args: argparse.Namespace, encore: Path) -> dict:
     return result
 
 
-def gemm_macs_per_sequence(seq: int) -> int:
+def gemm_macs_per_sequence(seq: int, facts: dict) -> int:
+    """Multiply-adds of the model's products for one sequence of `seq` tokens (see model_facts);
+    BERT-base's when the model's could not be counted."""
+    if facts.get("linear_macs_per_token") and facts.get("layers") and facts.get("hidden"):
+        per_token = facts["linear_macs_per_token"] + facts["layers"] * 2 * seq * facts["hidden"]
+        return seq * per_token
     per_token_layer = 4 * BERT_HIDDEN * BERT_HIDDEN + 2 * BERT_HIDDEN * BERT_FFN + 2 * seq * BERT_HIDDEN
     return BERT_LAYERS * seq * per_token_layer
 
@@ -705,7 +722,7 @@ def summarize(args: argparse.Namespace, rows: dict, peak: dict | None) -> list[d
                             "mean_real_tokens": sum(map(sum, ls)) / (len(ls) * b),
                             "mean_padded_tokens": sum(max(x) for x in ls) / len(ls)})
             continue
-        macs = gemm_macs_per_sequence(args.seq) * b
+        macs = gemm_macs_per_sequence(args.seq, args.facts) * b
         roof = {"gemm_macs_per_forward": macs, "gemm_gmacs_per_forward": macs / 1e9}
         if peak:
             roof["int8_peak_gops"] = peak["int8_peak_gops"]
@@ -865,8 +882,9 @@ def main(argv: list[str]) -> int:
             if not vocab:
                 vocab = 1000
                 log("warning: found no word-embedding table for input_ids; ids drawn from [5, 1000)")
-            if facts["hidden"] not in (None, BERT_HIDDEN):
-                log(f"warning: the model's hidden size is {facts['hidden']}; the roofline line assumes BERT-base")
+            args.facts = facts
+            if not (facts["linear_macs_per_token"] and facts["layers"]):
+                log("warning: found no weight products or no Softmax; the roofline assumes BERT-base")
             log(f"model inputs {facts['inputs']}, vocab {vocab}, hidden {facts['hidden']}")
             if args.lengths_from:
                 for b in args.batch_list:
@@ -948,8 +966,8 @@ def main(argv: list[str]) -> int:
                                         "graph_optimization_level": "ORT_ENABLE_ALL",
                                         "execution_mode": "ORT_SEQUENTIAL"},
                         "roofline_macs_per_token": (
-                            f"{BERT_LAYERS} x (4*{BERT_HIDDEN}*{BERT_HIDDEN} + 2*{BERT_HIDDEN}*{BERT_FFN} "
-                            f"+ 2*seq*{BERT_HIDDEN})"),
+                            f"{facts['linear_macs_per_token']} (weight products) + {facts['layers']} layers "
+                            f"x 2 x seq x {facts['hidden']} (attention)"),
                     },
                     "engines": {e.name: {"info": e.info, "error": e.error} for e in engines},
                     "int8_peak": peak,
