@@ -188,12 +188,76 @@ fn transpose_keys(
                 let src = (k0 + j) * k.ld + k.offset + col + db;
                 copy_row(&mut row[..dn], &k.data[src..src + dn]);
             }
+            #[cfg(target_arch = "x86_64")]
+            if rn == T && dn == T && std::arch::is_x86_feature_detected!("avx512f") {
+                assert!((db + T - 1) * n_pad + rb + T <= kt.len());
+                // SAFETY: the CPU has AVX-512F; rows db..db+16 of `kt` have room for columns
+                // rb..rb+16 (asserted).
+                unsafe { transpose16_avx512(&tile, kt.as_mut_ptr().add(db * n_pad + rb), n_pad) };
+                continue;
+            }
             for d in 0..dn {
                 let dst = &mut kt[(db + d) * n_pad + rb..][..rn];
                 for (x, row) in dst.iter_mut().zip(&tile) {
                     *x = row[d];
                 }
             }
+        }
+    }
+}
+
+/// `out[c·ld + r] = tile[r][c]` for a whole 16×16 tile, in registers: 64 shuffles where the
+/// element-wise loop makes 256 single-float moves.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `out` must be valid for writes of 16 rows of 16 floats at
+/// stride `ld`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose16_avx512(tile: &[[f32; 16]; 16], out: *mut f32, ld: usize) {
+    use std::arch::x86_64::*;
+    // Plain loops, not `array::from_fn` closures, so that every intrinsic is compiled with this
+    // function's target features (inline).
+    let mut r = [_mm512_setzero_ps(); 16];
+    for (v, row) in r.iter_mut().zip(tile) {
+        // SAFETY: each row of `tile` is 16 floats.
+        *v = unsafe { _mm512_loadu_ps(row.as_ptr()) };
+    }
+    // 32-bit interleave of row pairs, then 64-bit interleave of pairs of pairs: lane L of
+    // u[4j + c] holds rows 4j..4j+3 of column 4L + c.
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in (0..16).step_by(2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    let mut u = [_mm512_setzero_ps(); 16];
+    for base in (0..16).step_by(4) {
+        for half in 0..2 {
+            let a = _mm512_castps_pd(t[base + half]);
+            let b = _mm512_castps_pd(t[base + half + 2]);
+            u[base + 2 * half] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            u[base + 2 * half + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    }
+    // 128-bit lanes of rows 0-3 with rows 4-7 (and 8-11 with 12-15): w[c] holds columns c and
+    // 8 + c, w[4 + c] columns 4 + c and 12 + c, of rows 0-7; w[8 + c], w[12 + c] of rows 8-15.
+    let mut w = [_mm512_setzero_ps(); 16];
+    for c in 0..4 {
+        for rows in [0, 8] {
+            w[rows + c] = _mm512_shuffle_f32x4::<0x88>(u[rows + c], u[rows + c + 4]);
+            w[rows + 4 + c] = _mm512_shuffle_f32x4::<0xdd>(u[rows + c], u[rows + c + 4]);
+        }
+    }
+    for c in 0..4 {
+        let cols = [
+            (c, _mm512_shuffle_f32x4::<0x88>(w[c], w[8 + c])),
+            (8 + c, _mm512_shuffle_f32x4::<0xdd>(w[c], w[8 + c])),
+            (4 + c, _mm512_shuffle_f32x4::<0x88>(w[4 + c], w[12 + c])),
+            (12 + c, _mm512_shuffle_f32x4::<0xdd>(w[4 + c], w[12 + c])),
+        ];
+        for (col, v) in cols {
+            // SAFETY: row `col` < 16 of the caller's block.
+            unsafe { _mm512_storeu_ps(out.add(col * ld), v) };
         }
     }
 }
@@ -540,4 +604,30 @@ fn attend(
     };
     ctx.par_tasks(tasks, work, run);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    /// The in-register 16×16 transpose against its definition, into a wider destination.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn transpose16_matches_its_definition() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            eprintln!("SKIP transpose16_matches_its_definition: no AVX-512F on this CPU");
+            return;
+        }
+        let tile: [[f32; 16]; 16] =
+            std::array::from_fn(|r| std::array::from_fn(|c| (r * 16 + c) as f32));
+        let ld = 21;
+        let mut out = vec![f32::NAN; 16 * ld];
+        // SAFETY: AVX-512F checked; `out` holds 16 rows of `ld` ≥ 16.
+        unsafe { super::transpose16_avx512(&tile, out.as_mut_ptr(), ld) };
+        for c in 0..16 {
+            for r in 0..16 {
+                assert_eq!(out[c * ld + r], tile[r][c], "column {c} row {r}");
+            }
+            let rest = &out[c * ld + 16..(c + 1) * ld];
+            assert!(rest.iter().all(|v| v.is_nan()), "wrote past row {c}");
+        }
+    }
 }
