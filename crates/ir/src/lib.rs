@@ -24,7 +24,7 @@ pub use op::{
     ScatterReduction, UnaryOp, INLINE_LIMIT, PACKED_TOKENS,
 };
 pub use shape::{fixed_shape, is_symbol, Dim, Shape, TensorType};
-pub use tensor::{Element, Tensor};
+pub use tensor::{byte_size, Element, Tensor};
 
 /// Errors of the IR: building, verifying, printing and parsing graphs.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +53,8 @@ pub enum IrError {
         expected: usize,
         actual: usize,
     },
+    #[error("tensor {dtype}{shape:?} has more bytes than this machine can address")]
+    TensorTooLarge { dtype: DType, shape: Vec<usize> },
     #[error("expected dtype {expected}, got {actual}")]
     DTypeMismatch { expected: DType, actual: DType },
     #[error("constant data is not available (parsed from text without its model)")]

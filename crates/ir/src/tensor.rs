@@ -75,10 +75,26 @@ pub struct Tensor {
     data: Option<Bytes>,
 }
 
+/// The bytes of a `dtype` tensor of `shape`, `None` when that overflows `usize` (a shape read
+/// from a file may claim anything).
+///
+/// ```
+/// use ir::{byte_size, DType};
+/// assert_eq!(byte_size(DType::F32, &[2, 3]), Some(24));
+/// assert_eq!(byte_size(DType::F32, &[1 << 40, 1 << 40]), None);
+/// ```
+pub fn byte_size(dtype: DType, shape: &[usize]) -> Option<usize> {
+    shape
+        .iter()
+        .try_fold(dtype.size_of(), |n, &d| n.checked_mul(d))
+}
+
 impl Tensor {
     /// A tensor over existing bytes (possibly a slice of a memory map). Checks the length.
     pub fn from_bytes(dtype: DType, shape: Vec<usize>, data: Bytes) -> Result<Tensor, IrError> {
-        let expected = shape.iter().product::<usize>() * dtype.size_of();
+        let Some(expected) = byte_size(dtype, &shape) else {
+            return Err(IrError::TensorTooLarge { dtype, shape });
+        };
         if data.len() != expected {
             return Err(IrError::TensorSize {
                 dtype,
@@ -264,7 +280,8 @@ impl Tensor {
         } else {
             body.split(',').map(str::trim).collect()
         };
-        if items.len() != shape.iter().product::<usize>() {
+        let count = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        if count != Some(items.len()) {
             return Err(bad("element count does not match the shape"));
         }
         let mut out = Vec::with_capacity(items.len() * ty.dtype.size_of());

@@ -289,3 +289,14 @@ output "es" = %16
         "an unknown scatter reduction must not parse"
     );
 }
+
+/// A shape whose element count overflows (found by the `ir_text` fuzzer, where it panicked on
+/// the overflowing product) is a parse error, as is a tensor of such a shape made from bytes.
+#[test]
+fn overflowing_shapes_are_errors() {
+    let text = "%0 = input[bam=i32[111,111111111111111,111111111]{1}] : f32[1]\n";
+    assert!(ir::text::parse(text, None).is_err());
+    let huge = vec![1usize << 40, 1 << 40];
+    let err = ir::Tensor::from_bytes(ir::DType::F32, huge, bytes::Bytes::new()).unwrap_err();
+    assert!(matches!(err, ir::IrError::TensorTooLarge { .. }), "{err}");
+}
