@@ -31,8 +31,13 @@ for t in "${targets[@]}"; do
     [ -e "$f" ] && cp "$f" "regressions/$t/$(basename "$(dirname "$f")")-$(sha1sum "$f" | cut -c1-12)"
   done
   tmp=$(mktemp -d)
-  if cargo afl cmin -i "out/$t/default/queue" -o "$tmp/min" -m none -t 2000 -- "target/release/$t" > /dev/null 2>&1; then
+  # The minimised queue replaces the seeds only when it came out non-empty (afl-cmin can fail
+  # quietly, and an empty corpus would lose the seeds).
+  if cargo afl cmin -i "out/$t/default/queue" -o "$tmp/min" -m none -t 2000 -- "target/release/$t" > "out/$t.cmin.log" 2>&1 \
+      && [ -n "$(ls -A "$tmp/min" 2>/dev/null)" ]; then
     rm -rf "corpus/$t" && mv "$tmp/min" "corpus/$t"
+  else
+    echo "afl-cmin gave nothing for $t (see out/$t.cmin.log): corpus/$t kept"
   fi
   rm -rf "$tmp"
 done
