@@ -5,14 +5,14 @@ use ir::{
     BinaryOp, DType, GeluApprox, Op, Outlet, PadMode, ReduceOp, ScatterReduction, Tensor, UnaryOp,
 };
 
-/// The highest rank an axis may assume when the input's rank is not declared (ONNX has no
-/// limit; no real model comes near it).
-const MAX_UNDECLARED_RANK: usize = 64;
-
 use crate::import::{node_label, Importer};
 use crate::proto::{AttributeProto, AttributeType, NodeProto, TensorProto};
 use crate::tensor;
 use crate::ImportError;
+
+/// The highest rank an axis may assume when the input's rank is not declared (ONNX has no
+/// limit; no real model comes near it).
+const MAX_UNDECLARED_RANK: usize = 64;
 
 /// One ONNX node being imported: its inputs resolved to outlets (absent ones `None`, trailing
 /// absent ones dropped) and typed access to its attributes.

@@ -84,9 +84,12 @@ pub struct Tensor {
 /// assert_eq!(byte_size(DType::F32, &[1 << 40, 1 << 40]), None);
 /// ```
 pub fn byte_size(dtype: DType, shape: &[usize]) -> Option<usize> {
-    shape
-        .iter()
-        .try_fold(dtype.size_of(), |n, &d| n.checked_mul(d))
+    element_count(shape)?.checked_mul(dtype.size_of())
+}
+
+/// The elements of `shape`, `None` when the product overflows `usize`.
+fn element_count(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
 }
 
 impl Tensor {
@@ -280,8 +283,7 @@ impl Tensor {
         } else {
             body.split(',').map(str::trim).collect()
         };
-        let count = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
-        if count != Some(items.len()) {
+        if element_count(&shape) != Some(items.len()) {
             return Err(bad("element count does not match the shape"));
         }
         let mut out = Vec::with_capacity(items.len() * ty.dtype.size_of());

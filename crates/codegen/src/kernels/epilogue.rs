@@ -544,7 +544,7 @@ fn apply_op(op: &EpilogueOp<'_>, r: usize, c0: usize, y: &mut [f32]) {
         }
         EpilogueOp::LayerNorm { gamma, beta, eps } => {
             debug_assert_eq!(c0, 0);
-            let mean = sum_f32(y) / w as f32;
+            let mean = math::lane_sum(y) / w as f32;
             y.iter_mut().for_each(|v| *v -= mean);
             let var = sum_sq_f32(y) / w as f32;
             let inv = 1.0 / (var + eps).sqrt();
@@ -566,22 +566,6 @@ fn apply_op(op: &EpilogueOp<'_>, r: usize, c0: usize, y: &mut [f32]) {
             });
         }
     }
-}
-
-/// Sum with 16 independent lanes (vectorisable, deterministic order).
-#[inline(always)]
-pub(crate) fn sum_f32(y: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let mut ch = y.chunks_exact(16);
-    for c in &mut ch {
-        for j in 0..16 {
-            acc[j] += c[j];
-        }
-    }
-    for (j, v) in ch.remainder().iter().enumerate() {
-        acc[j] += v;
-    }
-    math::fold_lanes(acc, |a, b| a + b)
 }
 
 #[inline(always)]

@@ -140,6 +140,28 @@ pub fn fold_lanes(mut lanes: [f32; 16], f: impl Fn(f32, f32) -> f32) -> f32 {
     lanes[0]
 }
 
+/// Sum with 16 independent lanes (element `i` to lane `i mod 16`, vectorisable), folded by
+/// [`fold_lanes`]: the same order on every CPU.
+///
+/// ```
+/// let v: Vec<f32> = (1..=20).map(|i| i as f32).collect();
+/// assert_eq!(codegen::kernels::math::lane_sum(&v), 210.0);
+/// ```
+#[inline(always)]
+pub fn lane_sum(y: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut ch = y.chunks_exact(16);
+    for c in &mut ch {
+        for j in 0..16 {
+            acc[j] += c[j];
+        }
+    }
+    for (a, v) in acc.iter_mut().zip(ch.remainder()) {
+        *a += v;
+    }
+    fold_lanes(acc, |a, b| a + b)
+}
+
 /// f32 → bf16 bits, round to nearest even; NaN stays NaN.
 ///
 /// ```

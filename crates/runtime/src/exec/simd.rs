@@ -62,23 +62,6 @@ pub(crate) fn softmax_row_exact(row: &mut [f32]) {
     row.iter_mut().for_each(|v| *v *= inv);
 }
 
-/// Sum with 16 independent lanes (a vectorisable reduction; the order differs from a
-/// sequential sum only by rounding): element `i` goes to lane `i mod 16`.
-#[inline(always)]
-fn lane_sum(v: &[f32]) -> f32 {
-    let mut acc = [0.0f32; JB];
-    let mut chunks = v.chunks_exact(JB);
-    for c in &mut chunks {
-        for l in 0..JB {
-            acc[l] += c[l];
-        }
-    }
-    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
-        *a += x;
-    }
-    math::fold_lanes(acc, |a, b| a + b)
-}
-
 #[inline(always)]
 fn lane_max(v: &[f32]) -> f32 {
     let max = |a: f32, b: f32| if b > a { b } else { a };
@@ -126,7 +109,7 @@ multiversion! {
     /// mean and variance.
     fn layer_norm_rows(x: &[f32], y: &mut [f32], n: usize, g: &[f32], b: Option<&[f32]>, eps: f32) {
         for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
-            let mean = lane_sum(xr) / n as f32;
+            let mean = math::lane_sum(xr) / n as f32;
             let mut sq = [0.0f32; JB];
             let mut chunks = xr.chunks_exact(JB);
             for c in &mut chunks {
