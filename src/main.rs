@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::commands::{bench, build_model, demo, dump, embed, eval, hwbench, quantize, run};
+use crate::commands::{bench, build_model, demo, dump, embed, eval, hwbench, quantize, run, serve};
 
 /// INT8 compiler and runtime for BERT-family encoders on x86 CPUs.
 #[derive(Parser)]
@@ -37,6 +37,8 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Calibrate, SmoothQuant and quantize an FP32 model into one compiled INT8 `.encore` file.
     Quantize(quantize::QuantizeArgs),
+    /// Serve the model over HTTP: text-embeddings-inference routes and OpenAI `/v1/embeddings`.
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
         Command::Embed(a) => embed::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Quantize(a) => quantize::run(a),
+        Command::Serve(a) => serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -21,7 +21,7 @@ use crate::error::CliError;
 /// consecutive texts.
 pub const WINDOW_BATCHES: usize = 16;
 
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Pooling {
     /// The mean of `last_hidden_state` over the real tokens (sentence-transformers pooling).
     Mean,
@@ -105,7 +105,7 @@ fn is_jsonl(args: &EmbedArgs) -> Result<bool, CliError> {
 }
 
 /// Pools `hidden` `[B, S, H]` into `[B, H]`.
-fn pool(
+pub(crate) fn pool(
     hidden: &TensorValue,
     mask: &TensorValue,
     pooling: Pooling,

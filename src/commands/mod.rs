@@ -9,6 +9,7 @@ pub mod eval;
 pub mod hwbench;
 pub mod quantize;
 pub mod run;
+pub mod serve;
 pub mod texts;
 
 /// Compile options for `--threads N` (every core when absent; at least 1).

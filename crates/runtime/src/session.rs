@@ -291,6 +291,23 @@ impl Session {
         })
     }
 
+    /// The longest sequence the model's position embeddings allow (the smallest such limit when
+    /// there are several); `None` when no position lookup was found. A longer batch fails in
+    /// [`Session::run`] with [`Error::SequenceTooLong`].
+    ///
+    /// ```
+    /// use runtime::{CompileOptions, Model, Session};
+    /// let g = ir::text::parse(
+    ///     "%0 = input[name=\"x\"] : f32[B,S,2]\n%1 = relu(%0) : f32[B,S,2]\noutput \"h\" = %1\n",
+    ///     None,
+    /// ).unwrap();
+    /// let s = Session::new(&Model::from_graph(g).unwrap(), CompileOptions::default()).unwrap();
+    /// assert_eq!(s.max_sequence_length(), None);
+    /// ```
+    pub fn max_sequence_length(&self) -> Option<usize> {
+        self.program.position_limits.iter().map(|(_, l)| *l).min()
+    }
+
     /// The names of the outputs [`Session::run`] returns, in order.
     pub fn output_names(&self) -> Vec<String> {
         self.program

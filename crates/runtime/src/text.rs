@@ -80,6 +80,43 @@ impl Encoded {
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     max_length: Option<usize>,
+    pad_id: u32,
+}
+
+/// One text (or text pair) tokenized and not padded: what a caller that forms its own batches
+/// (a server's batcher) keeps per text, then joins with [`Tokenizer::batch`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tokens {
+    /// Token ids, special tokens included.
+    pub ids: Vec<u32>,
+    /// Token types (1 on the second text of a pair).
+    pub type_ids: Vec<u32>,
+    /// Whether truncation to the tokenizer's `max_length` removed tokens.
+    pub truncated: bool,
+}
+
+impl Tokens {
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// One token of a text as [`Tokenizer::pieces`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenPiece {
+    pub id: u32,
+    /// The token's string in the vocabulary (`##ing`, `[CLS]`).
+    pub token: String,
+    /// Whether the post-processor added it (`[CLS]`, `[SEP]`).
+    pub special: bool,
+    /// Byte range in the text (empty for special tokens).
+    pub start: usize,
+    pub stop: usize,
 }
 
 fn tok_err(e: impl std::fmt::Display) -> Error {
@@ -140,7 +177,11 @@ impl Tokenizer {
             pad_token,
             ..Default::default()
         }));
-        Ok(Tokenizer { inner, max_length })
+        Ok(Tokenizer {
+            inner,
+            max_length,
+            pad_id,
+        })
     }
 
     /// The id of a token, if the vocabulary has it.
@@ -164,21 +205,132 @@ impl Tokenizer {
     /// Tokenizes text pairs (`[CLS] a [SEP] b [SEP]`, token type 1 on `b`).
     pub fn encode_pairs(&self, pairs: &[(&str, &str)]) -> Result<Encoded, Error> {
         check_texts(pairs.iter().flat_map(|(a, b)| [*a, *b]))?;
-        let specials = self
-            .inner
-            .get_post_processor()
-            .map_or(0, |p| tokenizers::PostProcessor::added_tokens(p, true));
-        if let Some(m) = self.max_length.filter(|&m| m <= specials + 1) {
-            return Err(Error::Tokenizer(format!(
-                "max_length {m} leaves no room for two texts next to {specials} special tokens"
-            )));
-        }
+        self.check_pair_room()?;
         let inputs: Vec<tokenizers::EncodeInput> = pairs
             .iter()
             .map(|&(a, b)| tokenizers::EncodeInput::Dual(a.into(), b.into()))
             .collect();
         let encs = self.inner.encode_batch(inputs, true).map_err(tok_err)?;
         to_tensors(&encs)
+    }
+
+    /// The longest sequence it produces, special tokens included (`None`: no truncation).
+    pub fn max_length(&self) -> Option<usize> {
+        self.max_length
+    }
+
+    /// One text's tokens, unpadded, exactly as [`Tokenizer::encode`] gives that text's real
+    /// (unmasked) positions in any batch. An empty or blank text is [`Error::EmptyText`].
+    ///
+    /// ```no_run
+    /// use runtime::text::{Tokenizer, TokenizerOptions};
+    /// let tok = Tokenizer::from_file("minilm-l6/tokenizer.json", TokenizerOptions::default())?;
+    /// let (a, b) = (tok.tokenize("A short text.")?, tok.tokenize("A somewhat longer text.")?);
+    /// let batch = tok.batch(&[&a, &b])?; // [2, longest] ids, mask and types
+    /// assert_eq!(batch.input_ids.shape(), &[2, b.len()]);
+    /// # Ok::<(), runtime::Error>(())
+    /// ```
+    pub fn tokenize(&self, text: &str) -> Result<Tokens, Error> {
+        check_texts(std::iter::once(text))?;
+        let enc = self.inner.encode(text, true).map_err(tok_err)?;
+        Ok(real_tokens(&enc))
+    }
+
+    /// A text pair's tokens (`[CLS] a [SEP] b [SEP]`), as [`Tokenizer::encode_pairs`] gives them.
+    pub fn tokenize_pair(&self, a: &str, b: &str) -> Result<Tokens, Error> {
+        self.check_pair_room()?;
+        check_texts([a, b].into_iter())?;
+        let enc = self
+            .inner
+            .encode(tokenizers::EncodeInput::Dual(a.into(), b.into()), true)
+            .map_err(tok_err)?;
+        Ok(real_tokens(&enc))
+    }
+
+    /// Texts tokenized one by one joined into one batch, padded to the longest with the pad id
+    /// (mask 0, type 0): the same tensors [`Tokenizer::encode`] makes of those texts.
+    pub fn batch(&self, texts: &[&Tokens]) -> Result<Encoded, Error> {
+        if texts.is_empty() {
+            return Err(Error::EmptyText { index: None });
+        }
+        let (b, s) = (
+            texts.len(),
+            texts.iter().map(|t| t.len()).max().unwrap_or(0),
+        );
+        let mut ids = vec![self.pad_id as i64; b * s];
+        let mut mask = vec![0i64; b * s];
+        let mut types = vec![0i64; b * s];
+        for (r, t) in texts.iter().enumerate() {
+            for (j, (&id, &ty)) in t.ids.iter().zip(&t.type_ids).enumerate() {
+                ids[r * s + j] = id as i64;
+                mask[r * s + j] = 1;
+                types[r * s + j] = ty as i64;
+            }
+        }
+        Ok(Encoded {
+            input_ids: TensorValue::from_i64(vec![b, s], ids)?,
+            attention_mask: TensorValue::from_i64(vec![b, s], mask)?,
+            token_type_ids: TensorValue::from_i64(vec![b, s], types)?,
+        })
+    }
+
+    /// The tokens of one text with their strings and byte offsets (a server's `/tokenize`).
+    /// Unlike [`Tokenizer::tokenize`], an empty text gives just the special tokens.
+    pub fn pieces(&self, text: &str, add_special_tokens: bool) -> Result<Vec<TokenPiece>, Error> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(tok_err)?;
+        let mask = enc.get_attention_mask();
+        Ok(enc
+            .get_ids()
+            .iter()
+            .zip(enc.get_tokens())
+            .zip(enc.get_special_tokens_mask())
+            .zip(enc.get_offsets())
+            .zip(mask)
+            .filter(|(_, &m)| m != 0)
+            .map(
+                |((((&id, token), &special), &(start, stop)), _)| TokenPiece {
+                    id,
+                    token: token.clone(),
+                    special: special != 0,
+                    start,
+                    stop,
+                },
+            )
+            .collect())
+    }
+
+    /// Refuses a `max_length` that leaves no room for two texts beside the pair's special tokens.
+    fn check_pair_room(&self) -> Result<(), Error> {
+        let specials = self
+            .inner
+            .get_post_processor()
+            .map_or(0, |p| tokenizers::PostProcessor::added_tokens(p, true));
+        match self.max_length.filter(|&m| m <= specials + 1) {
+            Some(m) => Err(Error::Tokenizer(format!(
+                "max_length {m} leaves no room for two texts next to {specials} special tokens"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The unmasked positions of one encoding (padding, if the tokenizer added any, dropped).
+fn real_tokens(enc: &tokenizers::Encoding) -> Tokens {
+    let mask = enc.get_attention_mask();
+    let keep = |v: &[u32]| -> Vec<u32> {
+        v.iter()
+            .zip(mask)
+            .filter(|(_, &m)| m != 0)
+            .map(|(&x, _)| x)
+            .collect()
+    };
+    Tokens {
+        ids: keep(enc.get_ids()),
+        type_ids: keep(enc.get_type_ids()),
+        truncated: !enc.get_overflowing().is_empty(),
     }
 }
 
