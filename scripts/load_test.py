@@ -310,6 +310,11 @@ def main() -> None:
                                                "args": vars(args), "rows": rows}, indent=2))
 
 
+def fmt(value: float | None, digits: int) -> str:
+    """A figure, or `-` where the engine has none (the peer has no batcher or bench)."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def render(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
         f"Load test: {args.requests} requests of 1-{args.max_texts} movie snippets, {args.clients} concurrent "
@@ -323,8 +328,8 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
         check = "bit-exact" if r["bit_exact_checked"] else "count only"
         lines.append(
             f"| {r['engine']} | {r['errors']} | {r['lost_or_mismatched']} ({check}) | {r['texts_per_s']:.1f} | "
-            f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r.get('mean_batch', float('nan')):.1f} | "
-            f"{r.get('bench_texts_per_s', float('nan')):.1f} | {r.get('served_over_bench', float('nan')):.2f} | "
+            f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {fmt(r.get('mean_batch'), 1)} | "
+            f"{fmt(r.get('bench_texts_per_s'), 1)} | {fmt(r.get('served_over_bench'), 2)} | "
             f"{r['cosine_to_reference']:.5f} ({r['reference']}) |")
     by = {r["engine"]: r for r in rows}
     for ours in ("encore-int8", "encore-fp32"):

@@ -121,14 +121,7 @@ pub(crate) fn pool(
     }
     Ok(match pooling {
         Pooling::Mean => runtime::text::mean_pool(hidden, mask)?,
-        Pooling::Cls => {
-            let (b, s, h) = (hidden.shape()[0], hidden.shape()[1], hidden.shape()[2]);
-            let v = hidden.typed::<f32>()?;
-            let rows = (0..b)
-                .flat_map(|i| v[i * s * h..i * s * h + h].iter().copied())
-                .collect();
-            TensorValue::from_f32(vec![b, h], rows)?
-        }
+        Pooling::Cls => runtime::text::cls_pool(hidden)?,
     })
 }
 

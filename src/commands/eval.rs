@@ -182,7 +182,7 @@ fn per_layer_errors(args: &EvalArgs, data: &EvalData) -> Result<Vec<(String, f64
         .take(args.per_layer_texts.max(1))
         .map(|e| e.text.clone())
         .collect();
-    let batches = super::quantize::text_batches(&tokenizer, &session, &texts, 16)?;
+    let batches = runtime::quantize::text_batches(&tokenizer, &session, &texts, 16)?;
     Ok(runtime::quantize::layer_errors(
         &fp32,
         quantized.graph(),

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use runtime::quantize::{
-    calibrate, load_stats, quantize_with_gate, save_stats, ActivationMode, CalibrationBatch,
-    QuantizeOptions,
+    calibrate, load_stats, quantize_with_gate, save_stats, text_batches, ActivationMode,
+    CalibrationBatch, QuantizeOptions,
 };
 use runtime::text::{Padding, Tokenizer, TokenizerOptions};
 use runtime::{CompileOptions, Model, Session};
@@ -74,31 +74,6 @@ pub struct QuantizeArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
-}
-
-/// Calibration batches of `texts` tokenized for `session`'s inputs, `batch_size` texts each,
-/// grouped by length.
-pub(crate) fn text_batches(
-    tokenizer: &Tokenizer,
-    session: &Session,
-    texts: &[String],
-    batch_size: usize,
-) -> Result<Vec<CalibrationBatch>, CliError> {
-    // Similar lengths together: less padding to compute (padding is never counted).
-    let mut order: Vec<usize> = (0..texts.len()).collect();
-    order.sort_by_key(|&i| texts[i].len());
-    let mut out = Vec::new();
-    for chunk in order.chunks(batch_size.max(1)) {
-        let t: Vec<&str> = chunk.iter().map(|&i| texts[i].as_str()).collect();
-        let enc = tokenizer.encode(&t)?;
-        let feeds = enc
-            .feeds(session)
-            .into_iter()
-            .map(|(n, v)| (n.to_string(), v))
-            .collect();
-        out.push(CalibrationBatch::from_feeds(feeds));
-    }
-    Ok(out)
 }
 
 /// Random ids in [5, vocab) with a full mask, token type 0, as `encore bench` feeds them (one

@@ -221,6 +221,18 @@ impl TensorValue {
         parse_npy(bytes, Path::new("<bytes>"))
     }
 
+    /// The tensor as the bytes of a NumPy `.npy` file (version 1.0), what
+    /// [`TensorValue::write_npy`] writes.
+    ///
+    /// ```
+    /// use runtime::TensorValue;
+    /// let t = TensorValue::from_f32(vec![2], vec![1.0, -2.5]).unwrap();
+    /// assert_eq!(TensorValue::from_npy_bytes(&t.to_npy_bytes()).unwrap(), t);
+    /// ```
+    pub fn to_npy_bytes(&self) -> Vec<u8> {
+        to_npy_bytes(self)
+    }
+
     /// Writes the tensor as a NumPy `.npy` file (version 1.0).
     pub fn write_npy(&self, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();

@@ -33,6 +33,31 @@ pub use passes::{ActivationMode, CalibrationStats, ChannelStats, Note, NoteKind,
 use crate::exec::fused::quantize_rows_here;
 use crate::{CompileOptions, Error, Model, Session, TensorValue};
 
+/// Calibration batches of `batch_size` texts tokenized by `tokenizer`, with the inputs `session`
+/// takes; texts of similar length go together (less padding to compute; padding is never
+/// counted in the statistics).
+pub fn text_batches(
+    tokenizer: &crate::text::Tokenizer,
+    session: &Session,
+    texts: &[String],
+    batch_size: usize,
+) -> Result<Vec<CalibrationBatch>, Error> {
+    let mut order: Vec<usize> = (0..texts.len()).collect();
+    order.sort_by_key(|&i| texts[i].len());
+    let mut out = Vec::new();
+    for chunk in order.chunks(batch_size.max(1)) {
+        let t: Vec<&str> = chunk.iter().map(|&i| texts[i].as_str()).collect();
+        let enc = tokenizer.encode(&t)?;
+        let feeds = enc
+            .feeds(session)
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        out.push(CalibrationBatch::from_feeds(feeds));
+    }
+    Ok(out)
+}
+
 /// One batch of calibration inputs. `real_rows[b·S + s]` says whether token `s` of sequence `b`
 /// is real (mask 1): padding never widens a range. `None`: every row counts.
 #[derive(Clone, Debug)]

@@ -409,6 +409,28 @@ pub fn mean_pool(hidden: &TensorValue, mask: &TensorValue) -> Result<TensorValue
     TensorValue::from_f32(vec![b, h], out)
 }
 
+/// The first token's (`[CLS]`) vector of each sequence of `hidden` `[B, S, H]` → `[B, H]`.
+///
+/// ```
+/// use runtime::{text::cls_pool, TensorValue};
+/// let h = TensorValue::from_f32(vec![1, 2, 2], vec![1., 2., 3., 4.]).unwrap();
+/// assert_eq!(cls_pool(&h).unwrap().as_f32().unwrap(), &[1., 2.]);
+/// ```
+pub fn cls_pool(hidden: &TensorValue) -> Result<TensorValue, Error> {
+    let v = hidden.typed::<f32>()?;
+    if hidden.rank() != 3 {
+        return Err(Error::Invalid(format!(
+            "cls_pool: hidden {:?} must be [B, S, H]",
+            hidden.shape()
+        )));
+    }
+    let (b, s, h) = (hidden.shape()[0], hidden.shape()[1], hidden.shape()[2]);
+    let rows = (0..b)
+        .flat_map(|i| v[i * s * h..i * s * h + h].iter().copied())
+        .collect();
+    TensorValue::from_f32(vec![b, h], rows)
+}
+
 /// Each row of a `[B, H]` tensor divided by its L2 norm (clamped at 1e-12).
 ///
 /// ```
