@@ -58,8 +58,15 @@ def main() -> None:
     import ray
 
     texts = [json.loads(line)["text"] for line in open(args.texts, encoding="utf-8") if line.strip()]
+    import time
+
     ray.init()
-    np.save(args.out, embed_with_ray(texts, args.model, args.tokenizer, args.actors, args.threads))
+    t0 = time.perf_counter()
+    emb = embed_with_ray(texts, args.model, args.tokenizer, args.actors, args.threads)
+    took = time.perf_counter() - t0
+    np.save(args.out, emb)
+    print(f"embedded {len(texts)} texts in {took:.1f} s ({len(texts) / took:.1f} texts/s) with {args.actors} actors "
+          f"of {args.threads} thread(s), actor start-up included")
 
 
 if __name__ == "__main__":

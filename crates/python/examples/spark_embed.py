@@ -47,7 +47,13 @@ def main() -> None:
     texts = [json.loads(line)["text"] for line in open(args.texts, encoding="utf-8") if line.strip()]
     spark = SparkSession.builder.master(args.master).appName("encore-embed").getOrCreate()
     try:
-        np.save(args.out, embed_with_spark(texts, args.model, args.tokenizer, spark))
+        import time
+
+        t0 = time.perf_counter()
+        emb = embed_with_spark(texts, args.model, args.tokenizer, spark)
+        took = time.perf_counter() - t0
+        np.save(args.out, emb)
+        print(f"embedded {len(texts)} texts in {took:.1f} s ({len(texts) / took:.1f} texts/s) on {args.master}")
     finally:
         spark.stop()
 

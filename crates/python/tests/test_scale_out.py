@@ -19,7 +19,8 @@ import pytest
 import encore
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "examples"))
+EXAMPLES = HERE.parent / "examples"
+sys.path.insert(0, str(EXAMPLES))
 
 REPO = HERE.parents[2]
 MODELS = Path(os.environ.get("ENCORE_MODELS", REPO.parent / "shared" / "models"))
@@ -50,7 +51,9 @@ def test_ray_data_gives_the_single_process_embeddings():
     from ray_embed import embed_with_ray
 
     texts = calibration_snippets()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # The workers import the example module (its class is pickled by reference) from here.
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(EXAMPLES)}})
     try:
         got = embed_with_ray(texts, str(MINILM / "model.onnx"), str(MINILM / "tokenizer.json"), actors=2)
     finally:
@@ -64,6 +67,9 @@ def test_spark_map_in_pandas_gives_the_single_process_embeddings():
     from spark_embed import embed_with_spark
 
     texts = calibration_snippets()
+    # Spark's Python workers: this interpreter (the one with encore, pandas and pyarrow).
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXAMPLES), os.environ.get("PYTHONPATH")]))
     spark = (SparkSession.builder.master("local[2]").appName("encore-test")
              .config("spark.ui.enabled", "false").getOrCreate())
     try:
