@@ -440,6 +440,10 @@ impl Batcher {
     }
 
     fn submit(&self, jobs: Vec<Job>, metrics: &Metrics) -> Result<(), ApiError> {
+        // A batcher that died (a panic outside the guarded model run) would leave jobs unanswered.
+        if !self.alive() {
+            return Err(ApiError::unavailable("the batcher stopped"));
+        }
         let mut st = self.queue.state.lock().unwrap_or_else(|p| p.into_inner());
         if st.closed {
             return Err(ApiError::unavailable("the server is shutting down"));
