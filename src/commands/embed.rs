@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use runtime::text::{Padding, Tokenizer, TokenizerOptions};
-use runtime::{Model, Session, TensorValue};
+use runtime::text::{Padding, SentenceEncoder, Tokenizer, TokenizerOptions};
+use runtime::{Model, Session};
 
 use super::texts::{io_err, Texts};
 use crate::error::CliError;
@@ -104,27 +104,6 @@ fn is_jsonl(args: &EmbedArgs) -> Result<bool, CliError> {
     }
 }
 
-/// Pools `hidden` `[B, S, H]` into `[B, H]`.
-pub(crate) fn pool(
-    hidden: &TensorValue,
-    mask: &TensorValue,
-    pooling: Pooling,
-) -> Result<TensorValue, CliError> {
-    if hidden.rank() != 3 {
-        return Err(CliError::usage(
-            "--pooling",
-            format!(
-                "pooling needs a [batch, sequence, hidden] output, got {:?}",
-                hidden.shape()
-            ),
-        ));
-    }
-    Ok(match pooling {
-        Pooling::Mean => runtime::text::mean_pool(hidden, mask)?,
-        Pooling::Cls => runtime::text::cls_pool(hidden)?,
-    })
-}
-
 /// The `.npy` 1.0 header of a C-order little-endian f32 array `[rows, cols]`.
 fn npy_header(rows: usize, cols: usize) -> Vec<u8> {
     let mut dict =
@@ -139,57 +118,12 @@ fn npy_header(rows: usize, cols: usize) -> Vec<u8> {
     out
 }
 
-/// Embeds texts one batch at a time: tokenizer, session, pooling.
-struct Embedder {
-    session: Session,
-    tokenizer: Tokenizer,
-    output: String,
-    pooling: Pooling,
-    normalize: bool,
-}
-
-impl Embedder {
-    fn embed(&self, texts: &[&str]) -> Result<TensorValue, CliError> {
-        let enc = self.tokenizer.encode(texts)?;
-        let out = self.session.run(&enc.feeds(&self.session))?;
-        let hidden = out
-            .into_iter()
-            .find(|(n, _)| *n == self.output)
-            .map(|(_, t)| t)
-            .ok_or_else(|| CliError::usage("--model", "the model has no outputs"))?;
-        let mut pooled = pool(&hidden, &enc.attention_mask, self.pooling)?;
-        if self.normalize {
-            pooled = runtime::text::l2_normalize(&pooled)?;
+impl From<Pooling> for runtime::text::Pooling {
+    fn from(p: Pooling) -> runtime::text::Pooling {
+        match p {
+            Pooling::Mean => runtime::text::Pooling::Mean,
+            Pooling::Cls => runtime::text::Pooling::Cls,
         }
-        Ok(pooled)
-    }
-
-    /// The embeddings of `texts` (sorted by length into batches), rows in `texts` order.
-    fn embed_window(
-        &self,
-        texts: &[String],
-        batch_size: usize,
-        bar: &ProgressBar,
-    ) -> Result<(usize, Vec<f32>), CliError> {
-        let mut order: Vec<usize> = (0..texts.len()).collect();
-        order.sort_by_key(|&i| texts[i].len());
-        let mut hidden = 0;
-        let mut out = Vec::new();
-        for chunk in order.chunks(batch_size) {
-            let batch: Vec<&str> = chunk.iter().map(|&i| texts[i].as_str()).collect();
-            let e = self.embed(&batch)?;
-            let h = e.shape()[1];
-            if out.is_empty() {
-                hidden = h;
-                out = vec![0.0f32; texts.len() * h];
-            }
-            let v = e.typed::<f32>()?;
-            for (r, &i) in chunk.iter().enumerate() {
-                out[i * h..(i + 1) * h].copy_from_slice(&v[r * h..(r + 1) * h]);
-            }
-            bar.inc(chunk.len() as u64);
-        }
-        Ok((hidden, out))
     }
 }
 
@@ -220,14 +154,9 @@ pub fn run(args: EmbedArgs) -> Result<(), CliError> {
     )?;
     let model = Model::load(&args.model)?;
     let session = Session::new(&model, super::compile_options(args.threads))?;
-    let output = runtime::text::hidden_state_output(&session);
-    let embedder = Embedder {
-        session,
-        tokenizer,
-        output,
-        pooling: args.pooling,
-        normalize: args.normalize,
-    };
+    let embedder = SentenceEncoder::new(session, tokenizer)
+        .with_pooling(args.pooling.into())
+        .with_normalize(args.normalize);
 
     let bar = if args.quiet || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()
@@ -266,7 +195,7 @@ fn write_embeddings(
     args: &EmbedArgs,
     jsonl: bool,
     count: usize,
-    embedder: &Embedder,
+    embedder: &SentenceEncoder,
     bar: &ProgressBar,
     path: &Path,
 ) -> Result<usize, CliError> {
@@ -280,7 +209,8 @@ fn write_embeddings(
         if chunk.is_empty() {
             break;
         }
-        let (h, rows) = embedder.embed_window(&chunk, args.batch_size, bar)?;
+        let rows = embedder.embed_all(&chunk, args.batch_size, |done| bar.inc(done as u64))?;
+        let h = rows.shape()[1];
         match hidden {
             None => {
                 file.write_all(&npy_header(count, h))
@@ -295,7 +225,11 @@ fn write_embeddings(
             }
             Some(_) => {}
         }
-        let bytes: Vec<u8> = rows.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let bytes: Vec<u8> = rows
+            .typed::<f32>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         file.write_all(&bytes).map_err(io_err(path))?;
         written += chunk.len();
     }

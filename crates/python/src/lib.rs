@@ -7,12 +7,13 @@
 //! the runtime's message.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use runtime::quantize::{calibrate, quantize_with_gate, text_batches, ActivationMode};
-use runtime::text::{Padding, Tokenizer, TokenizerOptions};
+use runtime::text::{Padding, Pooling, SentenceEncoder, Tokenizer, TokenizerOptions};
 use runtime::{CompileOptions, Model, Session, TensorValue};
 
 pyo3::create_exception!(
@@ -37,71 +38,17 @@ fn compile_options(threads: Option<usize>) -> CompileOptions {
 /// A compiled model and, when given, its tokenizer.
 #[pyclass(frozen, module = "encore._native")]
 struct NativeModel {
-    session: Session,
+    session: Arc<Session>,
     model: Model,
-    tokenizer: Option<Tokenizer>,
+    tokenizer: Option<Arc<Tokenizer>>,
     threads: Option<usize>,
-    /// The output pooled by `encode`.
-    hidden: String,
 }
 
 impl NativeModel {
-    fn tokenizer(&self) -> PyResult<&Tokenizer> {
+    fn tokenizer(&self) -> PyResult<&Arc<Tokenizer>> {
         self.tokenizer
             .as_ref()
             .ok_or_else(|| py_err("this model has no tokenizer: pass tokenizer=\"tokenizer.json\""))
-    }
-
-    /// Pooled (and optionally normalised) embeddings of `texts`, in order, `batch_size` at a
-    /// time; texts are grouped by length (each row is the same whatever its batch).
-    fn embed(
-        &self,
-        texts: &[String],
-        batch_size: usize,
-        normalize: bool,
-        cls: bool,
-    ) -> Result<(Vec<f32>, usize), String> {
-        let tok = self
-            .tokenizer
-            .as_ref()
-            .ok_or("this model has no tokenizer: pass tokenizer=\"tokenizer.json\"")?;
-        let mut order: Vec<usize> = (0..texts.len()).collect();
-        order.sort_by_key(|&i| texts[i].len());
-        let mut out: Vec<f32> = Vec::new();
-        let mut width = 0;
-        for chunk in order.chunks(batch_size.max(1)) {
-            let batch: Vec<&str> = chunk.iter().map(|&i| texts[i].as_str()).collect();
-            let enc = tok.encode(&batch).map_err(|e| e.to_string())?;
-            let outputs = self
-                .session
-                .run(&enc.feeds(&self.session))
-                .map_err(|e| e.to_string())?;
-            let hidden = outputs
-                .into_iter()
-                .find(|(n, _)| *n == self.hidden)
-                .map(|(_, t)| t)
-                .ok_or_else(|| format!("the model has no output `{}`", self.hidden))?;
-            let pooled = if cls {
-                runtime::text::cls_pool(&hidden).map_err(|e| e.to_string())?
-            } else {
-                runtime::text::mean_pool(&hidden, &enc.attention_mask).map_err(|e| e.to_string())?
-            };
-            let pooled = if normalize {
-                runtime::text::l2_normalize(&pooled).map_err(|e| e.to_string())?
-            } else {
-                pooled
-            };
-            let h = pooled.shape()[1];
-            if out.is_empty() {
-                width = h;
-                out = vec![0.0; texts.len() * h];
-            }
-            let v = pooled.typed::<f32>().map_err(|e| e.to_string())?;
-            for (r, &i) in chunk.iter().enumerate() {
-                out[i * h..(i + 1) * h].copy_from_slice(&v[r * h..(r + 1) * h]);
-            }
-        }
-        Ok((out, width))
     }
 }
 
@@ -131,13 +78,11 @@ impl NativeModel {
                     )
                 })
                 .transpose()?;
-            let hidden = runtime::text::hidden_state_output(&session);
             Ok(NativeModel {
-                session,
+                session: Arc::new(session),
                 model,
-                tokenizer: tok,
+                tokenizer: tok.map(Arc::new),
                 threads,
-                hidden,
             })
         })
         .map_err(py_err)
@@ -175,19 +120,20 @@ impl NativeModel {
         normalize: bool,
         pooling: &str,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let cls = match pooling {
-            "mean" => false,
-            "cls" => true,
+        let pooling = match pooling {
+            "mean" => Pooling::Mean,
+            "cls" => Pooling::Cls,
             other => return Err(py_err(format!("pooling `{other}`: expected mean or cls"))),
         };
         if batch_size == 0 {
             return Err(py_err("batch_size must be at least 1"));
         }
-        self.tokenizer()?;
-        let (rows, width) = py
-            .detach(|| self.embed(&texts, batch_size, normalize, cls))
+        let encoder = SentenceEncoder::new(self.session.clone(), self.tokenizer()?.clone())
+            .with_pooling(pooling)
+            .with_normalize(normalize);
+        let t = py
+            .detach(|| encoder.embed_all(&texts, batch_size, |_| {}))
             .map_err(py_err)?;
-        let t = TensorValue::from_f32(vec![texts.len(), width], rows).map_err(py_err)?;
         Ok(PyBytes::new(py, &t.to_npy_bytes()))
     }
 

@@ -25,6 +25,8 @@ pub enum Error {
     MissingInput { name: String },
     #[error("unknown input `{name}`; the model's inputs are {known:?}")]
     UnknownInput { name: String, known: Vec<String> },
+    #[error("the model has no output `{name}`; its outputs are {known:?}")]
+    UnknownOutput { name: String, known: Vec<String> },
     #[error("input `{name}` is given twice")]
     DuplicateInput { name: String },
     #[error("input `{name}`: expected dtype {expected}, got {actual}")]

@@ -476,6 +476,41 @@ impl Session {
         self.run_inner(inputs, None, None)
     }
 
+    /// [`Session::run`], keeping only the output called `name`.
+    ///
+    /// ```
+    /// use runtime::{Model, Session, TensorValue};
+    /// let g = ir::text::parse(
+    ///     "%0 = input[name=\"x\"] : f32[B,2]\n%1 = relu(%0) : f32[B,2]\noutput \"y\" = %1\n",
+    ///     None,
+    /// ).unwrap();
+    /// let session = Session::builder(&Model::from_graph(g)?).threads(1).build()?;
+    /// let x = TensorValue::from_f32(vec![1, 2], vec![2.0, -1.0])?;
+    /// assert_eq!(session.run_output(&[("x", x.clone())], "y")?.as_f32().unwrap(), &[2.0, 0.0]);
+    /// assert!(matches!(session.run_output(&[("x", x)], "z"), Err(runtime::Error::UnknownOutput { .. })));
+    /// # Ok::<(), runtime::Error>(())
+    /// ```
+    pub fn run_output(
+        &self,
+        inputs: &[(&str, TensorValue)],
+        name: &str,
+    ) -> Result<TensorValue, Error> {
+        if !self.program.outputs.iter().any(|(n, _)| n == name) {
+            return Err(Error::UnknownOutput {
+                name: name.to_string(),
+                known: self.output_names(),
+            });
+        }
+        self.run(inputs)?
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| Error::UnknownOutput {
+                name: name.to_string(),
+                known: self.output_names(),
+            })
+    }
+
     /// [`Session::run`], showing `observe` the input of every linear layer (`Linear`,
     /// `FusedLinear`, `QLinear`) by node name just before the layer runs: what calibration
     /// records.

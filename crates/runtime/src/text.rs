@@ -19,6 +19,7 @@
 //! ```
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::{Error, Session, TensorValue};
 
@@ -488,22 +489,82 @@ pub fn hidden_state_output(session: &Session) -> String {
         .unwrap_or_default()
 }
 
-/// Tokenizer + encoder session + pooling: texts in, normalised sentence embeddings out.
+/// How the token states `[B, S, H]` of a batch become one vector per text.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean over the real tokens (sentence-transformers pooling): [`mean_pool`].
+    #[default]
+    Mean,
+    /// The first token's (`[CLS]`) vector: [`cls_pool`].
+    Cls,
+}
+
+impl Pooling {
+    /// `hidden` `[B, S, H]` pooled into `[B, H]`; `mask` `[B, S]` marks the real tokens.
+    ///
+    /// ```
+    /// use runtime::{text::Pooling, TensorValue};
+    /// let h = TensorValue::from_f32(vec![1, 2, 1], vec![1., 3.]).unwrap();
+    /// let m = TensorValue::from_i64(vec![1, 2], vec![1, 1]).unwrap();
+    /// assert_eq!(Pooling::Mean.pool(&h, &m).unwrap().as_f32().unwrap(), &[2.]);
+    /// assert_eq!(Pooling::Cls.pool(&h, &m).unwrap().as_f32().unwrap(), &[1.]);
+    /// ```
+    pub fn pool(self, hidden: &TensorValue, mask: &TensorValue) -> Result<TensorValue, Error> {
+        if hidden.rank() != 3 {
+            return Err(Error::Invalid(format!(
+                "pooling needs a [batch, sequence, hidden] output, got {:?}",
+                hidden.shape()
+            )));
+        }
+        match self {
+            Pooling::Mean => mean_pool(hidden, mask),
+            Pooling::Cls => cls_pool(hidden),
+        }
+    }
+}
+
+/// Tokenizer + encoder session + pooling: texts in, sentence embeddings out (by default
+/// mean-pooled and L2-normalised, as sentence-transformers).
+///
+/// Every text's row is the same whatever else shares its batch: the session runs the real
+/// tokens only, so [`SentenceEncoder::embed_all`] may group texts by length freely.
 pub struct SentenceEncoder {
-    session: Session,
-    tokenizer: Tokenizer,
+    session: Arc<Session>,
+    tokenizer: Arc<Tokenizer>,
     output: String,
+    pooling: Pooling,
+    normalize: bool,
 }
 
 impl SentenceEncoder {
-    /// Pools the session's [`hidden_state_output`].
-    pub fn new(session: Session, tokenizer: Tokenizer) -> SentenceEncoder {
+    /// Mean-pools the session's [`hidden_state_output`] and normalises. The session and the
+    /// tokenizer may be shared (`Arc`) with other users, such as encoders with other pooling
+    /// or tokenizer threads.
+    pub fn new(
+        session: impl Into<Arc<Session>>,
+        tokenizer: impl Into<Arc<Tokenizer>>,
+    ) -> SentenceEncoder {
+        let session = session.into();
         let output = hidden_state_output(&session);
         SentenceEncoder {
             session,
-            tokenizer,
+            tokenizer: tokenizer.into(),
             output,
+            pooling: Pooling::Mean,
+            normalize: true,
         }
+    }
+
+    /// Pools with `pooling` instead of the mean.
+    pub fn with_pooling(mut self, pooling: Pooling) -> SentenceEncoder {
+        self.pooling = pooling;
+        self
+    }
+
+    /// Whether rows are L2-normalised (the default) or left as pooled.
+    pub fn with_normalize(mut self, normalize: bool) -> SentenceEncoder {
+        self.normalize = normalize;
+        self
     }
 
     pub fn session(&self) -> &Session {
@@ -514,16 +575,70 @@ impl SentenceEncoder {
         &self.tokenizer
     }
 
-    /// `[texts.len(), hidden]` unit-norm embeddings.
+    /// `[texts.len(), hidden]` embeddings of one batch.
     pub fn embed(&self, texts: &[&str]) -> Result<TensorValue, Error> {
-        let enc = self.tokenizer.encode(texts)?;
-        let feeds = enc.feeds(&self.session);
-        let out = self.session.run(&feeds)?;
-        let hidden = out
-            .into_iter()
-            .find(|(n, _)| *n == self.output)
-            .map(|(_, t)| t)
-            .ok_or_else(|| Error::Invalid(format!("the model has no output `{}`", self.output)))?;
-        sentence_embeddings(&hidden, &enc.attention_mask)
+        self.embed_encoded(&self.tokenizer.encode(texts)?)
+    }
+
+    /// [`SentenceEncoder::embed`] of texts already tokenized by [`Tokenizer::tokenize`].
+    pub fn embed_tokens(&self, tokens: &[&Tokens]) -> Result<TensorValue, Error> {
+        self.embed_encoded(&self.tokenizer.batch(tokens)?)
+    }
+
+    fn embed_encoded(&self, enc: &Encoded) -> Result<TensorValue, Error> {
+        let hidden = self
+            .session
+            .run_output(&enc.feeds(&self.session), &self.output)?;
+        let pooled = self.pooling.pool(&hidden, &enc.attention_mask)?;
+        if self.normalize {
+            l2_normalize(&pooled)
+        } else {
+            Ok(pooled)
+        }
+    }
+
+    /// `[texts.len(), hidden]` embeddings of any number of texts, rows in `texts` order, run
+    /// `batch_size` at a time in order of length (so a batch pads little); `progress` hears
+    /// the number of texts of each batch done.
+    ///
+    /// ```no_run
+    /// # use runtime::text::{Padding, SentenceEncoder, Tokenizer, TokenizerOptions};
+    /// # use runtime::{CompileOptions, Model, Session};
+    /// # let tok = Tokenizer::from_file("tokenizer.json", TokenizerOptions::default())?;
+    /// # let session = Session::new(&Model::load("model.onnx")?, CompileOptions::default())?;
+    /// let enc = SentenceEncoder::new(session, tok);
+    /// let texts = vec!["a long text about food".to_string(), "short".to_string()];
+    /// let emb = enc.embed_all(&texts, 32, |done| eprintln!("{done} more"))?;
+    /// assert_eq!(emb.shape()[0], 2);
+    /// # Ok::<(), runtime::Error>(())
+    /// ```
+    pub fn embed_all<S: AsRef<str>>(
+        &self,
+        texts: &[S],
+        batch_size: usize,
+        mut progress: impl FnMut(usize),
+    ) -> Result<TensorValue, Error> {
+        if texts.is_empty() {
+            return Err(Error::EmptyText { index: None });
+        }
+        let mut order: Vec<usize> = (0..texts.len()).collect();
+        order.sort_by_key(|&i| texts[i].as_ref().len());
+        let mut width = 0;
+        let mut rows = Vec::new();
+        for chunk in order.chunks(batch_size.max(1)) {
+            let batch: Vec<&str> = chunk.iter().map(|&i| texts[i].as_ref()).collect();
+            let e = self.embed(&batch)?;
+            let h = e.shape()[1];
+            if rows.is_empty() {
+                width = h;
+                rows = vec![0.0f32; texts.len() * h];
+            }
+            let v = e.typed::<f32>()?;
+            for (r, &i) in chunk.iter().enumerate() {
+                rows[i * h..(i + 1) * h].copy_from_slice(&v[r * h..(r + 1) * h]);
+            }
+            progress(chunk.len());
+        }
+        TensorValue::from_f32(vec![texts.len(), width], rows)
     }
 }

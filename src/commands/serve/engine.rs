@@ -15,13 +15,13 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use runtime::text::{Padding, Tokenizer, TokenizerOptions, Tokens};
-use runtime::{Model, Session, TensorValue};
+use runtime::text::{Padding, SentenceEncoder, Tokenizer, TokenizerOptions, Tokens};
+use runtime::{Model, Session};
 use tokio::sync::oneshot;
 
 use super::api::ApiError;
 use super::metrics::Metrics;
-use crate::commands::embed::{pool, Pooling};
+use crate::commands::embed::Pooling;
 use crate::error::CliError;
 
 /// What the model's output is used for.
@@ -99,17 +99,20 @@ impl Engine {
                 padding: Padding::Longest,
             },
         )?);
-        let output = match &task {
-            Task::Embedding { .. } => runtime::text::hidden_state_output(&session),
-            Task::Classifier { .. } => classifier_output(&session).unwrap_or_default(),
+        let model = match &task {
+            // Rows are normalised per request (`normalize` of /embed), so pooled here only.
+            Task::Embedding { pooling, .. } => RunnerModel::Embedding(
+                SentenceEncoder::new(session, tokenizer.clone())
+                    .with_pooling((*pooling).into())
+                    .with_normalize(false),
+            ),
+            Task::Classifier { .. } => RunnerModel::Classifier {
+                output: classifier_output(&session).unwrap_or_default(),
+                session: Arc::new(session),
+                tokenizer: tokenizer.clone(),
+            },
         };
-        let runner = Runner {
-            session,
-            tokenizer: tokenizer.clone(),
-            task: task.clone(),
-            output,
-            metrics,
-        };
+        let runner = Runner { model, metrics };
         Ok(Engine {
             task,
             max_input_length,
@@ -321,11 +324,18 @@ struct Job {
 
 /// The session and what turns its outputs into rows; owned by the batcher thread.
 struct Runner {
-    session: Session,
-    tokenizer: Arc<Tokenizer>,
-    task: Task,
-    output: String,
+    model: RunnerModel,
     metrics: Arc<Metrics>,
+}
+
+/// What the batcher runs: pooled embeddings, or the logits output of a classifier.
+enum RunnerModel {
+    Embedding(SentenceEncoder),
+    Classifier {
+        session: Arc<Session>,
+        tokenizer: Arc<Tokenizer>,
+        output: String,
+    },
 }
 
 impl Runner {
@@ -373,22 +383,17 @@ impl Runner {
     }
 
     fn rows(&self, tokens: &[&Tokens]) -> Result<Vec<Vec<f32>>, String> {
-        let enc = self.tokenizer.batch(tokens).map_err(|e| e.to_string())?;
-        let out = self
-            .session
-            .run(&enc.feeds(&self.session))
-            .map_err(|e| e.to_string())?;
-        let value = out
-            .into_iter()
-            .find(|(n, _)| *n == self.output)
-            .map(|(_, t)| t)
-            .ok_or_else(|| format!("the model has no output `{}`", self.output))?;
-        let rows: TensorValue = match &self.task {
-            Task::Embedding { pooling, .. } => {
-                pool(&value, &enc.attention_mask, *pooling).map_err(|e| e.to_string())?
-            }
-            Task::Classifier { .. } => value,
-        };
+        let rows = match &self.model {
+            RunnerModel::Embedding(encoder) => encoder.embed_tokens(tokens),
+            RunnerModel::Classifier {
+                session,
+                tokenizer,
+                output,
+            } => tokenizer
+                .batch(tokens)
+                .and_then(|enc| session.run_output(&enc.feeds(session), output)),
+        }
+        .map_err(|e| e.to_string())?;
         let v = rows.typed::<f32>().map_err(|e| e.to_string())?;
         if rows.rank() != 2 || rows.shape()[0] != tokens.len() {
             return Err(format!(
