@@ -104,7 +104,8 @@ impl Pass for PackTokens {
 }
 
 /// The graph input that attention `a`'s mask bias is computed from: it must be its only
-/// non-constant source and have the shape `[B, S]` of the attention's rows.
+/// non-constant source (the dims read by `Shape` do not count) and have the shape `[B, S]` of
+/// the attention's rows.
 fn mask_input(g: &Graph, a: NodeId) -> Result<Outlet, String> {
     let ins = g.node_inputs(a);
     let Some(&bias) = ins.get(1) else {
@@ -121,7 +122,9 @@ fn mask_input(g: &Graph, a: NodeId) -> Result<Outlet, String> {
             Op::Input { .. } => {
                 sources.insert(id);
             }
-            Op::Const { .. } => {}
+            // Reads only dims (the exporters' `[B, 1, 1, S]` reshape targets from `input_ids`),
+            // and the graph inputs keep their padded shape.
+            Op::Const { .. } | Op::Shape { .. } => {}
             _ => stack.extend(g.node_inputs(id).iter().map(|o| o.node)),
         }
     }

@@ -780,7 +780,11 @@ fn infer(
                             ((b[0] as f64 - a[0] as f64) / c[0] as f64).ceil().max(0.0) as usize;
                         Some(Dim::fixed(n))
                     }
-                    _ => None,
+                    // `arange(n)` of a dim: the TorchScript exports' position grids.
+                    _ => match (&a.data[..], &b.data[..], &c.data[..]) {
+                        ([SymInt::Int(0)], [SymInt::Dim(d)], [SymInt::Int(1)]) => Some(d.clone()),
+                        _ => None,
+                    },
                 },
                 _ => None,
             };

@@ -234,6 +234,31 @@ output \"o20\" = %20
     insta::assert_snapshot!(snap);
 }
 
+/// `arange(S)` of a dim read from a shape has `S` elements (MPNet's relative positions);
+/// another start or step gives a fresh symbol, never a guess.
+#[test]
+fn shape_inference_range_of_a_dim() {
+    let mut g = parse(
+        "%0 = input[name=\"x\"] : f32[B,S,4]\n\
+         %1 = shape[start=1, end=2](%0) : i64[1]\n\
+         %2 = const[value=i64[1]{0}] : i64[1]\n\
+         %3 = squeeze[axes=[0]](%1) : i64[]\n\
+         %4 = const[value=i64[]{0}] : i64[]\n\
+         %5 = const[value=i64[]{1}] : i64[]\n\
+         %6 = range(%4, %3, %5) : i64[*]\n\
+         %7 = const[value=i64[]{2}] : i64[]\n\
+         %8 = range(%4, %3, %7) : i64[*]\n\
+         output \"r\" = %6\n\
+         output \"r2\" = %8\n",
+    );
+    ShapeInference
+        .run(&mut g, &mut passes::PassContext::default())
+        .unwrap();
+    let text = print(&g);
+    assert!(text.contains("range(%4, %3, %5) : i64[S]"), "{text}");
+    assert!(text.contains("range(%4, %3, %7) : i64[unk"), "{text}");
+}
+
 #[test]
 fn shape_inference_rejects_inconsistent_matmul() {
     let mut g = parse(
@@ -694,6 +719,115 @@ output \"y\" = %19
         "{t}"
     );
     insta::assert_snapshot!(snap);
+}
+
+/// The dynamo exporter's SDPA block: the scale split as `√scale` on Q and on Kᵀ, Kᵀ spelled
+/// `Reshape(Transpose[0,2,1](Reshape(kh, [B·h,S,dh])), [B,h,dh,S])`, and the mask
+/// `[B,1,1,S]` expanded to `[B,1,S,S]` with dims read from the ids before it becomes the bias.
+/// The expansion is dropped (the attention broadcasts its mask): the bias is one value per key.
+const DYNAMO_SDPA_ATTENTION: &str = "\
+%0 = input[name=\"q\"] : f32[B,S,8]
+%1 = input[name=\"k\"] : f32[B,S,8]
+%2 = input[name=\"v\"] : f32[B,S,8]
+%3 = input[name=\"attention_mask\"] : i64[B,S]
+%4 = input[name=\"input_ids\"] : i64[B,S]
+%5 = const[value=i64[4]{0, 0, 2, 4}] : i64[4]
+%6 = reshape[allowzero=false](%0, %5) : f32[*]
+%7 = transpose[perm=[0, 2, 1, 3]](%6) : f32[*]
+%8 = reshape[allowzero=false](%1, %5) : f32[*]
+%9 = transpose[perm=[0, 2, 1, 3]](%8) : f32[*]
+%10 = reshape[allowzero=false](%2, %5) : f32[*]
+%11 = transpose[perm=[0, 2, 1, 3]](%10) : f32[*]
+%12 = const[value=f32[]{0.8408964}] : f32[]
+%13 = mul(%7, %12) : f32[*]
+%21 = shape[start=1, end=2](%4) : i64[1]
+%22 = const[value=i64[1]{4}] : i64[1]
+%44 = const[value=i64[1]{-1}] : i64[1]
+%14 = concat[axis=0](%44, %21, %22) : i64[*]
+%15 = reshape[allowzero=false](%9, %14) : f32[*]
+%16 = transpose[perm=[0, 2, 1]](%15) : f32[*]
+%17 = shape[start=0](%9) : i64[4]
+%18 = const[value=i64[1]{0}] : i64[1]
+%19 = const[value=i64[1]{2}] : i64[1]
+%20 = slice(%17, %18, %19) : i64[*]
+%23 = concat[axis=0](%20, %22, %21) : i64[*]
+%24 = reshape[allowzero=false](%16, %23) : f32[*]
+%25 = mul(%24, %12) : f32[*]
+%26 = matmul(%13, %25) : f32[*]
+%27 = unsqueeze[axes=[1, 2]](%3) : i64[*]
+%28 = shape[start=0, end=1](%4) : i64[1]
+%29 = const[value=i64[1]{1}] : i64[1]
+%30 = concat[axis=0](%28, %29, %21, %21) : i64[*]
+%31 = expand(%27, %30) : i64[*]
+%32 = cast[to=f32](%31) : f32[*]
+%33 = const[value=f32[]{1.0}] : f32[]
+%34 = sub(%33, %32) : f32[*]
+%35 = cast[to=bool](%34) : bool[*]
+%36 = const[value=f32[]{-3.4028235e38}] : f32[]
+%37 = where(%35, %36, %34) : f32[*]
+%38 = add(%26, %37) : f32[*]
+%39 = softmax[axis=-1](%38) : f32[*]
+%40 = matmul(%39, %11) : f32[*]
+%41 = transpose[perm=[0, 2, 1, 3]](%40) : f32[*]
+%42 = const[value=i64[3]{0, 0, 8}] : i64[3]
+%43 = reshape[allowzero=false](%41, %42) : f32[*]  # /sdpa/Reshape
+output \"y\" = %43
+";
+
+#[test]
+fn attention_dynamo_sdpa_form() {
+    let (snap, _, g) = before_after(&RecognizeAttention, DYNAMO_SDPA_ATTENTION);
+    let t = print(&g);
+    assert!(
+        t.contains("attention[num_heads=2, scale=0.7071068](%0, %1, %2, %"),
+        "{t}"
+    );
+    assert!(t.contains("where(%") && t.contains(": f32[B,1,1,S]"), "{t}");
+    assert_eq!(
+        count(&g, "expand") + count(&g, "softmax") + count(&g, "matmul"),
+        0,
+        "{t}"
+    );
+    insta::assert_snapshot!(snap);
+}
+
+/// MPNet: a relative-position bias `[1, h, S, S]` is added to the scaled scores before the
+/// mask; both become one bias, `pos + mask`, of the attention.
+#[test]
+fn attention_with_a_position_bias_and_a_mask() {
+    let text = BERT_ATTENTION
+        .replace(
+            "%2 = const[value=f32[8,8]{extern}] : f32[8,8]  # wq",
+            "%30 = input[name=\"pos\"] : f32[1,2,S,S]\n%2 = const[value=f32[8,8]{extern}] : f32[8,8]  # wq",
+        )
+        .replace(
+            "%18 = add(%17, %1) : f32[*]",
+            "%31 = add(%17, %30) : f32[*]\n%18 = add(%31, %1) : f32[*]",
+        );
+    let (snap, _, g) = before_after(&RecognizeAttention, &text);
+    let t = print(&g);
+    assert!(
+        t.contains("add(%1, %2) : f32[B,2,S,S]  # /layer/self/AttentionBias1")
+            || t.contains("add(%2, %1) : f32[B,2,S,S]  # /layer/self/AttentionBias1"),
+        "{t}"
+    );
+    assert_eq!(count(&g, "attention"), 1, "{t}");
+    assert_eq!(count(&g, "softmax") + count(&g, "matmul"), 0, "{t}");
+    insta::assert_snapshot!(snap);
+}
+
+/// An expansion whose result another op reads too, or one to a shape the scores do not
+/// broadcast over, is kept.
+#[test]
+fn attention_mask_expansion_kept_when_read_elsewhere() {
+    let shared = DYNAMO_SDPA_ATTENTION.replace(
+        "output \"y\" = %43\n",
+        "output \"y\" = %43\noutput \"m\" = %31\n",
+    );
+    let (_, changed, g) = before_after(&RecognizeAttention, &shared);
+    assert!(changed);
+    assert_eq!(count(&g, "attention"), 1);
+    assert_eq!(count(&g, "expand"), 1, "{}", print(&g));
 }
 
 #[test]

@@ -1198,6 +1198,20 @@ fn pack_tokens_packs_the_encoder_layers() {
     // Once packed, the pass has nothing left to do.
     let mut again = after.clone();
     assert!(!step(&PackTokens, &mut again, &mut PassContext::default()));
+
+    // A mask reshaped to [B, 1, 1, S] with dims read from another input (dynamo exports read
+    // them from `input_ids`) is still computed from the mask alone: `Shape` reads no data.
+    let dims_from_x = encoder_layer("output \"y\" = %15\n").replace(
+        "%9 = unsqueeze[axes=[1, 2]](%1) : i64[B,1,1,S]",
+        "%30 = shape[start=0, end=1](%0) : i64[1]\n\
+         %31 = const[value=i64[2]{1, 1}] : i64[2]\n\
+         %32 = shape[start=1, end=2](%0) : i64[1]\n\
+         %33 = concat[axis=0](%30, %31, %32) : i64[4]\n\
+         %9 = reshape[allowzero=false](%1, %33) : i64[B,1,1,S]",
+    );
+    let (_, changed, _, after, _) = one_pass(&PackTokens, &dims_from_x);
+    assert!(changed);
+    assert_eq!(count(&after, "attention_packed"), 1, "{}", print(&after));
 }
 
 /// The batch stays padded, and the report says why, when a later op may combine tokens (a

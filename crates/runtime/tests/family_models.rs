@@ -141,10 +141,16 @@ fn check(id: &str) {
         hist.contains("fused_linear"),
         "{id}: no fused linear in the optimized graph: {hist:?}"
     );
+    let arch = entry["architecture"].as_str().unwrap();
+    if let Some(op) = expected_attention(arch) {
+        assert!(
+            hist.contains(op),
+            "{id}: attention does not run as `{op}`: {hist:?}"
+        );
+    }
 
     let calib = calibration_batches(&batches);
     let stats = calibrate(&fp32, &calib, 2, &mut |_, _| {}).unwrap_or_else(|e| panic!("{id}: {e}"));
-    let arch = entry["architecture"].as_str().unwrap();
     let mut cosines = vec![];
     for mode in [ActivationMode::Dynamic, ActivationMode::Static] {
         let opts = QuantizeOptions {
@@ -174,6 +180,19 @@ fn check(id: &str) {
         cosines[0],
         cosines[1]
     );
+}
+
+/// The fused attention op every export of `arch` (eager or SDPA, TorchScript or dynamo) runs:
+/// the padding-free `attention_packed`; for MPNet, whose scores also get a relative-position
+/// bias `[1, h, S, S]`, the padded `attention_qkv`. DeBERTa-v2 (disentangled position scores)
+/// and ModernBERT (rotary positions between the projections and the product) run the exported
+/// ops instead (docs/family.md).
+fn expected_attention(arch: &str) -> Option<&'static str> {
+    match arch {
+        "DebertaV2Model" | "ModernBertModel" => None,
+        "MPNetModel" => Some("attention_qkv"),
+        _ => Some("attention_packed"),
+    }
 }
 
 macro_rules! family {

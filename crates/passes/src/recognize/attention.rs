@@ -1,6 +1,8 @@
 //! The eager multi-head attention block → `Attention`.
 
-use ir::{BinaryOp, DType, Graph, NodeId, Op, Outlet, Tensor, TensorType};
+use std::collections::BTreeSet;
+
+use ir::{BinaryOp, DType, Dim, Graph, NodeId, Op, Outlet, Tensor, TensorType};
 
 use crate::rewrite::{
     apply_rules, binary_inputs, derived_name, op_of, replace_with, rule_if, rule_if_some,
@@ -12,7 +14,8 @@ use crate::{Pass, PassError};
 ///
 /// ```text
 /// qh = Transpose[0,2,1,3](Reshape(q, [B,S,h,dh]))          (same for v)
-/// kt = Transpose[0,2,3,1](Reshape(k, [B,S,h,dh]))          (or Transpose[0,1,3,2] of kh)
+/// kt = Transpose[0,2,3,1](Reshape(k, [B,S,h,dh]))          (or Transpose[0,1,3,2] of kh, or
+///                                                           the dynamo SDPA form of it)
 /// p  = Softmax[-1](MatMul(qh, kt) / √dh + mask)
 /// y  = Reshape(Transpose[0,2,1,3](MatMul(p, vh)), [B,S,H])
 /// ```
@@ -20,7 +23,7 @@ use crate::{Pass, PassError};
 /// to `Attention[num_heads=h, scale](q, k, v, mask)`. The scale may be a `Div` or `Mul` of the
 /// scores, of `qh`, of `kt`, or split over `qh` and `kt` (SDPA exports); the scales found are
 /// multiplied. The mask may be absent, additive (BERT: `(1 - mask)·-3.4e38`, passed through
-/// as is), or a `Where(cond, fill, scores)` with `fill ≤ -1e30` (DistilBERT's `masked_fill`),
+/// as is; a second added bias, MPNet's relative positions, is summed with it), or a `Where(cond, fill, scores)` with `fill ≤ -1e30` (DistilBERT's `masked_fill`),
 /// which becomes the additive bias `Where(cond, fill, 0)`: adding such a fill to a finite score
 /// gives the fill again, so the softmax inputs are the same. A broadcasting `Expand` of `cond` to
 /// the scores' shape is dropped, since `Where` broadcasts anyway.
@@ -64,7 +67,7 @@ impl Pass for RecognizeAttention {
     }
 
     fn run(&self, graph: &mut Graph, _ctx: &mut crate::PassContext<'_>) -> Result<bool, PassError> {
-        apply_rules(graph, PASS, &[eager_attention])
+        apply_rules(graph, PASS, &[eager_attention, mask_broadcast])
     }
 }
 
@@ -118,10 +121,39 @@ fn key_side(g: &Graph, kt: Outlet) -> Option<(Outlet, usize, usize, f32)> {
         let (k, h, dh) = head_split(g, r)?;
         return Some((k, h, dh, f1));
     }
-    let kh = transpose_of(g, t, &[0, 1, 3, 2])?;
+    let kh = transpose_of(g, t, &[0, 1, 3, 2]).or_else(|| folded_key_transpose(g, t))?;
     let (t2, f2) = strip_scale(g, kh);
     let (k, h, dh) = head_split(g, transpose_of(g, t2, &[0, 2, 1, 3])?)?;
     Some((k, h, dh, f1 * f2))
+}
+
+/// `kh` `[B,h,S,dh]` when `o` is `Reshape(Transpose[0,2,1](Reshape(kh, [B·h,S,dh])), [B,h,dh,S])`:
+/// the dynamo exporter's SDPA spelling of `Transpose[0,1,3,2](kh)`. Each reshape keeps the two
+/// trailing dims (so it only merges or splits the leading ones, in row-major order), which the
+/// shapes prove.
+fn folded_key_transpose(g: &Graph, o: Outlet) -> Option<Outlet> {
+    if !matches!(op_of(g, o), Op::Reshape { .. }) {
+        return None;
+    }
+    let t = g.node_inputs(o.node)[0];
+    let merged = transpose_of(g, t, &[0, 2, 1])?;
+    if !matches!(op_of(g, merged), Op::Reshape { .. }) {
+        return None;
+    }
+    let kh = g.node_inputs(merged.node)[0];
+    let (khs, ms, os) = (
+        g.outlet_type(kh).shape.as_ref()?,
+        g.outlet_type(merged).shape.as_ref()?,
+        g.outlet_type(o).shape.as_ref()?,
+    );
+    let fits = khs.len() == 4
+        && ms.len() == 3
+        && os.len() == 4
+        && ms[1..] == khs[2..]
+        && os[..2] == khs[..2]
+        && os[2] == khs[3]
+        && os[3] == khs[2];
+    fits.then_some(kh)
 }
 
 /// The query or value side: `Transpose[0,2,1,3](Reshape(x))`, with an optional scale.
@@ -133,7 +165,8 @@ fn head_side(g: &Graph, o: Outlet) -> Option<(Outlet, usize, usize, f32)> {
 
 enum Mask {
     None,
-    Additive(Outlet),
+    /// Biases added to the scores, first added first.
+    Additive(Vec<Outlet>),
     /// `Where(cond, fill, ·)`: the condition and the fill constant.
     Fill(Outlet, Outlet),
 }
@@ -148,14 +181,30 @@ fn scores(g: &Graph, s: Outlet) -> Option<(Outlet, Mask, f32)> {
             return None;
         }
         (ins[2], Mask::Fill(ins[0], ins[1]))
-    } else if let Some((a, b)) = binary_inputs(g, s.node, BinaryOp::Add) {
-        if is_product(a) {
-            (a, Mask::Additive(b))
-        } else if is_product(b) {
-            (b, Mask::Additive(a))
-        } else {
-            return None;
+    } else if matches!(op_of(g, s), Op::Binary(BinaryOp::Add)) {
+        // A chain of additions onto the product: the mask, and at most one more bias (MPNet's
+        // relative positions), in the order the scores receive them.
+        let mut terms = Vec::new();
+        let mut cur = s;
+        while !is_product(cur) {
+            let (a, b) = binary_inputs(g, cur.node, BinaryOp::Add)?;
+            let towards =
+                |o: Outlet| is_product(o) || matches!(op_of(g, o), Op::Binary(BinaryOp::Add));
+            let (next, term) = if towards(a) {
+                (a, b)
+            } else if towards(b) {
+                (b, a)
+            } else {
+                return None;
+            };
+            terms.push(term);
+            cur = next;
+            if terms.len() > 2 {
+                return None;
+            }
         }
+        terms.reverse();
+        (cur, Mask::Additive(terms))
     } else {
         (s, Mask::None)
     };
@@ -187,10 +236,29 @@ fn eager_attention(g: &mut Graph, id: NodeId) -> Result<bool, String> {
     rule_if!(ty.shape.is_some() && ty.shape == g.outlet_type(q).shape);
     let mask = match mask {
         Mask::None => None,
-        Mask::Additive(m) => {
-            let mt = g.outlet_type(m);
-            rule_if!(mt.dtype == DType::F32 && mt.rank().is_some_and(|r| r <= 4));
-            Some(m)
+        Mask::Additive(terms) => {
+            for &m in &terms {
+                let mt = g.outlet_type(m);
+                rule_if!(mt.dtype == DType::F32 && mt.rank().is_some_and(|r| r <= 4));
+            }
+            let mut bias = terms[0];
+            for (i, &term) in terms.iter().enumerate().skip(1) {
+                // (scores + b0) + b1 becomes scores + (b0 + b1): equal up to one rounding of
+                // the biases' sum, and exactly for a 0 / -big padding mask.
+                let name = derived_name(&g.node(merge_r).name, &format!("AttentionBias{i}"));
+                let ty = broadcast_type(g, bias, term);
+                rule_if!(ty.is_some());
+                bias = g
+                    .add_node(
+                        Op::Binary(BinaryOp::Add),
+                        &name,
+                        &[bias, term],
+                        vec![ty.unwrap()],
+                    )
+                    .map_err(|e| e.to_string())?
+                    .into();
+            }
+            Some(bias)
         }
         Mask::Fill(cond, fill) => {
             let cond = strip_broadcast(g, cond, g.outlet_type(s).clone());
@@ -224,6 +292,112 @@ fn eager_attention(g: &mut Graph, id: NodeId) -> Result<bool, String> {
         ty,
     )?;
     Ok(true)
+}
+
+/// Anchored on an `Attention` with a mask: drops every `Expand` that feeds the mask's
+/// elementwise expression (`Where`, `Cast`, unary and binary ops) when the expansion only
+/// broadcasts to a shape the scores `[B, h, S, S]` broadcast over, and the expression feeds
+/// nothing but attention masks. Elementwise ops commute with broadcasting and the attention
+/// broadcasts its mask itself, so the scores are unchanged. The dynamo exporter expands the
+/// `[B, 1, 1, S]` mask to `[B, 1, S, S]` with a shape read from `input_ids`; without the
+/// expansion the bias is one value per key, computed from the mask alone, which padding-free
+/// attention needs.
+fn mask_broadcast(g: &mut Graph, id: NodeId) -> Result<bool, String> {
+    rule_if_some!(Op::Attention { num_heads, .. } = g.node(id).op.clone());
+    let ins = g.node_inputs(id);
+    rule_if_some!(Some(&mask) = ins.get(3));
+    rule_if_some!(Some(q) = g.outlet_type(ins[0]).shape.clone());
+    rule_if_some!(Some(k) = g.outlet_type(ins[1]).shape.clone());
+    rule_if!(q.len() == 3 && k.len() == 3);
+    let scores = [
+        q[0].clone(),
+        Dim::fixed(num_heads),
+        q[1].clone(),
+        k[1].clone(),
+    ];
+    let elementwise = |op: &Op| {
+        matches!(
+            op,
+            Op::Where | Op::Cast { .. } | Op::Unary(_) | Op::Binary(_)
+        )
+    };
+    // The expression: elementwise nodes reached upwards from the mask.
+    let mut tree = BTreeSet::new();
+    let mut expands = BTreeSet::new();
+    let mut stack = vec![mask.node];
+    while let Some(n) = stack.pop() {
+        let op = &g.node(n).op;
+        if matches!(op, Op::Expand) {
+            expands.insert(n);
+        } else if elementwise(op) && tree.insert(n) {
+            stack.extend(g.node_inputs(n).iter().map(|o| o.node));
+        }
+    }
+    rule_if!(!expands.is_empty());
+    // Every value of the expression (and every expansion) is read only inside it or as an
+    // attention's mask, never as a graph output: changing its shape changes nothing else.
+    let private = tree.iter().chain(&expands).all(|&n| {
+        let out = Outlet::from(n);
+        !g.is_graph_output(out)
+            && g.consumers(out).iter().all(|&(c, slot)| {
+                tree.contains(&c) || (slot == 3 && matches!(g.node(c).op, Op::Attention { .. }))
+            })
+    });
+    rule_if!(private);
+    let broadcasts_into_scores = |e: NodeId| {
+        g.node(e).outputs[0].shape.as_ref().is_some_and(|s| {
+            s.len() <= 4
+                && s.iter()
+                    .rev()
+                    .zip(scores.iter().rev())
+                    .all(|(d, t)| d.as_fixed() == Some(1) || d == t)
+        })
+    };
+    let dropped: Vec<NodeId> = expands
+        .into_iter()
+        .filter(|&e| broadcasts_into_scores(e))
+        .collect();
+    rule_if!(!dropped.is_empty());
+    for e in dropped {
+        let x = g.node_inputs(e)[0];
+        g.replace_uses(e.into(), x).map_err(|e| e.to_string())?;
+    }
+    // The expression's values are narrower now: retype them before any other rule looks.
+    crate::shape_infer::analyse(g).map_err(|e| e.to_string())?;
+    Ok(true)
+}
+
+/// The f32 type of `a + b` when both shapes are known and broadcast dim by dim.
+fn broadcast_type(g: &Graph, a: Outlet, b: Outlet) -> Option<TensorType> {
+    let (sa, sb) = (
+        g.outlet_type(a).shape.as_ref()?,
+        g.outlet_type(b).shape.as_ref()?,
+    );
+    let rank = sa.len().max(sb.len());
+    let one = Dim::fixed(1);
+    let dim = |s: &[Dim], i: usize| {
+        if i + s.len() >= rank {
+            s[i + s.len() - rank].clone()
+        } else {
+            one.clone()
+        }
+    };
+    let shape = (0..rank)
+        .map(|i| {
+            let (x, y) = (dim(sa, i), dim(sb, i));
+            if x == y || y == one {
+                Some(x)
+            } else if x == one {
+                Some(y)
+            } else {
+                None
+            }
+        })
+        .collect::<Option<Vec<Dim>>>()?;
+    Some(TensorType {
+        dtype: DType::F32,
+        shape: Some(shape),
+    })
 }
 
 /// Drops a `Cast` to bool of a bool and an `Expand` to exactly the scores' type from a mask
