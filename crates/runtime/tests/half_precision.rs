@@ -2,7 +2,11 @@
 //! with half-precision (or double) weights, values and outputs must compute exactly what the
 //! FP32 model computes on the same weights rounded to that type. That is checked bit for bit
 //! here on a built tiny BERT, DistilBERT and XLM-R, and on a small graph with a float16 graph
-//! input and output (exact hand-computed values).
+//! input and output (exact hand-computed values). Against onnxruntime (which computes float16
+//! in float16): a built tiny BERT when `ENCORE_ORT_PYTHON` is set, and always the float16
+//! twins of four real exports in `tests/models/half` with onnxruntime's committed answers.
+
+mod common;
 
 use bytes::Bytes;
 use frontend_onnx::proto::{
@@ -419,4 +423,69 @@ fn float16_model_matches_onnxruntime() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(checked > 0);
+}
+
+/// Float16 twins of real exports (`tests/models/half`, written by `scripts/make_half.py` from
+/// `tests/models/family`: FLOAT16 weights, constants, casts and outputs, as a `model.half()`
+/// export holds them) against what onnxruntime answered on the same files, committed beside
+/// them, on the family's three reference batches. onnxruntime computes in float16, encore widens
+/// to f32, so the bound is float16's: per element |encore - ort| <= 4e-3 + |ort|/256 (as
+/// `float16_model_matches_onnxruntime`), mean under 1e-3, at real positions. Also printed: each
+/// engine's distance to the FP32 export's reference, where encore, computing in f32 on the
+/// rounded weights, is the closer.
+#[test]
+fn float16_exports_match_onnxruntime_on_the_same_files() {
+    let half = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/models/half");
+    let family = half.join("../family");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(half.join("manifest.json")).unwrap())
+            .unwrap();
+    let fam = common::manifest(&family);
+    let models = manifest["models"].as_array().unwrap();
+    assert!(
+        models.len() >= 4,
+        "tests/models/half holds {} models",
+        models.len()
+    );
+    for m in models {
+        let id = m["id"].as_str().unwrap();
+        let model = Model::load(half.join(m["f16"].as_str().unwrap()))
+            .unwrap_or_else(|e| panic!("{id}: {e}"));
+        let session = Session::new(&model, CompileOptions::default()).unwrap();
+        let entry = common::model_entry(&fam, id);
+        let (mut sum, mut n, mut max, mut ours_vs_fp32) = (0f64, 0usize, 0f32, 0f32);
+        for batch in common::ref_batches(&family, entry) {
+            let got = session.run(&batch.feeds()).unwrap();
+            let got = got[0].1.as_f32().unwrap();
+            let ort = TensorValue::read_npy(half.join(format!("{id}.{}.ort_f16.npy", batch.name)))
+                .unwrap();
+            let ort = ort.as_f32().unwrap();
+            let fp32 = batch.outputs[0].1.as_f32().unwrap();
+            assert_eq!(got.len(), ort.len(), "{id} {}", batch.name);
+            let mask = batch.input("attention_mask").to_i64_vec().unwrap();
+            let row = got.len() / mask.len();
+            for (i, ((&a, &b), &r)) in got.iter().zip(ort).zip(fp32).enumerate() {
+                if mask[i / row] == 0 {
+                    continue;
+                }
+                let d = (a - b).abs();
+                assert!(
+                    d <= 4e-3 + b.abs() / 256.0,
+                    "{id} {}[{i}]: encore {a}, onnxruntime {b}",
+                    batch.name
+                );
+                sum += d as f64;
+                n += 1;
+                max = max.max(d);
+                ours_vs_fp32 = ours_vs_fp32.max((a - r).abs());
+            }
+        }
+        let mean = sum / n as f64;
+        let ort_vs_fp32 = m["ort_f16_vs_fp32_max_abs"].as_f64().unwrap();
+        eprintln!(
+            "HALF {id}: {n} values, |encore - ort| max {max:.2e} mean {mean:.2e}; vs the FP32 \
+             export: onnxruntime f16 {ort_vs_fp32:.2e}, encore {ours_vs_fp32:.2e}"
+        );
+        assert!(mean < 1e-3, "{id}: mean |encore - ort| {mean}");
+    }
 }
