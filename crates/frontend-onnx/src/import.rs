@@ -13,7 +13,11 @@ use crate::proto::{
 use crate::tensor::{self, ExternalData};
 use crate::ImportError;
 
-/// The opsets of the default domain that the importer understands. Opsets 22 to 26 changed the
+/// The opsets of the default domain that the importer understands. Opsets 7 to 10 differ from
+/// 11 for the imported ops only where an attribute became an input (Slice before 10, Pad and
+/// Clip before 11: `ops.rs` reads both forms) or where 11 admits more (negative axes and
+/// indices, more types); Scatter (9, 10) is ScatterElements. Before 7, broadcasting was an
+/// attribute (`broadcast`, `axis`) of the arithmetic ops: refused. Opsets 22 to 26 changed the
 /// ops imported here only by admitting more types (22: bfloat16 for Round, Sin, Cos, Dropout;
 /// 23: 4-bit floats, 24: float8e8m0, 25: 2-bit integers for Cast, Reshape, Shape, Pad and the
 /// other layout ops; 26: none of them), by Cast's `round_mode` (24), which applies only to
@@ -22,7 +26,7 @@ use crate::ImportError;
 /// RMSNormalization, RotaryEmbedding) are refused by name. Opset 27 gives Range a `stash_type`
 /// (its accumulation precision), not handled, so the range stops at 26. (Checked against the
 /// schemas of onnx 1.23.2: `onnx.defs.get_schema(op, v).since_version` for every imported op.)
-pub(crate) const OPSETS: std::ops::RangeInclusive<i64> = 11..=26;
+pub(crate) const OPSETS: std::ops::RangeInclusive<i64> = 7..=26;
 
 /// The name a node goes by in messages: its own name, else its first output's.
 pub(crate) fn node_label(n: &NodeProto) -> String {

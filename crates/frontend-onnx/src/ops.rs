@@ -1,4 +1,4 @@
-//! The mapping of each ONNX op (default domain, opsets 11 to 26) onto IR ops, with the ONNX rule
+//! The mapping of each ONNX op (default domain, opsets 7 to 26) onto IR ops, with the ONNX rule
 //! for each output dtype.
 
 use ir::{
@@ -474,6 +474,20 @@ impl<'m> Importer<'m> {
                 let d = self.same_dtypes(&x, &ins[1..])?;
                 self.emit(n, Op::Where, &ins, &[d])?;
             }
+            "Clip" if opset < 11 => {
+                // Clip-6: the bounds are attributes, by default the type's lowest and highest.
+                x.arity(1, 1)?;
+                let a = x.input(0)?;
+                self.require_dtype(&x, 0, &[DType::F32])?;
+                let lo = Tensor::scalar(x.float("min", f32::MIN)?);
+                let hi = Tensor::scalar(x.float("max", f32::MAX)?);
+                let ins = [
+                    a,
+                    self.aux_const(&x, "min", lo),
+                    self.aux_const(&x, "max", hi),
+                ];
+                self.emit(n, Op::Clip, &ins, &[DType::F32])?;
+            }
             "Clip" => {
                 // From opset 11 the bounds are optional inputs; before, they were attributes.
                 x.no_attr("min", "an input")?;
@@ -737,7 +751,8 @@ impl<'m> Importer<'m> {
                     &[d],
                 )?;
             }
-            "ScatterND" | "ScatterElements" => {
+            // Scatter (opsets 9 to 10, deprecated at 11) is ScatterElements without reduction.
+            "ScatterND" | "ScatterElements" | "Scatter" => {
                 x.arity(3, 3)?;
                 let ins = [x.input(0)?, x.input(1)?, x.input(2)?];
                 self.require_dtype(&x, 1, &[DType::I64, DType::I32])?;
@@ -781,6 +796,24 @@ impl<'m> Importer<'m> {
                 let d = self.dtype(a);
                 self.emit(n, Op::GatherNd { batch_dims }, &[a, idx], &[d])?;
             }
+            "Pad" if opset < 11 => {
+                // Pad-2: the pads and the constant value are attributes.
+                x.arity(1, 1)?;
+                let a = x.input(0)?;
+                self.require_dtype(&x, 0, &[DType::F32])?;
+                let mode = pad_mode(&x, opset)?;
+                let pads = x
+                    .ints("pads")?
+                    .ok_or_else(|| x.bad_attr("pads", "missing"))?;
+                let pads = Tensor::from_vec(vec![pads.len()], pads);
+                let value = Tensor::scalar(x.float("value", 0.0)?);
+                let ins = [
+                    a,
+                    self.aux_const(&x, "pads", pads),
+                    self.aux_const(&x, "value", value),
+                ];
+                self.emit(n, Op::Pad { mode }, &ins, &[DType::F32])?;
+            }
             "Pad" => {
                 x.no_attr("pads", "an input")?;
                 x.no_attr("value", "an input")?;
@@ -788,18 +821,7 @@ impl<'m> Importer<'m> {
                 let a = x.input(0)?;
                 let d = self.dtype(a);
                 self.require_dtype(&x, 1, &[DType::I64])?;
-                let mode = match x.string("mode")?.as_deref() {
-                    None | Some("constant") => PadMode::Constant,
-                    Some("reflect") => PadMode::Reflect,
-                    Some("edge") => PadMode::Edge,
-                    Some("wrap") if opset >= 19 => PadMode::Wrap,
-                    Some(other) => {
-                        return Err(x.bad_attr(
-                            "mode",
-                            format!("`{other}` is not a mode of Pad at opset {opset}"),
-                        ))
-                    }
-                };
+                let mode = pad_mode(&x, opset)?;
                 let mut ins = vec![a, x.input(1)?];
                 if x.opt(2).is_some() {
                     self.require_dtype(&x, 2, &[d])?;
@@ -827,7 +849,26 @@ impl<'m> Importer<'m> {
                 }
                 self.emit(n, Op::Pad { mode }, &ins, &[d])?;
             }
+            "Slice" if opset < 10 => {
+                // Slice-1: starts, ends and axes are attributes, and there are no steps.
+                x.arity(1, 1)?;
+                let mut ins = vec![x.input(0)?];
+                for (name, required) in [("starts", true), ("ends", true), ("axes", false)] {
+                    match x.ints(name)? {
+                        Some(v) => {
+                            let t = Tensor::from_vec(vec![v.len()], v);
+                            ins.push(self.aux_const(&x, name, t));
+                        }
+                        None if required => return Err(x.bad_attr(name, "missing")),
+                        None => {}
+                    }
+                }
+                let d = self.dtype(ins[0]);
+                self.emit(n, Op::Slice, &ins, &[d])?;
+            }
             "Slice" => {
+                x.no_attr("starts", "an input")?;
+                x.no_attr("ends", "an input")?;
                 x.arity(3, 5)?;
                 let mut ins = vec![x.input(0)?, x.input(1)?, x.input(2)?];
                 for i in 1..x.ins.len() {
@@ -1876,5 +1917,19 @@ impl<'m> Importer<'m> {
             }
             other => return Err(x.bad_attr(other, "this kind of Constant value is not supported")),
         })
+    }
+}
+
+/// Pad's `mode` attribute (`wrap` from opset 19).
+fn pad_mode(x: &NodeCtx<'_>, opset: i64) -> Result<PadMode, ImportError> {
+    match x.string("mode")?.as_deref() {
+        None | Some("constant") => Ok(PadMode::Constant),
+        Some("reflect") => Ok(PadMode::Reflect),
+        Some("edge") => Ok(PadMode::Edge),
+        Some("wrap") if opset >= 19 => Ok(PadMode::Wrap),
+        Some(other) => Err(x.bad_attr(
+            "mode",
+            format!("`{other}` is not a mode of Pad at opset {opset}"),
+        )),
     }
 }

@@ -1744,3 +1744,96 @@ fn einsum() {
         );
     }
 }
+
+fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Ints as i32,
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// Opsets 7 to 10: Slice (before 10), Pad and Clip (before 11) take as attributes what later
+/// opsets take as inputs; each form computes what its input form computes, and the attribute
+/// form at a later opset (or the input form at an earlier one) is a typed refusal.
+#[test]
+fn attribute_forms_of_opsets_before_11() {
+    let x = f32s(&[3, 4], &(0..12).map(|v| v as f32).collect::<Vec<_>>());
+    let sliced = Case::new("Slice", 9, vec![x.clone()])
+        .attr(ints_attr("starts", &[1, -3]))
+        .attr(ints_attr("ends", &[3, 100]))
+        .attr(ints_attr("axes", &[0, 1]))
+        .run1();
+    let by_inputs = Case::new(
+        "Slice",
+        13,
+        vec![
+            x.clone(),
+            i64s(&[2], &[1, -3]),
+            i64s(&[2], &[3, 100]),
+            i64s(&[2], &[0, 1]),
+        ],
+    )
+    .run1();
+    assert_eq!(sliced.shape(), [2, 3]);
+    assert_eq!(sliced.as_f32().unwrap(), [5., 6., 7., 9., 10., 11.]);
+    assert_eq!(sliced.as_f32(), by_inputs.as_f32());
+    // No axes: the first len(starts) axes.
+    let y = Case::new("Slice", 7, vec![x.clone()])
+        .attr(ints_attr("starts", &[2]))
+        .attr(ints_attr("ends", &[3]))
+        .run1();
+    assert_eq!(y.as_f32().unwrap(), [8., 9., 10., 11.]);
+
+    let padded = Case::new("Pad", 10, vec![f32s(&[2], &[1.0, 2.0])])
+        .attr(ints_attr("pads", &[1, 2]))
+        .attr(float_attr("value", 0.5))
+        .run1();
+    assert_eq!(padded.as_f32().unwrap(), [0.5, 1.0, 2.0, 0.5, 0.5]);
+    let edge = Case::new("Pad", 7, vec![f32s(&[2], &[1.0, 2.0])])
+        .attr(ints_attr("pads", &[2, 0]))
+        .attr(mode("edge"))
+        .run1();
+    assert_eq!(edge.as_f32().unwrap(), [1.0, 1.0, 1.0, 2.0]);
+
+    let v = f32s(&[4], &[-3.0, -0.5, 0.5, f32::INFINITY]);
+    let clipped = Case::new("Clip", 9, vec![v.clone()])
+        .attr(float_attr("min", -1.0))
+        .attr(float_attr("max", 1.0))
+        .run1();
+    assert_eq!(clipped.as_f32().unwrap(), [-1.0, -0.5, 0.5, 1.0]);
+    // Clip-6's default bounds are the type's lowest and highest finite values.
+    let open = Case::new("Clip", 8, vec![v]).run1();
+    assert_eq!(open.as_f32().unwrap(), [-3.0, -0.5, 0.5, f32::MAX]);
+
+    // The forms of other opsets are refused, naming the node and the attribute or arity.
+    let e = Case::new("Slice", 13, vec![x.clone()])
+        .attr(ints_attr("starts", &[0]))
+        .attr(ints_attr("ends", &[1]))
+        .run()
+        .unwrap_err();
+    assert!(e.contains("starts") && e.contains("opset 13"), "{e}");
+    let e = Case::new(
+        "Slice",
+        9,
+        vec![x.clone(), i64s(&[1], &[0]), i64s(&[1], &[1])],
+    )
+    .run()
+    .unwrap_err();
+    assert!(e.contains("`n`"), "{e}");
+    let e = Case::new("Pad", 10, vec![x]).run().unwrap_err();
+    assert!(e.contains("pads") && e.contains("missing"), "{e}");
+}
+
+/// Scatter (opsets 9 and 10, deprecated at 11) is ScatterElements.
+#[test]
+fn scatter_is_scatter_elements() {
+    let data = f32s(&[2, 3], &[0.0; 6]);
+    let idx = i64s(&[1, 2], &[2, 0]);
+    let upd = f32s(&[1, 2], &[7.0, 8.0]);
+    let y = Case::new("Scatter", 10, vec![data, idx, upd])
+        .attr(int_attr("axis", 1))
+        .run1();
+    assert_eq!(y.as_f32().unwrap(), [8.0, 0.0, 7.0, 0.0, 0.0, 0.0]);
+}
