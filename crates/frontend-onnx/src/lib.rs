@@ -13,7 +13,7 @@
 //!
 //! # What is imported
 //!
-//! The default ONNX domain (`""` or `ai.onnx`) at opsets 7 to 26. Domains listed in
+//! The default ONNX domain (`""` or `ai.onnx`) at opsets 7 to 27. Domains listed in
 //! `opset_import` that no node uses are ignored. The ops are those a BERT-family encoder exported
 //! by torch or optimum contains:
 //!
@@ -122,7 +122,7 @@ pub enum ImportError {
     Decode { source: prost::DecodeError },
     #[error("the model has no graph")]
     MissingGraph,
-    #[error("opset {version} of domain `{domain}` is not supported (the default domain needs opset 7 to 26)")]
+    #[error("opset {version} of domain `{domain}` is not supported (the default domain needs opset 7 to 27)")]
     UnsupportedOpset { domain: String, version: i64 },
     #[error("opset_import lists domain `{domain}` twice, at opsets {first} and {second}")]
     ConflictingOpsets {

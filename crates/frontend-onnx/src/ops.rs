@@ -1,4 +1,4 @@
-//! The mapping of each ONNX op (default domain, opsets 7 to 26) onto IR ops, with the ONNX rule
+//! The mapping of each ONNX op (default domain, opsets 7 to 27) onto IR ops, with the ONNX rule
 //! for each output dtype.
 
 use ir::{
@@ -337,11 +337,7 @@ impl<'m> Importer<'m> {
                 } else {
                     BinaryOp::Mod
                 };
-                self.require_dtype(
-                    &x,
-                    0,
-                    &[DType::F32, DType::I64, DType::I32, DType::I8, DType::U8],
-                )?;
+                self.require_dtype(&x, 0, &NUMERIC)?;
                 self.emit(n, Op::Binary(op), &[a, b], &[d])?;
             }
             "Max" | "Min" | "Sum" => {
@@ -494,11 +490,7 @@ impl<'m> Importer<'m> {
                 x.no_attr("max", "an input")?;
                 x.arity(1, 3)?;
                 let a = x.input(0)?;
-                let d = self.require_dtype(
-                    &x,
-                    0,
-                    &[DType::F32, DType::I64, DType::I32, DType::I8, DType::U8],
-                )?;
+                let d = self.require_dtype(&x, 0, &NUMERIC)?;
                 let mut ins = vec![a];
                 for i in 1..x.ins.len() {
                     if x.opt(i).is_some() {
@@ -517,7 +509,13 @@ impl<'m> Importer<'m> {
                             DType::I64 => Tensor::scalar(i64::MIN),
                             DType::I32 => Tensor::scalar(i32::MIN),
                             DType::I8 => Tensor::scalar(i8::MIN),
-                            _ => Tensor::scalar(u8::MIN),
+                            DType::I16 => Tensor::scalar(i16::MIN),
+                            // The unsigned types' lowest is 0: all-zero bits.
+                            d => Tensor::from_bytes(
+                                d,
+                                vec![],
+                                bytes::Bytes::from(vec![0u8; d.size_of()]),
+                            )?,
                         };
                         ins.push(self.aux_const(&x, "min", lowest));
                         ins.push(hi);
@@ -836,11 +834,12 @@ impl<'m> Importer<'m> {
                         // The IR has no gaps in its inputs: an absent value is 0.
                         let zero = match d {
                             DType::F32 | DType::BF16 => Tensor::scalar(0f32),
-                            DType::I64 => Tensor::scalar(0i64),
-                            DType::I32 => Tensor::scalar(0i32),
-                            DType::I8 => Tensor::scalar(0i8),
-                            DType::U8 => Tensor::scalar(0u8),
-                            DType::Bool => Tensor::scalar(false),
+                            // All-zero bits are 0 (or false) in every integer type.
+                            d => Tensor::from_bytes(
+                                d,
+                                vec![],
+                                bytes::Bytes::from(vec![0u8; d.size_of()]),
+                            )?,
                         };
                         ins.push(self.aux_const(&x, "value", zero));
                         ins.push(axes);
@@ -934,7 +933,16 @@ impl<'m> Importer<'m> {
             }
             "Range" => {
                 x.arity(3, 3)?;
+                // Opset 27's stash_type: the precision of float16/bfloat16 ranges, float by
+                // default, which is what encore computes them in (it widens them to f32).
+                if let Some(t) = x.opt_int("stash_type")?.filter(|&t| t != 1) {
+                    return Err(x.bad_attr(
+                        "stash_type",
+                        format!("{t}: encore computes ranges in FLOAT (1) only"),
+                    ));
+                }
                 let ins = [x.input(0)?, x.input(1)?, x.input(2)?];
+                self.require_dtype(&x, 0, &[DType::F32, DType::I16, DType::I32, DType::I64])?;
                 let d = self.same_dtypes(&x, &ins)?;
                 self.emit(n, Op::Range, &ins, &[d])?;
             }
@@ -1871,9 +1879,8 @@ impl<'m> Importer<'m> {
     /// computed in f32 and truncated back (as onnxruntime computes `pow` in double and casts);
     /// two integer dtypes meet in the base's.
     fn import_pow(&mut self, x: &NodeCtx<'m>, a: Outlet, b: Outlet) -> Result<(), ImportError> {
-        let numeric = [DType::F32, DType::I64, DType::I32, DType::I8, DType::U8];
-        let da = self.require_dtype(x, 0, &numeric)?;
-        let db = self.require_dtype(x, 1, &numeric)?;
+        let da = self.require_dtype(x, 0, &NUMERIC)?;
+        let db = self.require_dtype(x, 1, &NUMERIC)?;
         let pow = Op::Binary(BinaryOp::Pow);
         if da == db {
             self.emit(x.n, pow, &[a, b], &[da])?;
@@ -1933,3 +1940,16 @@ fn pad_mode(x: &NodeCtx<'_>, opset: i64) -> Result<PadMode, ImportError> {
         )),
     }
 }
+
+/// The dtypes with arithmetic (every numeric one the IR has; bf16 only holds weights).
+const NUMERIC: [DType; 9] = [
+    DType::F32,
+    DType::I64,
+    DType::I32,
+    DType::I8,
+    DType::U8,
+    DType::I16,
+    DType::U16,
+    DType::U32,
+    DType::U64,
+];

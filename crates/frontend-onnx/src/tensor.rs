@@ -60,8 +60,12 @@ pub(crate) fn onnx_code(d: DType) -> i32 {
         DType::BF16 => DataType::Bfloat16,
         DType::I8 => DataType::Int8,
         DType::U8 => DataType::Uint8,
+        DType::I16 => DataType::Int16,
+        DType::U16 => DataType::Uint16,
         DType::I32 => DataType::Int32,
+        DType::U32 => DataType::Uint32,
         DType::I64 => DataType::Int64,
+        DType::U64 => DataType::Uint64,
         DType::Bool => DataType::Bool,
     }) as i32
 }
@@ -81,8 +85,12 @@ pub(crate) fn value_dtype(
         Ok(DataType::Float) => DType::F32,
         Ok(DataType::Uint8) => DType::U8,
         Ok(DataType::Int8) => DType::I8,
+        Ok(DataType::Int16) => DType::I16,
+        Ok(DataType::Uint16) => DType::U16,
         Ok(DataType::Int32) => DType::I32,
+        Ok(DataType::Uint32) => DType::U32,
         Ok(DataType::Int64) => DType::I64,
+        Ok(DataType::Uint64) => DType::U64,
         Ok(DataType::Bool) => DType::Bool,
         Ok(DataType::Float16 | DataType::Bfloat16 | DataType::Double) => DType::F32,
         _ => {
@@ -283,6 +291,25 @@ pub(crate) fn tensor_from_proto(
         Some(DataType::Int8 | DataType::Uint8 | DataType::Bool) => {
             check(t.int32_data.len())?;
             t.int32_data.iter().map(|&v| v as u8).collect()
+        }
+        Some(DataType::Int16 | DataType::Uint16) => {
+            check(t.int32_data.len())?;
+            t.int32_data
+                .iter()
+                .flat_map(|&v| (v as u16).to_le_bytes())
+                .collect()
+        }
+        // UINT32 and UINT64 are stored in uint64_data.
+        Some(DataType::Uint32) => {
+            check(t.uint64_data.len())?;
+            t.uint64_data
+                .iter()
+                .flat_map(|&v| (v as u32).to_le_bytes())
+                .collect()
+        }
+        Some(DataType::Uint64) => {
+            check(t.uint64_data.len())?;
+            t.uint64_data.iter().flat_map(|v| v.to_le_bytes()).collect()
         }
         Some(DataType::Bfloat16) => {
             check(t.int32_data.len())?;

@@ -18,30 +18,38 @@ pub enum DType {
     BF16,
     I8,
     U8,
+    I16,
+    U16,
     I32,
+    U32,
     I64,
+    U64,
     Bool,
 }
 
 impl DType {
     /// All dtypes, in a fixed order.
-    pub const ALL: [DType; 7] = [
+    pub const ALL: [DType; 11] = [
         DType::F32,
         DType::BF16,
         DType::I8,
         DType::U8,
+        DType::I16,
+        DType::U16,
         DType::I32,
+        DType::U32,
         DType::I64,
+        DType::U64,
         DType::Bool,
     ];
 
     /// Bytes per element.
     pub fn size_of(self) -> usize {
         match self {
-            DType::F32 | DType::I32 => 4,
-            DType::BF16 => 2,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::I8 | DType::U8 | DType::Bool => 1,
-            DType::I64 => 8,
+            DType::I64 | DType::U64 => 8,
         }
     }
 
@@ -52,8 +60,12 @@ impl DType {
             DType::BF16 => "bf16",
             DType::I8 => "i8",
             DType::U8 => "u8",
+            DType::I16 => "i16",
+            DType::U16 => "u16",
             DType::I32 => "i32",
+            DType::U32 => "u32",
             DType::I64 => "i64",
+            DType::U64 => "u64",
             DType::Bool => "bool",
         }
     }
@@ -63,7 +75,17 @@ impl DType {
     }
 
     pub fn is_integer(self) -> bool {
-        matches!(self, DType::I8 | DType::U8 | DType::I32 | DType::I64)
+        matches!(
+            self,
+            DType::I8
+                | DType::U8
+                | DType::I16
+                | DType::U16
+                | DType::I32
+                | DType::U32
+                | DType::I64
+                | DType::U64
+        )
     }
 }
 

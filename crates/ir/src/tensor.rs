@@ -32,8 +32,12 @@ macro_rules! element {
 element!(f32, DType::F32);
 element!(i8, DType::I8);
 element!(u8, DType::U8);
+element!(i16, DType::I16);
+element!(u16, DType::U16);
 element!(i32, DType::I32);
+element!(u32, DType::U32);
 element!(i64, DType::I64);
+element!(u64, DType::U64);
 
 impl Element for half::bf16 {
     const DTYPE: DType = DType::BF16;
@@ -193,6 +197,20 @@ impl Tensor {
             DType::I32 => self.to_vec::<i32>()?.into_iter().map(i64::from).collect(),
             DType::I8 => self.to_vec::<i8>()?.into_iter().map(i64::from).collect(),
             DType::U8 => self.to_vec::<u8>()?.into_iter().map(i64::from).collect(),
+            DType::I16 => self.to_vec::<i16>()?.into_iter().map(i64::from).collect(),
+            DType::U16 => self.to_vec::<u16>()?.into_iter().map(i64::from).collect(),
+            DType::U32 => self.to_vec::<u32>()?.into_iter().map(i64::from).collect(),
+            // A u64 beyond i64's range is no index or dim.
+            DType::U64 => self
+                .to_vec::<u64>()?
+                .into_iter()
+                .map(|v| {
+                    i64::try_from(v).map_err(|_| IrError::DTypeMismatch {
+                        expected: DType::I64,
+                        actual: DType::U64,
+                    })
+                })
+                .collect::<Result<_, _>>()?,
             DType::Bool => self.to_vec::<bool>()?.into_iter().map(i64::from).collect(),
             d => {
                 return Err(IrError::DTypeMismatch {
@@ -212,6 +230,11 @@ impl Tensor {
                 .into_iter()
                 .map(f32::from)
                 .collect(),
+            DType::U64 => self
+                .to_vec::<u64>()?
+                .into_iter()
+                .map(|v| v as f32)
+                .collect(),
             _ => self.to_i64_vec()?.into_iter().map(|v| v as f32).collect(),
         })
     }
@@ -227,8 +250,12 @@ impl Tensor {
             DType::BF16 => write!(out, "{:?}", f32::from(half::bf16::read_le(b))),
             DType::I8 => write!(out, "{}", i8::read_le(b)),
             DType::U8 => write!(out, "{}", u8::read_le(b)),
+            DType::I16 => write!(out, "{}", i16::read_le(b)),
+            DType::U16 => write!(out, "{}", u16::read_le(b)),
             DType::I32 => write!(out, "{}", i32::read_le(b)),
+            DType::U32 => write!(out, "{}", u32::read_le(b)),
             DType::I64 => write!(out, "{}", i64::read_le(b)),
+            DType::U64 => write!(out, "{}", u64::read_le(b)),
             DType::Bool => write!(out, "{}", bool::read_le(b)),
         };
     }
@@ -296,8 +323,12 @@ impl Tensor {
                 }
                 DType::I8 => it.parse::<i8>().map_err(|_| e())?.write_le(&mut out),
                 DType::U8 => it.parse::<u8>().map_err(|_| e())?.write_le(&mut out),
+                DType::I16 => it.parse::<i16>().map_err(|_| e())?.write_le(&mut out),
+                DType::U16 => it.parse::<u16>().map_err(|_| e())?.write_le(&mut out),
                 DType::I32 => it.parse::<i32>().map_err(|_| e())?.write_le(&mut out),
+                DType::U32 => it.parse::<u32>().map_err(|_| e())?.write_le(&mut out),
                 DType::I64 => it.parse::<i64>().map_err(|_| e())?.write_le(&mut out),
+                DType::U64 => it.parse::<u64>().map_err(|_| e())?.write_le(&mut out),
                 DType::Bool => it.parse::<bool>().map_err(|_| e())?.write_le(&mut out),
             }
         }

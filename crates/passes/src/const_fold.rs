@@ -194,12 +194,12 @@ fn concrete_value(ty: &TensorType, v: Option<&SymTensor>) -> Option<Tensor> {
     if shape.iter().product::<usize>() != ints.len() {
         return None;
     }
+    // The dtypes that carry symbolic values (`sym::tracked`).
     Some(match ty.dtype {
         DType::I64 => Tensor::from_vec(shape, ints),
         DType::I32 => Tensor::from_vec(shape, ints.into_iter().map(|x| x as i32).collect()),
-        DType::I8 => Tensor::from_vec(shape, ints.into_iter().map(|x| x as i8).collect()),
-        DType::U8 => Tensor::from_vec(shape, ints.into_iter().map(|x| x as u8).collect()),
-        _ => Tensor::from_vec(shape, ints.into_iter().map(|x| x != 0).collect()),
+        DType::Bool => Tensor::from_vec(shape, ints.into_iter().map(|x| x != 0).collect()),
+        _ => return None,
     })
 }
 

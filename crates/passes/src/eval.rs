@@ -55,6 +55,11 @@ fn store(dtype: DType, shape: Vec<usize>, d: Data) -> Tensor {
         DType::I32 => Tensor::from_vec(shape, i(d).into_iter().map(|x| x as i32).collect()),
         DType::I8 => Tensor::from_vec(shape, i(d).into_iter().map(|x| x as i8).collect()),
         DType::U8 => Tensor::from_vec(shape, i(d).into_iter().map(|x| x as u8).collect()),
+        DType::I16 => Tensor::from_vec(shape, i(d).into_iter().map(|x| x as i16).collect()),
+        DType::U16 => Tensor::from_vec(shape, i(d).into_iter().map(|x| x as u16).collect()),
+        DType::U32 => Tensor::from_vec(shape, i(d).into_iter().map(|x| x as u32).collect()),
+        // Not reached: `eval_node` leaves u64 to the runtime (i64 cannot hold it).
+        DType::U64 => Tensor::from_vec(shape, i(d).into_iter().map(|x| x as u64).collect()),
         DType::Bool => {
             let v: Vec<bool> = match d {
                 Data::F(v) => v.into_iter().map(|x| x != 0.0).collect(),
@@ -137,6 +142,11 @@ fn fixed_shape(ty: &TensorType) -> Result<Vec<usize>, String> {
 /// assert_eq!(r.to_vec::<i64>().unwrap(), vec![10, 20]);
 /// ```
 pub fn eval_node(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Option<Tensor>, String> {
+    // Integers are evaluated in i64 (then wrapped to their type, as the runtime's wrapping
+    // arithmetic does), which cannot hold every u64: those values stay for the runtime.
+    if out.dtype == DType::U64 || inputs.iter().any(|t| t.dtype() == DType::U64) {
+        return Ok(None);
+    }
     if matches!(op, Op::Select) {
         // The chosen value whole, whatever its shape: nothing to compute.
         return match inputs[0]

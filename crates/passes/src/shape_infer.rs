@@ -1047,6 +1047,8 @@ fn infer(
             one(dtype(0), ins[0].shape.clone())
         }
     };
+    // Only the types of shape arithmetic carry symbolic values (see `sym::tracked`).
+    let value = value.filter(|_| types.first().is_some_and(|t| crate::sym::tracked(t.dtype)));
     Ok((types, value))
 }
 
@@ -1246,7 +1248,7 @@ pub(crate) fn slice_len(n: i64, start: i64, end: i64, step: i64) -> Result<usize
 
 /// Symbolic values: what shape arithmetic computes, element by element.
 fn infer_value(op: &Op, ins: &[TensorType], vals: &[Option<&SymTensor>]) -> Option<SymTensor> {
-    let small_int = |t: &TensorType| t.dtype.is_integer() || t.dtype == DType::Bool;
+    let small_int = |t: &TensorType| crate::sym::tracked(t.dtype);
     match op {
         Op::Shape { start, end } => {
             let s = ins[0].shape.as_ref()?;

@@ -160,7 +160,7 @@ impl SymTensor {
 
     /// The value of an integer or bool constant, when it has data and is small.
     pub fn from_tensor(t: &Tensor) -> Option<SymTensor> {
-        if t.len() > SMALL || !(t.dtype().is_integer() || t.dtype() == ir::DType::Bool) {
+        if t.len() > SMALL || !tracked(t.dtype()) {
             return None;
         }
         let v = t.to_i64_vec().ok()?;
@@ -185,4 +185,12 @@ impl std::fmt::Display for SymTensor {
         let items: Vec<String> = self.data.iter().map(|x| x.to_string()).collect();
         write!(f, "[{}]", items.join(", "))
     }
+}
+
+/// Whether values of dtype `d` are tracked symbolically: those of shape arithmetic (i64, i32)
+/// and bool. Symbols compute in i64 without wrapping, which the narrow and unsigned integer
+/// types (wrapping at their own width: 255u8 + 1 is 0) would not match through a chain of ops;
+/// constants of those types are still folded, op by op, by `eval_node`.
+pub(crate) fn tracked(d: ir::DType) -> bool {
+    matches!(d, ir::DType::I64 | ir::DType::I32 | ir::DType::Bool)
 }

@@ -23,6 +23,10 @@ fn st_dtype(d: DType) -> Option<Dtype> {
         DType::U8 => Dtype::U8,
         DType::I32 => Dtype::I32,
         DType::I64 => Dtype::I64,
+        DType::I16 => Dtype::I16,
+        DType::U16 => Dtype::U16,
+        DType::U32 => Dtype::U32,
+        DType::U64 => Dtype::U64,
         DType::Bool => Dtype::BOOL,
         #[allow(unreachable_patterns)]
         _ => return None,
@@ -37,6 +41,10 @@ fn ir_dtype(d: Dtype) -> Option<DType> {
         Dtype::U8 => DType::U8,
         Dtype::I32 => DType::I32,
         Dtype::I64 => DType::I64,
+        Dtype::I16 => DType::I16,
+        Dtype::U16 => DType::U16,
+        Dtype::U32 => DType::U32,
+        Dtype::U64 => DType::U64,
         Dtype::BOOL => DType::Bool,
         _ => return None,
     })

@@ -82,16 +82,17 @@ pub(crate) fn parse_npy(bytes: &[u8], path: &Path) -> Result<TensorValue, Error>
         .collect::<Result<Vec<usize>, _>>()?;
     let body = &bytes[data_start..];
     let width = match descr {
-        "<f4" | "<i4" => 4,
-        "<i8" | "<f8" => 8,
-        "<f2" => 2,
+        "<f4" | "<i4" | "<u4" => 4,
+        "<i8" | "<f8" | "<u8" => 8,
+        "<f2" | "<i2" | "<u2" => 2,
         "|u1" | "|i1" | "|b1" | "<u1" | "<i1" => 1,
         other => {
             return Err(npy_err(
                 path,
                 format!(
-                    "unsupported dtype `{other}` (supported: <f4 <f2 <f8 <i8 <i4 |u1 |i1 |b1; \
-                     <f2 and <f8 are read as f32, as encore imports FLOAT16 and DOUBLE models)"
+                    "unsupported dtype `{other}` (supported: <f4 <f2 <f8 <i8 <u8 <i4 <u4 <i2 <u2 \
+                     |u1 |i1 |b1; <f2 and <f8 are read as f32, as encore imports FLOAT16 and \
+                     DOUBLE models)"
                 ),
             ))
         }
@@ -135,6 +136,26 @@ pub(crate) fn parse_npy(bytes: &[u8], path: &Path) -> Result<TensorValue, Error>
                 .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
                 .collect(),
         ),
+        "<u8" => TensorData::U64(
+            body.chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        ),
+        "<u4" => TensorData::U32(
+            body.chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        ),
+        "<i2" => TensorData::I16(
+            body.chunks_exact(2)
+                .map(|c| i16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+        ),
+        "<u2" => TensorData::U16(
+            body.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+        ),
         "|u1" | "<u1" => TensorData::U8(body.to_vec()),
         "|i1" | "<i1" => TensorData::I8(body.iter().map(|&b| b as i8).collect()),
         "|b1" => TensorData::Bool(body.iter().map(|&b| b != 0).collect()),
@@ -151,6 +172,10 @@ pub(crate) fn to_npy_bytes(t: &TensorValue) -> Vec<u8> {
         TensorData::I32(_) => "<i4",
         TensorData::U8(_) => "|u1",
         TensorData::I8(_) => "|i1",
+        TensorData::I16(_) => "<i2",
+        TensorData::U16(_) => "<u2",
+        TensorData::U32(_) => "<u4",
+        TensorData::U64(_) => "<u8",
         TensorData::Bool(_) => "|b1",
     };
     let shape = match t.shape() {
@@ -174,25 +199,13 @@ pub(crate) fn to_npy_bytes(t: &TensorValue) -> Vec<u8> {
     out.extend_from_slice(&[1, 0]);
     out.extend_from_slice(&(header.len() as u16).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
-    match t.data() {
-        TensorData::F32(v) => v
-            .iter()
-            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        TensorData::I64(v) => v
-            .iter()
-            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        TensorData::I32(v) => v
-            .iter()
-            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        TensorData::U8(v) => out.extend_from_slice(v),
-        TensorData::I8(v) => out.extend(v.iter().map(|&x| x as u8)),
-        TensorData::Bool(v) => out.extend(v.iter().map(|&x| x as u8)),
-    }
+    crate::value::with_tensor_data!(t.data(), v => v.iter().for_each(|&x| ir::Element::write_le(x, &mut out)));
     out
 }
 
 impl TensorValue {
-    /// Reads a NumPy `.npy` file (int64, int32, float32, uint8, int8 or bool; C order).
+    /// Reads a NumPy `.npy` file (float32, float16 and float64 read as f32, int64, uint64, int32,
+    /// uint32, int16, uint16, int8, uint8 or bool; C order).
     ///
     /// ```
     /// use runtime::TensorValue;

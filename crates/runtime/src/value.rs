@@ -14,8 +14,32 @@ pub enum TensorData {
     I32(Vec<i32>),
     I8(Vec<i8>),
     U8(Vec<u8>),
+    I16(Vec<i16>),
+    U16(Vec<u16>),
+    U32(Vec<u32>),
+    U64(Vec<u64>),
     Bool(Vec<bool>),
 }
+
+/// `$body` with `$v` bound to the vector of whichever variant `$data` is (the body must
+/// compile for every element type).
+macro_rules! with_tensor_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            $crate::value::TensorData::F32($v) => $body,
+            $crate::value::TensorData::I64($v) => $body,
+            $crate::value::TensorData::I32($v) => $body,
+            $crate::value::TensorData::I8($v) => $body,
+            $crate::value::TensorData::U8($v) => $body,
+            $crate::value::TensorData::I16($v) => $body,
+            $crate::value::TensorData::U16($v) => $body,
+            $crate::value::TensorData::U32($v) => $body,
+            $crate::value::TensorData::U64($v) => $body,
+            $crate::value::TensorData::Bool($v) => $body,
+        }
+    };
+}
+pub(crate) use with_tensor_data;
 
 impl TensorData {
     pub fn dtype(&self) -> DType {
@@ -25,19 +49,16 @@ impl TensorData {
             TensorData::I32(_) => DType::I32,
             TensorData::I8(_) => DType::I8,
             TensorData::U8(_) => DType::U8,
+            TensorData::I16(_) => DType::I16,
+            TensorData::U16(_) => DType::U16,
+            TensorData::U32(_) => DType::U32,
+            TensorData::U64(_) => DType::U64,
             TensorData::Bool(_) => DType::Bool,
         }
     }
 
     pub fn len(&self) -> usize {
-        match self {
-            TensorData::F32(v) => v.len(),
-            TensorData::I64(v) => v.len(),
-            TensorData::I32(v) => v.len(),
-            TensorData::I8(v) => v.len(),
-            TensorData::U8(v) => v.len(),
-            TensorData::Bool(v) => v.len(),
-        }
+        with_tensor_data!(self, v => v.len())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -87,6 +108,10 @@ value_element!(i64, I64, DType::I64);
 value_element!(i32, I32, DType::I32);
 value_element!(i8, I8, DType::I8);
 value_element!(u8, U8, DType::U8);
+value_element!(i16, I16, DType::I16);
+value_element!(u16, U16, DType::U16);
+value_element!(u32, U32, DType::U32);
+value_element!(u64, U64, DType::U64);
 value_element!(bool, Bool, DType::Bool);
 
 /// An owned tensor: a shape and typed, row-major elements.
@@ -249,30 +274,41 @@ impl TensorValue {
 
     /// The elements converted to i64 (integers and bools); used for shape arithmetic.
     pub fn to_i64_vec(&self) -> Result<Vec<i64>, Error> {
+        let not_i64 = |actual| Error::DType {
+            expected: DType::I64,
+            actual,
+        };
         Ok(match &self.data {
             TensorData::I64(v) => v.clone(),
             TensorData::I32(v) => v.iter().map(|&x| x as i64).collect(),
             TensorData::I8(v) => v.iter().map(|&x| x as i64).collect(),
             TensorData::U8(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::I16(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::U16(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::U32(v) => v.iter().map(|&x| x as i64).collect(),
+            // A u64 beyond i64's range is no index or dim.
+            TensorData::U64(v) => v
+                .iter()
+                .map(|&x| i64::try_from(x).map_err(|_| not_i64(DType::U64)))
+                .collect::<Result<_, _>>()?,
             TensorData::Bool(v) => v.iter().map(|&x| x as i64).collect(),
-            TensorData::F32(_) => {
-                return Err(Error::DType {
-                    expected: DType::I64,
-                    actual: DType::F32,
-                })
-            }
+            TensorData::F32(_) => return Err(not_i64(DType::F32)),
         })
     }
 
     /// The elements converted to f32.
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match &self.data {
+            TensorData::Bool(v) => v.iter().map(|&x| x as u8 as f32).collect(),
             TensorData::F32(v) => v.clone(),
             TensorData::I64(v) => v.iter().map(|&x| x as f32).collect(),
             TensorData::I32(v) => v.iter().map(|&x| x as f32).collect(),
             TensorData::I8(v) => v.iter().map(|&x| x as f32).collect(),
             TensorData::U8(v) => v.iter().map(|&x| x as f32).collect(),
-            TensorData::Bool(v) => v.iter().map(|&x| x as u8 as f32).collect(),
+            TensorData::I16(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::U16(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::U32(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::U64(v) => v.iter().map(|&x| x as f32).collect(),
         }
     }
 
@@ -285,6 +321,10 @@ impl TensorValue {
             DType::I32 => TensorData::I32(t.to_vec()?),
             DType::I8 => TensorData::I8(t.to_vec()?),
             DType::U8 => TensorData::U8(t.to_vec()?),
+            DType::I16 => TensorData::I16(t.to_vec()?),
+            DType::U16 => TensorData::U16(t.to_vec()?),
+            DType::U32 => TensorData::U32(t.to_vec()?),
+            DType::U64 => TensorData::U64(t.to_vec()?),
             DType::Bool => TensorData::Bool(t.to_vec()?),
         };
         TensorValue::new(shape, data)
@@ -293,13 +333,6 @@ impl TensorValue {
     /// Copies into an IR constant (e.g. to feed values back into a graph).
     pub fn to_ir(&self) -> ir::Tensor {
         let shape = self.shape.clone();
-        match &self.data {
-            TensorData::F32(v) => ir::Tensor::from_vec(shape, v.clone()),
-            TensorData::I64(v) => ir::Tensor::from_vec(shape, v.clone()),
-            TensorData::I32(v) => ir::Tensor::from_vec(shape, v.clone()),
-            TensorData::I8(v) => ir::Tensor::from_vec(shape, v.clone()),
-            TensorData::U8(v) => ir::Tensor::from_vec(shape, v.clone()),
-            TensorData::Bool(v) => ir::Tensor::from_vec(shape, v.clone()),
-        }
+        with_tensor_data!(&self.data, v => ir::Tensor::from_vec(shape, v.clone()))
     }
 }

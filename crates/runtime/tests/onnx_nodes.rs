@@ -18,6 +18,10 @@ fn onnx_type(d: DType) -> DataType {
         DType::I32 => DataType::Int32,
         DType::I8 => DataType::Int8,
         DType::U8 => DataType::Uint8,
+        DType::I16 => DataType::Int16,
+        DType::U16 => DataType::Uint16,
+        DType::U32 => DataType::Uint32,
+        DType::U64 => DataType::Uint64,
         DType::Bool => DataType::Bool,
         DType::BF16 => DataType::Bfloat16,
     }
@@ -1836,4 +1840,85 @@ fn scatter_is_scatter_elements() {
         .attr(int_attr("axis", 1))
         .run1();
     assert_eq!(y.as_f32().unwrap(), [8.0, 0.0, 7.0, 0.0, 0.0, 0.0]);
+}
+
+/// INT16, UINT16, UINT32 and UINT64 tensors: arithmetic wraps in the type itself, comparisons
+/// and casts see the full unsigned range (a u64 beyond i64's range too, which constant folding
+/// leaves to the runtime), and `.npy` files of them round-trip.
+#[test]
+fn sixteen_bit_and_unsigned_integers() {
+    let v = |shape: &[usize], d: Vec<u16>| TensorValue::from_vec(shape.to_vec(), d).unwrap();
+    let y = Case::new(
+        "Add",
+        14,
+        vec![v(&[2], vec![65535, 1]), v(&[2], vec![1, 2])],
+    )
+    .run1();
+    assert_eq!(y.as_slice::<u16>().unwrap(), [0, 3]);
+    let i16s = |d: Vec<i16>| TensorValue::from_vec(vec![d.len()], d).unwrap();
+    let y = Case::new("Sub", 14, vec![i16s(vec![-32768, 5]), i16s(vec![1, 7])]).run1();
+    assert_eq!(y.as_slice::<i16>().unwrap(), [32767, -2]);
+    let y = Case::new("Mod", 13, vec![i16s(vec![-7, 7]), i16s(vec![3, -3])]).run1();
+    assert_eq!(y.as_slice::<i16>().unwrap(), [2, -2]);
+    let u32s = |d: Vec<u32>| TensorValue::from_vec(vec![d.len()], d).unwrap();
+    let y = Case::new(
+        "Div",
+        14,
+        vec![u32s(vec![4_000_000_000, 9]), u32s(vec![3, 2])],
+    )
+    .run1();
+    assert_eq!(y.as_slice::<u32>().unwrap(), [1_333_333_333, 4]);
+    let big = u64::MAX - 1;
+    let u64s = |d: Vec<u64>| TensorValue::from_vec(vec![d.len()], d).unwrap();
+    let y = Case::new("Max", 13, vec![u64s(vec![big, 5]), u64s(vec![1, 7])]).run1();
+    assert_eq!(y.as_slice::<u64>().unwrap(), [big, 7]);
+    let y = Case::new("Greater", 13, vec![u64s(vec![big, 5]), u64s(vec![1, 7])]).run1();
+    assert_eq!(y.as_bool().unwrap(), [true, false]);
+    let y = Case::new("Cast", 21, vec![u64s(vec![big, 3])])
+        .attr(int_attr("to", DataType::Float as i64))
+        .run1();
+    assert_eq!(y.as_f32().unwrap(), [big as f32, 3.0]);
+    // A u64 index beyond i64 is an error, not a wrapped index.
+    let e = Case::new("Gather", 13, vec![f32s(&[2], &[1.0, 2.0]), u64s(vec![big])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("u64"), "{e}");
+
+    let dir = std::env::temp_dir().join(format!("encore-npy-ints-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for t in [
+        i16s(vec![-3, 300]),
+        v(&[2], vec![65535, 0]),
+        u32s(vec![u32::MAX, 1]),
+        u64s(vec![u64::MAX, 2]),
+    ] {
+        let path = dir.join(format!("{}.npy", t.dtype()));
+        t.write_npy(&path).unwrap();
+        assert_eq!(TensorValue::read_npy(&path).unwrap(), t);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Range of opset 27: `stash_type` float (the default, what encore computes in) is accepted,
+/// another is a typed refusal; int16 ranges stay int16; types Range does not define are refused.
+#[test]
+fn range_at_opset_27_and_on_int16() {
+    let s = |v: f32| TensorValue::scalar(v);
+    let y = Case::new("Range", 27, vec![s(1.0), s(2.0), s(0.25)])
+        .attr(int_attr("stash_type", 1))
+        .run1();
+    assert_eq!(y.as_f32().unwrap(), [1.0, 1.25, 1.5, 1.75]);
+    let e = Case::new("Range", 27, vec![s(1.0), s(2.0), s(0.25)])
+        .attr(int_attr("stash_type", DataType::Float16 as i64))
+        .run()
+        .unwrap_err();
+    assert!(e.contains("stash_type"), "{e}");
+    let i = |v: i16| TensorValue::scalar(v);
+    let y = Case::new("Range", 11, vec![i(10), i(4), i(-3)]).run1();
+    assert_eq!(y.as_slice::<i16>().unwrap(), [10, 7]);
+    let u = |v: u8| TensorValue::scalar(v);
+    let e = Case::new("Range", 11, vec![u(1), u(4), u(1)])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("u8"), "{e}");
 }

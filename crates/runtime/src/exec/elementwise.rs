@@ -309,6 +309,42 @@ pub(crate) fn binary(
                 TensorData::I8(int_arith!(op, x, &ash, y, &bsh, &out_shape, i8, node))
             }
         }
+        (TensorData::I16(x), TensorData::I16(y)) => {
+            if is_cmp {
+                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+            } else if is_logic {
+                return Err(bad_dtype(op, DType::I16, node));
+            } else {
+                TensorData::I16(int_arith!(op, x, &ash, y, &bsh, &out_shape, i16, node))
+            }
+        }
+        (TensorData::U16(x), TensorData::U16(y)) => {
+            if is_cmp {
+                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+            } else if is_logic {
+                return Err(bad_dtype(op, DType::U16, node));
+            } else {
+                TensorData::U16(int_arith!(op, x, &ash, y, &bsh, &out_shape, u16, node))
+            }
+        }
+        (TensorData::U32(x), TensorData::U32(y)) => {
+            if is_cmp {
+                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+            } else if is_logic {
+                return Err(bad_dtype(op, DType::U32, node));
+            } else {
+                TensorData::U32(int_arith!(op, x, &ash, y, &bsh, &out_shape, u32, node))
+            }
+        }
+        (TensorData::U64(x), TensorData::U64(y)) => {
+            if is_cmp {
+                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+            } else if is_logic {
+                return Err(bad_dtype(op, DType::U64, node));
+            } else {
+                TensorData::U64(int_arith!(op, x, &ash, y, &bsh, &out_shape, u64, node))
+            }
+        }
         (d, _) => return Err(bad_dtype(op, d.dtype(), node)),
     };
     Ok(TensorValue::raw_data(out_shape, data))
@@ -444,7 +480,7 @@ pub(crate) fn unary(
             }
             _ => Err(bad()),
         },
-        DType::I64 | DType::I32 | DType::I8 => {
+        DType::I64 | DType::I32 | DType::I8 | DType::I16 => {
             let t = x.get();
             let shape = t.shape().to_vec();
             let data = match (op, t.data()) {
@@ -480,6 +516,15 @@ pub(crate) fn unary(
                 }
                 (UnaryOp::Sign, TensorData::I8(v)) => {
                     TensorData::I8(v.iter().map(|a| a.signum()).collect())
+                }
+                (UnaryOp::Neg, TensorData::I16(v)) => {
+                    TensorData::I16(v.iter().map(|a| a.wrapping_neg()).collect())
+                }
+                (UnaryOp::Abs, TensorData::I16(v)) => {
+                    TensorData::I16(v.iter().map(|a| a.wrapping_abs()).collect())
+                }
+                (UnaryOp::Sign, TensorData::I16(v)) => {
+                    TensorData::I16(v.iter().map(|a| a.signum()).collect())
                 }
                 _ => return Err(bad()),
             };
@@ -585,6 +630,18 @@ pub(crate) fn where_op(
         (TensorData::U8(x), TensorData::U8(y)) => {
             TensorData::U8(where_typed(cv, cs, x, as_, y, bs, &out))
         }
+        (TensorData::I16(x), TensorData::I16(y)) => {
+            TensorData::I16(where_typed(cv, cs, x, as_, y, bs, &out))
+        }
+        (TensorData::U16(x), TensorData::U16(y)) => {
+            TensorData::U16(where_typed(cv, cs, x, as_, y, bs, &out))
+        }
+        (TensorData::U32(x), TensorData::U32(y)) => {
+            TensorData::U32(where_typed(cv, cs, x, as_, y, bs, &out))
+        }
+        (TensorData::U64(x), TensorData::U64(y)) => {
+            TensorData::U64(where_typed(cv, cs, x, as_, y, bs, &out))
+        }
         (TensorData::Bool(x), TensorData::Bool(y)) => {
             TensorData::Bool(where_typed(cv, cs, x, as_, y, bs, &out))
         }
@@ -615,10 +672,14 @@ macro_rules! cast_num {
         impl CastTo<i32> for $from { fn cast(self) -> i32 { self as i32 } }
         impl CastTo<i8> for $from { fn cast(self) -> i8 { self as i8 } }
         impl CastTo<u8> for $from { fn cast(self) -> u8 { self as u8 } }
+        impl CastTo<i16> for $from { fn cast(self) -> i16 { self as i16 } }
+        impl CastTo<u16> for $from { fn cast(self) -> u16 { self as u16 } }
+        impl CastTo<u32> for $from { fn cast(self) -> u32 { self as u32 } }
+        impl CastTo<u64> for $from { fn cast(self) -> u64 { self as u64 } }
         impl CastTo<bool> for $from { fn cast(self) -> bool { self != (0 as $from) } }
     )*};
 }
-cast_num!(f32, i64, i32, i8, u8);
+cast_num!(f32, i64, i32, i8, u8, i16, u16, u32, u64);
 impl<T> CastTo<T> for bool
 where
     u8: CastTo<T>,
@@ -639,16 +700,13 @@ where
     i32: CastTo<T>,
     i8: CastTo<T>,
     u8: CastTo<T>,
+    i16: CastTo<T>,
+    u16: CastTo<T>,
+    u32: CastTo<T>,
+    u64: CastTo<T>,
     bool: CastTo<T>,
 {
-    match d {
-        TensorData::F32(v) => cast_vec::<f32, T>(v),
-        TensorData::I64(v) => cast_vec::<i64, T>(v),
-        TensorData::I32(v) => cast_vec::<i32, T>(v),
-        TensorData::I8(v) => cast_vec::<i8, T>(v),
-        TensorData::U8(v) => cast_vec::<u8, T>(v),
-        TensorData::Bool(v) => cast_vec::<bool, T>(v),
-    }
+    crate::value::with_tensor_data!(d, v => cast_vec(v))
 }
 
 /// `cast[to]`.
@@ -663,6 +721,10 @@ pub(crate) fn cast(x: Input<'_>, to: DType, node: &str) -> Result<TensorValue, E
         DType::I32 => cast_to::<i32>(t.data()),
         DType::I8 => cast_to::<i8>(t.data()),
         DType::U8 => cast_to::<u8>(t.data()),
+        DType::I16 => cast_to::<i16>(t.data()),
+        DType::U16 => cast_to::<u16>(t.data()),
+        DType::U32 => cast_to::<u32>(t.data()),
+        DType::U64 => cast_to::<u64>(t.data()),
         DType::Bool => cast_to::<bool>(t.data()),
         DType::BF16 => {
             return Err(Error::op(
@@ -732,6 +794,10 @@ pub(crate) fn clip(
         TensorData::I32(v) => go!(v, I32),
         TensorData::I8(v) => go!(v, I8),
         TensorData::U8(v) => go!(v, U8),
+        TensorData::I16(v) => go!(v, I16),
+        TensorData::U16(v) => go!(v, U16),
+        TensorData::U32(v) => go!(v, U32),
+        TensorData::U64(v) => go!(v, U64),
         TensorData::Bool(_) => {
             return Err(Error::op(node, "clip", "not defined on bool"));
         }

@@ -373,6 +373,10 @@ macro_rules! map_data {
             $crate::TensorData::I32($v) => $crate::TensorData::I32($body),
             $crate::TensorData::I8($v) => $crate::TensorData::I8($body),
             $crate::TensorData::U8($v) => $crate::TensorData::U8($body),
+            $crate::TensorData::I16($v) => $crate::TensorData::I16($body),
+            $crate::TensorData::U16($v) => $crate::TensorData::U16($body),
+            $crate::TensorData::U32($v) => $crate::TensorData::U32($body),
+            $crate::TensorData::U64($v) => $crate::TensorData::U64($body),
             $crate::TensorData::Bool($v) => $crate::TensorData::Bool($body),
         }
     };

@@ -35,6 +35,10 @@ impl RowMap {
             TensorData::I32(v) => Box::new(move |i| v[i] != 0),
             TensorData::I8(v) => Box::new(move |i| v[i] != 0),
             TensorData::U8(v) => Box::new(move |i| v[i] != 0),
+            TensorData::I16(v) => Box::new(move |i| v[i] != 0),
+            TensorData::U16(v) => Box::new(move |i| v[i] != 0),
+            TensorData::U32(v) => Box::new(move |i| v[i] != 0),
+            TensorData::U64(v) => Box::new(move |i| v[i] != 0),
             TensorData::Bool(v) => Box::new(move |i| v[i]),
         };
         let mut rows = Vec::with_capacity(batch * seq);

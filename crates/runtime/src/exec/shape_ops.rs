@@ -284,6 +284,10 @@ pub(crate) fn concat(xs: &[&TensorValue], axis: i64, node: &str) -> Result<Tenso
         TensorData::I32(_) => go!(I32),
         TensorData::I8(_) => go!(I8),
         TensorData::U8(_) => go!(U8),
+        TensorData::I16(_) => go!(I16),
+        TensorData::U16(_) => go!(U16),
+        TensorData::U32(_) => go!(U32),
+        TensorData::U64(_) => go!(U64),
         TensorData::Bool(_) => go!(Bool),
     };
     Ok(TensorValue::raw_data(out_shape, data))
@@ -753,6 +757,10 @@ pub(crate) fn scatter(
         TensorData::I32(v) => go!(v, updates.as_i32()),
         TensorData::I8(v) => go!(v, updates.as_i8()),
         TensorData::U8(v) => go!(v, updates.as_u8()),
+        TensorData::I16(v) => go!(v, updates.as_slice::<i16>()),
+        TensorData::U16(v) => go!(v, updates.as_slice::<u16>()),
+        TensorData::U32(v) => go!(v, updates.as_slice::<u32>()),
+        TensorData::U64(v) => go!(v, updates.as_slice::<u64>()),
         TensorData::Bool(v) if reduction == ScatterReduction::None => {
             scatter_apply(v, updates.as_bool().expect("same dtype"), &pairs, |_, u| u)
         }
@@ -1234,7 +1242,18 @@ pub(crate) fn range(
                     vec![n],
                     v.into_iter().map(|x| x as i32).collect::<Vec<i32>>(),
                 ),
-                _ => TensorValue::raw(vec![n], v),
+                DType::I16 => TensorValue::raw(
+                    vec![n],
+                    v.into_iter().map(|x| x as i16).collect::<Vec<i16>>(),
+                ),
+                DType::I64 => TensorValue::raw(vec![n], v),
+                other => {
+                    return Err(Error::op(
+                        node,
+                        "range",
+                        format!("not defined on {other} (f32, i16, i32, i64)"),
+                    ))
+                }
             })
         }
     }
@@ -1366,6 +1385,10 @@ pub(crate) fn arg_reduce(
         TensorData::I32(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
         TensorData::I8(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
         TensorData::U8(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
+        TensorData::I16(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
+        TensorData::U16(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
+        TensorData::U32(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
+        TensorData::U64(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
         TensorData::Bool(v) => arg_reduce_typed(v, lanes, ordered(min), last, |v, b| v == b),
     };
     let mut shape = sh.to_vec();
