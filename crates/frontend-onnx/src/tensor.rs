@@ -299,17 +299,14 @@ pub(crate) fn tensor_from_proto(
                 .flat_map(|&v| (v as u16).to_le_bytes())
                 .collect()
         }
-        // UINT32 and UINT64 are stored in uint64_data.
-        Some(DataType::Uint32) => {
+        // UINT32 and UINT64 are stored in uint64_data, in the low bits for UINT32.
+        Some(DataType::Uint32 | DataType::Uint64) => {
             check(t.uint64_data.len())?;
+            let width = stored_width;
             t.uint64_data
                 .iter()
-                .flat_map(|&v| (v as u32).to_le_bytes())
+                .flat_map(|v| v.to_le_bytes().into_iter().take(width))
                 .collect()
-        }
-        Some(DataType::Uint64) => {
-            check(t.uint64_data.len())?;
-            t.uint64_data.iter().flat_map(|v| v.to_le_bytes()).collect()
         }
         Some(DataType::Bfloat16) => {
             check(t.int32_data.len())?;

@@ -111,14 +111,11 @@ pub(crate) fn parse_npy(bytes: &[u8], path: &Path) -> Result<TensorValue, Error>
         ));
     }
     let data = match descr {
-        "<f4" => TensorData::F32(
-            body.chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect(),
-        ),
+        "<f4" => TensorData::F32(le_vec(body)),
         "<f2" => TensorData::F32(
-            body.chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            le_vec::<u16>(body)
+                .into_iter()
+                .map(|b| half::f16::from_bits(b).to_f32())
                 .collect(),
         ),
         "<f8" => TensorData::F32(
@@ -126,36 +123,12 @@ pub(crate) fn parse_npy(bytes: &[u8], path: &Path) -> Result<TensorValue, Error>
                 .map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32)
                 .collect(),
         ),
-        "<i4" => TensorData::I32(
-            body.chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-                .collect(),
-        ),
-        "<i8" => TensorData::I64(
-            body.chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-                .collect(),
-        ),
-        "<u8" => TensorData::U64(
-            body.chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-                .collect(),
-        ),
-        "<u4" => TensorData::U32(
-            body.chunks_exact(4)
-                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-                .collect(),
-        ),
-        "<i2" => TensorData::I16(
-            body.chunks_exact(2)
-                .map(|c| i16::from_le_bytes([c[0], c[1]]))
-                .collect(),
-        ),
-        "<u2" => TensorData::U16(
-            body.chunks_exact(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                .collect(),
-        ),
+        "<i4" => TensorData::I32(le_vec(body)),
+        "<i8" => TensorData::I64(le_vec(body)),
+        "<u8" => TensorData::U64(le_vec(body)),
+        "<u4" => TensorData::U32(le_vec(body)),
+        "<i2" => TensorData::I16(le_vec(body)),
+        "<u2" => TensorData::U16(le_vec(body)),
         "|u1" | "<u1" => TensorData::U8(body.to_vec()),
         "|i1" | "<i1" => TensorData::I8(body.iter().map(|&b| b as i8).collect()),
         "|b1" => TensorData::Bool(body.iter().map(|&b| b != 0).collect()),
@@ -254,6 +227,13 @@ impl TensorValue {
             source,
         })
     }
+}
+
+/// Little-endian elements of type `T` (the length was checked against the shape).
+fn le_vec<T: ir::Element>(body: &[u8]) -> Vec<T> {
+    body.chunks_exact(std::mem::size_of::<T>())
+        .map(T::read_le)
+        .collect()
 }
 
 #[cfg(test)]

@@ -248,6 +248,18 @@ pub(crate) fn binary(
         }
     }
     let (ad, bd) = (a.get().data(), b.get().data());
+    // Comparisons, or wrapping arithmetic at the type's own width; no logic ops on integers.
+    macro_rules! int_binary {
+        ($v:ident, $t:ty, $x:expr, $y:expr) => {{
+            if is_cmp {
+                TensorData::Bool(compare!(op, $x, &ash, $y, &bsh, &out_shape))
+            } else if is_logic {
+                return Err(bad_dtype(op, DType::$v, node));
+            } else {
+                TensorData::$v(int_arith!(op, $x, &ash, $y, &bsh, &out_shape, $t, node))
+            }
+        }};
+    }
     let data = match (ad, bd) {
         (TensorData::F32(x), TensorData::F32(y)) => {
             if let Some(f) = f32_fn(op) {
@@ -256,24 +268,6 @@ pub(crate) fn binary(
                 TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
             } else {
                 return Err(bad_dtype(op, DType::F32, node));
-            }
-        }
-        (TensorData::I64(x), TensorData::I64(y)) => {
-            if is_cmp {
-                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
-            } else if is_logic {
-                return Err(bad_dtype(op, DType::I64, node));
-            } else {
-                TensorData::I64(int_arith!(op, x, &ash, y, &bsh, &out_shape, i64, node))
-            }
-        }
-        (TensorData::I32(x), TensorData::I32(y)) => {
-            if is_cmp {
-                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
-            } else if is_logic {
-                return Err(bad_dtype(op, DType::I32, node));
-            } else {
-                TensorData::I32(int_arith!(op, x, &ash, y, &bsh, &out_shape, i32, node))
             }
         }
         (TensorData::Bool(x), TensorData::Bool(y)) => match op {
@@ -291,60 +285,14 @@ pub(crate) fn binary(
             }
             _ => return Err(bad_dtype(op, DType::Bool, node)),
         },
-        (TensorData::U8(x), TensorData::U8(y)) => {
-            if is_cmp {
-                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
-            } else if is_logic {
-                return Err(bad_dtype(op, DType::U8, node));
-            } else {
-                TensorData::U8(int_arith!(op, x, &ash, y, &bsh, &out_shape, u8, node))
-            }
-        }
-        (TensorData::I8(x), TensorData::I8(y)) => {
-            if is_cmp {
-                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
-            } else if is_logic {
-                return Err(bad_dtype(op, DType::I8, node));
-            } else {
-                TensorData::I8(int_arith!(op, x, &ash, y, &bsh, &out_shape, i8, node))
-            }
-        }
-        (TensorData::I16(x), TensorData::I16(y)) => {
-            if is_cmp {
-                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
-            } else if is_logic {
-                return Err(bad_dtype(op, DType::I16, node));
-            } else {
-                TensorData::I16(int_arith!(op, x, &ash, y, &bsh, &out_shape, i16, node))
-            }
-        }
-        (TensorData::U16(x), TensorData::U16(y)) => {
-            if is_cmp {
-                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
-            } else if is_logic {
-                return Err(bad_dtype(op, DType::U16, node));
-            } else {
-                TensorData::U16(int_arith!(op, x, &ash, y, &bsh, &out_shape, u16, node))
-            }
-        }
-        (TensorData::U32(x), TensorData::U32(y)) => {
-            if is_cmp {
-                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
-            } else if is_logic {
-                return Err(bad_dtype(op, DType::U32, node));
-            } else {
-                TensorData::U32(int_arith!(op, x, &ash, y, &bsh, &out_shape, u32, node))
-            }
-        }
-        (TensorData::U64(x), TensorData::U64(y)) => {
-            if is_cmp {
-                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
-            } else if is_logic {
-                return Err(bad_dtype(op, DType::U64, node));
-            } else {
-                TensorData::U64(int_arith!(op, x, &ash, y, &bsh, &out_shape, u64, node))
-            }
-        }
+        (TensorData::I64(x), TensorData::I64(y)) => int_binary!(I64, i64, x, y),
+        (TensorData::I32(x), TensorData::I32(y)) => int_binary!(I32, i32, x, y),
+        (TensorData::I8(x), TensorData::I8(y)) => int_binary!(I8, i8, x, y),
+        (TensorData::U8(x), TensorData::U8(y)) => int_binary!(U8, u8, x, y),
+        (TensorData::I16(x), TensorData::I16(y)) => int_binary!(I16, i16, x, y),
+        (TensorData::U16(x), TensorData::U16(y)) => int_binary!(U16, u16, x, y),
+        (TensorData::U32(x), TensorData::U32(y)) => int_binary!(U32, u32, x, y),
+        (TensorData::U64(x), TensorData::U64(y)) => int_binary!(U64, u64, x, y),
         (d, _) => return Err(bad_dtype(op, d.dtype(), node)),
     };
     Ok(TensorValue::raw_data(out_shape, data))
