@@ -616,6 +616,14 @@ fn initializer_data_types_and_encodings() {
     assert_eq!(t.to_vec::<bool>().unwrap(), [true, false]);
     let t = typed(DataType::Int32, &|t| t.int32_data = vec![-5, 6]);
     assert_eq!(t.to_vec::<i32>().unwrap(), [-5, 6]);
+    let t = typed(DataType::Int16, &|t| t.int32_data = vec![-32768, 300]);
+    assert_eq!(t.to_vec::<i16>().unwrap(), [-32768, 300]);
+    let t = typed(DataType::Uint16, &|t| t.int32_data = vec![65535, 7]);
+    assert_eq!(t.to_vec::<u16>().unwrap(), [65535, 7]);
+    let t = typed(DataType::Uint32, &|t| t.uint64_data = vec![u32::MAX as u64, 1]);
+    assert_eq!(t.to_vec::<u32>().unwrap(), [u32::MAX, 1]);
+    let t = typed(DataType::Uint64, &|t| t.uint64_data = vec![u64::MAX, 2]);
+    assert_eq!(t.to_vec::<u64>().unwrap(), [u64::MAX, 2]);
     let t = typed(DataType::Int64, &|t| t.int64_data = vec![i64::MIN, 9]);
     assert_eq!(t.to_vec::<i64>().unwrap(), [i64::MIN, 9]);
     let t = typed(DataType::Float, &|t| t.float_data = vec![0.5, -1.0]);
