@@ -620,7 +620,9 @@ fn initializer_data_types_and_encodings() {
     assert_eq!(t.to_vec::<i16>().unwrap(), [-32768, 300]);
     let t = typed(DataType::Uint16, &|t| t.int32_data = vec![65535, 7]);
     assert_eq!(t.to_vec::<u16>().unwrap(), [65535, 7]);
-    let t = typed(DataType::Uint32, &|t| t.uint64_data = vec![u32::MAX as u64, 1]);
+    let t = typed(DataType::Uint32, &|t| {
+        t.uint64_data = vec![u32::MAX as u64, 1]
+    });
     assert_eq!(t.to_vec::<u32>().unwrap(), [u32::MAX, 1]);
     let t = typed(DataType::Uint64, &|t| t.uint64_data = vec![u64::MAX, 2]);
     assert_eq!(t.to_vec::<u64>().unwrap(), [u64::MAX, 2]);
