@@ -33,8 +33,14 @@ for t in "${targets[@]}"; do
   tmp=$(mktemp -d)
   # The minimised queue replaces the seeds only when it came out non-empty (afl-cmin can fail
   # quietly, and an empty corpus would lose the seeds).
-  if cargo afl cmin -i "out/$t/default/queue" -o "$tmp/min" -m none -t 2000 -- "target/release/$t" > "out/$t.cmin.log" 2>&1 \
-      && [ -n "$(ls -A "$tmp/min" 2>/dev/null)" ]; then
+  # The Python afl-cmin of AFL++ 4.x sometimes records no tuples ("0 unique tuples"); its bash
+  # twin, shipped beside it, is the fallback.
+  cmin_bash=$(ls -d "$HOME"/.local/share/afl.rs/rustc-*/afl.rs-*/afl/bin 2>/dev/null | tail -n 1)
+  if { cargo afl cmin -i "out/$t/default/queue" -o "$tmp/min" -m none -t 2000 -- "target/release/$t" > "out/$t.cmin.log" 2>&1 \
+         && [ -n "$(ls -A "$tmp/min" 2>/dev/null)" ]; } \
+     || { [ -n "$cmin_bash" ] && rm -rf "$tmp/min" \
+         && PATH="$cmin_bash:$PATH" AFL_PATH="$cmin_bash" "$cmin_bash/afl-cmin.bash" -i "out/$t/default/queue" -o "$tmp/min" -m none -t 2000 -- "target/release/$t" > "out/$t.cmin-bash.log" 2>&1 \
+         && [ -n "$(ls -A "$tmp/min" 2>/dev/null)" ]; }; then
     rm -rf "corpus/$t" && mv "$tmp/min" "corpus/$t"
   else
     echo "afl-cmin gave nothing for $t (see out/$t.cmin.log): corpus/$t kept"

@@ -61,6 +61,9 @@ pub enum IrError {
     MissingData,
     #[error("symbol `{0}` has no value")]
     UnboundSymbol(String),
+    /// A dimension whose value (its coefficient times its bound symbols) overflows.
+    #[error("dimension `{0}` overflows")]
+    DimOverflow(String),
     #[error("the graph has a cycle")]
     Cycle,
     #[error("verifier: node `{node}`: {message}")]

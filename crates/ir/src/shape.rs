@@ -49,10 +49,13 @@ impl Dim {
         self.coeff
     }
 
+    /// The product. A coefficient beyond `u64` saturates at `u64::MAX`, which no tensor can
+    /// have: [`Dim::eval`] then fails with [`IrError::DimOverflow`], and the text form refuses
+    /// such a product when it parses one.
     pub fn mul(&self, other: &Dim) -> Dim {
         let mut syms: Vec<String> = self.syms.iter().chain(&other.syms).cloned().collect();
         syms.sort();
-        let coeff = self.coeff * other.coeff;
+        let coeff = self.coeff.saturating_mul(other.coeff);
         if coeff == 0 {
             return Dim::fixed(0);
         }
@@ -77,11 +80,16 @@ impl Dim {
 
     /// The value with every symbol bound, or an error naming the first unbound symbol.
     pub fn eval(&self, bindings: &HashMap<String, usize>) -> Result<usize, IrError> {
-        let mut v = self.coeff as usize;
+        let overflow = || IrError::DimOverflow(self.to_string());
+        let mut v = usize::try_from(self.coeff)
+            .ok()
+            .filter(|_| self.coeff != u64::MAX)
+            .ok_or_else(overflow)?;
         for s in &self.syms {
-            v *= bindings
+            let b = bindings
                 .get(s)
                 .ok_or_else(|| IrError::UnboundSymbol(s.clone()))?;
+            v = v.checked_mul(*b).ok_or_else(overflow)?;
         }
         Ok(v)
     }
@@ -98,7 +106,15 @@ impl Dim {
                 });
             }
             let f = match part.parse::<u64>() {
-                Ok(n) => Dim::fixed(n as usize),
+                Ok(n) if d.coeff.checked_mul(n).is_some_and(|c| c < u64::MAX) => {
+                    Dim::fixed(n as usize)
+                }
+                Ok(_) => {
+                    return Err(IrError::Parse {
+                        line: 0,
+                        message: format!("dimension `{s}` overflows"),
+                    })
+                }
                 Err(_) if is_symbol(part) => Dim::sym(part),
                 Err(_) => {
                     return Err(IrError::Parse {

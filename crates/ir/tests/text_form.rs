@@ -300,3 +300,30 @@ fn overflowing_shapes_are_errors() {
     let err = ir::Tensor::from_bytes(ir::DType::F32, huge, bytes::Bytes::new()).unwrap_err();
     assert!(matches!(err, ir::IrError::TensorTooLarge { .. }), "{err}");
 }
+
+/// Found by fuzzing `ir_text`: a dim product beyond u64 (`333333333*3333333333333333333`) is a
+/// parse error, not an overflow; a product of dims that saturates fails when evaluated.
+#[test]
+fn overflowing_dims_are_errors() {
+    let e = ir::text::parse(
+        "%0 = input[name=\"x\"] : f32[333333333*3333333333333333333,3]\noutput \"y\" = %0\n",
+        None,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("overflows"), "{e}");
+    let big = ir::Dim::fixed(1 << 40).mul(&ir::Dim::sym("batch"));
+    let bindings = std::collections::HashMap::from([("batch".to_string(), 1usize << 40)]);
+    assert!(matches!(
+        big.eval(&bindings),
+        Err(ir::IrError::DimOverflow(_))
+    ));
+    let saturated = ir::Dim::fixed(1 << 40).mul(&ir::Dim::fixed(1 << 40));
+    assert!(saturated.eval(&bindings).is_err());
+    assert_eq!(
+        ir::Dim::fixed(6)
+            .mul(&ir::Dim::sym("s"))
+            .eval(&std::collections::HashMap::from([("s".to_string(), 7)]))
+            .unwrap(),
+        42
+    );
+}
