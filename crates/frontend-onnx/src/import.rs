@@ -30,6 +30,11 @@ use crate::ImportError;
 /// the schemas of onnx 1.23.2: `onnx.defs.get_schema(op, v).since_version` for every imported op.)
 pub(crate) const OPSETS: std::ops::RangeInclusive<i64> = 7..=27;
 
+/// Ops whose definition has not changed since opset 1 (only types were added), so a graph of
+/// only these imports at any opset below [`OPSETS`] too (the ONNX `Not` node tests are opset 1).
+/// The other ops of opsets 1 to 6 differ (broadcasting as attributes, `consumed_inputs`).
+const UNCHANGED_SINCE_1: [&str; 4] = ["Not", "Identity", "Shape", "Size"];
+
 /// The name a node goes by in messages: its own name, else its first output's.
 pub(crate) fn node_label(n: &NodeProto) -> String {
     if !n.name.is_empty() {
@@ -346,7 +351,14 @@ pub(crate) fn import_model(model: &ModelProto, base: Option<&Path>) -> Result<Gr
     // Only the default domain is imported; other domains matter only if a node uses one, and then
     // that node is reported as unsupported.
     let opset = domains.get("").copied().unwrap_or(0);
-    if g.node.iter().any(|n| is_default_domain(&n.domain)) && !OPSETS.contains(&opset) {
+    let old_but_unchanged = (1..*OPSETS.start()).contains(&opset)
+        && g.node.iter().all(|n| {
+            !is_default_domain(&n.domain) || UNCHANGED_SINCE_1.contains(&n.op_type.as_str())
+        });
+    if g.node.iter().any(|n| is_default_domain(&n.domain))
+        && !OPSETS.contains(&opset)
+        && !old_but_unchanged
+    {
         return Err(ImportError::UnsupportedOpset {
             domain: String::new(),
             version: opset,

@@ -160,6 +160,14 @@ fn unsupported_opsets() {
     for v in [7, 9, 10, 11, 21, 22, 23, 24, 25, 26, 27] {
         relu_model(v).import().unwrap();
     }
+    // Below 7, only a graph of ops unchanged since opset 1 (Not, Identity, Shape, Size).
+    let identity = |v| xy(v).node(node("Identity", "id0", &["x"], &["y"]));
+    identity(1).import().unwrap();
+    let mixed = identity(1).node(node("Relu", "relu0", &["y"], &["z"]));
+    assert!(matches!(
+        mixed.import().unwrap_err(),
+        ImportError::UnsupportedOpset { version: 1, .. }
+    ));
 }
 
 #[test]
