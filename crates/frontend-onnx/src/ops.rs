@@ -1523,9 +1523,9 @@ impl<'m> Importer<'m> {
     /// after softmax (3). Needs the head counts and, without `scale`, the head size declared.
     fn attention(&mut self, x: &NodeCtx<'m>, opset: i64) -> Result<(), ImportError> {
         x.arity(3, 7)?;
-        if x.opt(6).is_some() {
+        if x.opt(6).is_some() && (opset < 24 || x.opt(4).is_some()) {
             return Err(x.bad(format!(
-                "input nonpad_kv_seqlen (opset {opset}) is not supported"
+                "input nonpad_kv_seqlen (opset {opset}) needs opset 24 and no past_key"
             )));
         }
         for w in ["left_window_size", "right_window_size"] {
@@ -1650,7 +1650,43 @@ impl<'m> Importer<'m> {
             let t = self.emit_aux(n, "qk_tanh", Op::Unary(UnaryOp::Tanh), &[s], d)?;
             scores = bin(self, "qk_capped", BinaryOp::Mul, t, c)?;
         }
-        let bias = self.attention_bias(x, scores, k, past_k)?;
+        let mut bias = self.attention_bias(x, scores, k, past_k)?;
+        if let Some(lens) = x.opt(6) {
+            // nonpad_kv_seqlen [B]: key j of sample b is real when j < lens[b]; the others get
+            // -inf, added to any other bias.
+            self.require_dtype(x, 6, &[DType::I64])?;
+            let i64s = |this: &mut Self, name: &str, v: Vec<i64>| {
+                this.aux_const(x, name, Tensor::from_vec(vec![v.len()], v))
+            };
+            let shape = Op::Shape {
+                start: 2,
+                end: Some(3),
+            };
+            let kv_len = self.emit_aux(n, "kv_len", shape, &[k], DType::I64)?;
+            let squeeze = Op::Squeeze { axes: vec![0] };
+            let kv_len = self.emit_aux(n, "kv_len_scalar", squeeze, &[kv_len], DType::I64)?;
+            let zero = self.aux_const(x, "kv_first", Tensor::scalar(0i64));
+            let one = self.aux_const(x, "kv_step", Tensor::scalar(1i64));
+            let keys = self.emit_aux(
+                n,
+                "kv_positions",
+                Op::Range,
+                &[zero, kv_len, one],
+                DType::I64,
+            )?;
+            let per_sample = i64s(self, "nonpad_shape", vec![-1, 1, 1, 1]);
+            let reshape = Op::Reshape { allowzero: false };
+            let lens = self.emit_aux(n, "nonpad_b111", reshape, &[lens, per_sample], DType::I64)?;
+            let less = Op::Binary(BinaryOp::Less);
+            let real = self.emit_aux(n, "nonpad_keys", less, &[keys, lens], DType::Bool)?;
+            let open = self.aux_const(x, "nonpad_open", Tensor::scalar(0f32));
+            let shut = self.aux_const(x, "nonpad_shut", Tensor::scalar(f32::NEG_INFINITY));
+            let pad = self.emit_aux(n, "nonpad_bias", Op::Where, &[real, open, shut], d)?;
+            bias = Some(match bias {
+                Some(b) => bin(self, "bias_and_nonpad", BinaryOp::Add, b, pad)?,
+                None => pad,
+            });
+        }
         let biased = match bias {
             Some(b) => bin(self, "qk_biased", BinaryOp::Add, scores, b)?,
             None => scores,
@@ -1821,27 +1857,44 @@ impl<'m> Importer<'m> {
         let mask = match x.opt(3) {
             None => None,
             Some(m) => {
-                // ONNX pads a mask shorter than the keys with -inf; encore needs it whole.
+                // ONNX pads a mask shorter than the keys with -inf (both lengths must be known).
                 let rank = self.graph.outlet_type(m).rank().unwrap_or(0);
                 let (ml, kl) = (
                     rank.checked_sub(1).and_then(|a| self.fixed_dim(m, a)),
                     self.fixed_dim(keys, 2),
                 );
-                if ml.is_none() || ml.zip(kl).is_some_and(|(a, b)| a != b) {
-                    return Err(x.bad(format!(
-                        "attn_mask must cover every key: its last dim is {}, there are {} keys                          (a shorter mask, padded by ONNX, is not supported)",
-                        ml.map_or("not declared".into(), |v| v.to_string()),
-                        kl.map_or("an unknown number of".into(), |v| v.to_string())
-                    )));
-                }
-                Some(
-                    match self.require_dtype(x, 3, &[DType::F32, DType::Bool])? {
-                        DType::Bool => {
-                            self.emit_aux(n, "mask_bias", Op::Where, &[m, zero, neg_inf], d)?
-                        }
-                        _ => m,
-                    },
-                )
+                let short_by = match (ml, kl) {
+                    (Some(a), Some(b)) if a <= b => b - a,
+                    // Keys of unknown count: the mask must then cover them all, which the
+                    // score's broadcasting checks when the model runs.
+                    (Some(_), None) => 0,
+                    _ => {
+                        return Err(x.bad(format!(
+                            "attn_mask must cover at most every key and declare its length: \
+                             its last dim is {}, there are {} keys",
+                            ml.map_or("not declared".into(), |v| v.to_string()),
+                            kl.map_or("an unknown number of".into(), |v| v.to_string())
+                        )))
+                    }
+                };
+                let bias = match self.require_dtype(x, 3, &[DType::F32, DType::Bool])? {
+                    DType::Bool => {
+                        self.emit_aux(n, "mask_bias", Op::Where, &[m, zero, neg_inf], d)?
+                    }
+                    _ => m,
+                };
+                Some(if short_by > 0 {
+                    let mut pads = vec![0i64; 2 * rank];
+                    pads[2 * rank - 1] = short_by as i64;
+                    let pads =
+                        self.aux_const(x, "mask_pads", Tensor::from_vec(vec![2 * rank], pads));
+                    let pad = Op::Pad {
+                        mode: PadMode::Constant,
+                    };
+                    self.emit_aux(n, "mask_padded", pad, &[bias, pads, neg_inf], d)?
+                } else {
+                    bias
+                })
             }
         };
         if !x.flag("is_causal")? {
