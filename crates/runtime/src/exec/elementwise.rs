@@ -562,49 +562,21 @@ pub(crate) fn where_op(
             )
         })?;
     let (cs, as_, bs) = (c.shape(), a.shape(), b.shape());
-    let data = match (a.data(), b.data()) {
-        (TensorData::F32(x), TensorData::F32(y)) => {
-            TensorData::F32(where_typed(cv, cs, x, as_, y, bs, &out))
-        }
-        (TensorData::I64(x), TensorData::I64(y)) => {
-            TensorData::I64(where_typed(cv, cs, x, as_, y, bs, &out))
-        }
-        (TensorData::I32(x), TensorData::I32(y)) => {
-            TensorData::I32(where_typed(cv, cs, x, as_, y, bs, &out))
-        }
-        (TensorData::I8(x), TensorData::I8(y)) => {
-            TensorData::I8(where_typed(cv, cs, x, as_, y, bs, &out))
-        }
-        (TensorData::U8(x), TensorData::U8(y)) => {
-            TensorData::U8(where_typed(cv, cs, x, as_, y, bs, &out))
-        }
-        (TensorData::I16(x), TensorData::I16(y)) => {
-            TensorData::I16(where_typed(cv, cs, x, as_, y, bs, &out))
-        }
-        (TensorData::U16(x), TensorData::U16(y)) => {
-            TensorData::U16(where_typed(cv, cs, x, as_, y, bs, &out))
-        }
-        (TensorData::U32(x), TensorData::U32(y)) => {
-            TensorData::U32(where_typed(cv, cs, x, as_, y, bs, &out))
-        }
-        (TensorData::U64(x), TensorData::U64(y)) => {
-            TensorData::U64(where_typed(cv, cs, x, as_, y, bs, &out))
-        }
-        (TensorData::Bool(x), TensorData::Bool(y)) => {
-            TensorData::Bool(where_typed(cv, cs, x, as_, y, bs, &out))
-        }
-        (x, y) => {
-            return Err(Error::op(
-                node,
-                "where",
-                format!(
-                    "branches have different dtypes {} and {}",
-                    x.dtype(),
-                    y.dtype()
-                ),
-            ))
-        }
-    };
+    if a.dtype() != b.dtype() {
+        return Err(Error::op(
+            node,
+            "where",
+            format!(
+                "branches have different dtypes {} and {}",
+                a.dtype(),
+                b.dtype()
+            ),
+        ));
+    }
+    let data = crate::map_data!(a.data(), x => {
+        let y = ValueElement::slice(b.data()).expect("checked: same dtype");
+        where_typed(cv, cs, x, as_, y, bs, &out)
+    });
     Ok(TensorValue::raw_data(out, data))
 }
 
