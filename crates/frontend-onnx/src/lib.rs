@@ -55,7 +55,8 @@
 //!
 //! Anything else is an [`ImportError::UnsupportedOp`] naming the node, op, domain and opset, never
 //! a silently different graph. Inputs that the IR needs at import (a Slice's starts when steps
-//! come without axes, Reduce axes with `noop_with_empty_axes`) must be constants, else
+//! come without axes, Reduce axes with `noop_with_empty_axes`) must be constants (or declared
+//! with a zero-length dimension, which leaves only the empty value), else
 //! [`ImportError::NonConstantInput`]; Unsqueeze, Squeeze and Reduce axes that are not constants
 //! are read at run time.
 //!

@@ -183,6 +183,16 @@ impl<'m> Importer<'m> {
         self.graph.outlet_type(o).dtype
     }
 
+    /// Whether `o`'s declared shape has a dimension of size 0: then it has exactly one value,
+    /// the empty tensor, whatever the caller passes.
+    fn statically_empty(&self, o: Outlet) -> bool {
+        self.graph
+            .outlet_type(o)
+            .shape
+            .as_ref()
+            .is_some_and(|s| s.iter().any(|d| d.as_fixed() == Some(0)))
+    }
+
     /// The integer values of constant input `i` (an initializer or a `Constant`).
     fn const_ints(&self, x: &NodeCtx, i: usize, why: &str) -> Result<Vec<i64>, ImportError> {
         let o = x.input(i)?;
@@ -1279,6 +1289,12 @@ impl<'m> Importer<'m> {
                 None => vec![],
                 Some(o) if self.graph.const_value(o).is_some() => {
                     self.const_ints(x, 1, "the axes must be constant")?
+                }
+                // An axes input declared with a zero-length dimension can only ever hold the
+                // empty list: it is known when importing, like a constant.
+                Some(o) if self.statically_empty(o) => {
+                    self.require_dtype(x, 1, &[DType::I64])?;
+                    vec![]
                 }
                 Some(o) => {
                     self.require_dtype(x, 1, &[DType::I64])?;

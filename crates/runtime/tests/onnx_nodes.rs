@@ -825,16 +825,38 @@ fn reduce_axes_as_a_runtime_input() {
         assert_eq!(y.shape(), shape, "{op} {axes:?}");
         assert_eq!(y.as_f32().unwrap(), want, "{op} {axes:?}");
     }
-    // noop_with_empty_axes needs the axes at import: a graph input is refused by name...
+    // noop_with_empty_axes needs the axes at import: a graph input of unknown length is
+    // refused by name...
     let noop = || {
         Case::new("ReduceSum", 18, vec![x.clone(), i64s(&[0], &[])])
             .attr(int_attr("noop_with_empty_axes", 1))
     };
-    let e = noop().run().unwrap_err();
+    let mut unknown_length = noop();
+    unknown_length.patch = Some(|m| {
+        use frontend_onnx::proto::tensor_shape_proto::dimension::Value;
+        let g = m.graph.as_mut().unwrap();
+        for vi in g.input.iter_mut().filter(|vi| vi.name == "in1") {
+            if let Some(type_proto::Value::TensorType(t)) =
+                vi.r#type.as_mut().and_then(|t| t.value.as_mut())
+            {
+                t.shape.as_mut().unwrap().dim[0].value = Some(Value::DimParam("k".into()));
+            }
+        }
+    });
+    let e = unknown_length.run().unwrap_err();
     assert!(e.contains("`n`") && e.contains("in1"), "{e}");
-    // ...and a constant empty list passes the input through.
+    // ...while a constant empty list, or an input declared with length 0 (it can hold nothing
+    // else), passes the input through.
     let y = noop().constant(1).run1();
     assert_eq!(y.shape(), [2, 3, 2]);
+    assert_eq!(y, x);
+    let y = noop().run1();
+    assert_eq!(y, x);
+    // Without the flag, a declared-empty axes input reduces every axis.
+    let y = Case::new("ReduceSum", 18, vec![x.clone(), i64s(&[0], &[])])
+        .attr(int_attr("keepdims", 0))
+        .run1();
+    assert_eq!(y.shape(), [] as [usize; 0]);
     // Axes out of range at run time: a typed error.
     let e = Case::new("ReduceSum", 18, vec![x, i64s(&[1], &[3])])
         .run()
