@@ -12,6 +12,10 @@ pub const MR: usize = 8;
 /// Columns per packed panel.
 pub const NR: usize = 48;
 const NV: usize = NR / 16;
+/// How far ahead of the B reads the kernel prefetches, in bytes (about 21 K-quads): the
+/// hardware streamer alone leaves short-K panels (K = 384, 512: MiniLM-sized layers) at ~85 %
+/// of the `vpdpbusd` rate, and the hint costs nothing on the others.
+const PREFETCH_AHEAD: usize = 4096;
 
 /// `C[MR×NR] = Σ_g A_panel[g] · B_panel[g]`.
 ///
@@ -24,8 +28,12 @@ pub unsafe extern "C" fn ukernel(kc4: usize, a: *const u8, b: *const i8, c: *mut
     let mut acc = [[_mm512_setzero_si512(); NV]; MR];
     let (mut a, mut b) = (a, b);
     for _ in 0..kc4 {
-        // SAFETY: each step reads MR·4 bytes of A and NR·4 of B inside the panels.
+        // SAFETY: each step reads MR·4 bytes of A and NR·4 of B inside the panels; a prefetch
+        // is only a hint and may point past the panel (it never faults).
         unsafe {
+            for line in 0..NV {
+                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH_AHEAD + 64 * line));
+            }
             let mut bv = [_mm512_setzero_si512(); NV];
             for (v, bv) in bv.iter_mut().enumerate() {
                 *bv = _mm512_load_si512(b.add(64 * v) as *const __m512i);
