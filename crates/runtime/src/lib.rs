@@ -30,6 +30,7 @@ mod gemm;
 mod model;
 pub mod model_builder;
 mod npy;
+mod pages;
 pub mod quantize;
 mod session;
 pub mod text;

@@ -165,6 +165,9 @@ impl Session {
                 .expect("lowering names only constants as weights and constants")
         };
         let mut weights = Vec::with_capacity(program.weights.len());
+        // A packed weight's source pages in a memory-mapped model file are given back once it
+        // is packed, so that the weights are not resident twice (see `pages`).
+        let mappings = crate::pages::FileMappings::read();
         for (w, plan) in program.weights.iter().enumerate() {
             let t = const_of(plan.source);
             let st = program
@@ -182,6 +185,9 @@ impl Session {
                     };
                     let p = PackedWeightI8::pack(&v, k, n, Some(kernel), unit)
                         .map_err(|e| op_err(e.to_string()))?;
+                    if let Some(b) = t.bytes() {
+                        mappings.release(b);
+                    }
                     Packed::I8(p)
                 }
                 lower::WeightLayout::F32 {
@@ -195,7 +201,11 @@ impl Session {
                         Some(lower::StepJit::F32(u)) => Some(u),
                         _ => None,
                     };
-                    Packed::F32(PackedWeight::pack(&v, k, n, transposed, kernel, unit))
+                    let p = PackedWeight::pack(&v, k, n, transposed, kernel, unit);
+                    if let Some(b) = t.bytes() {
+                        mappings.release(b);
+                    }
+                    Packed::F32(p)
                 }
                 lower::WeightLayout::Table { .. } => Packed::Table(
                     exec::shape_ops::ConstTable::new(t)
@@ -208,6 +218,25 @@ impl Session {
             if v.home == lower::Home::Const {
                 let t = graph.const_value(v.outlet).expect("a constant");
                 consts.push((v.slot, TensorValue::from_ir(t)?));
+            }
+        }
+        // What the program copied from the model file (small constants) or left unread (the
+        // separate Q, K and V weights whose merge was packed) gives its pages back too; only the
+        // tables read in place at run time keep theirs.
+        let in_place: Vec<*const u8> = weights
+            .iter()
+            .filter_map(|w| match w {
+                Packed::Table(t) => Some(t.bytes_ptr()),
+                _ => None,
+            })
+            .collect();
+        for g in [model.graph(), &graph] {
+            for id in g.node_ids() {
+                if let Op::Const { value } = &g.node(id).op {
+                    if let Some(b) = value.bytes().filter(|b| !in_place.contains(&b.as_ptr())) {
+                        mappings.release(b);
+                    }
+                }
             }
         }
         let inputs = program

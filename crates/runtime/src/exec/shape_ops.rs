@@ -423,6 +423,11 @@ impl ConstTable {
         (bytes.len() == rows * width * 4).then_some(ConstTable { bytes, rows, width })
     }
 
+    /// Where the table's bytes start (they are read in place, from the model's memory).
+    pub(crate) fn bytes_ptr(&self) -> *const u8 {
+        self.bytes.as_ptr()
+    }
+
     #[cfg(test)]
     pub(crate) fn byte_len(&self) -> usize {
         self.bytes.len()
