@@ -124,6 +124,18 @@ mod avx512 {
         let (qp, kp, sp) = (q.as_ptr(), kt.as_ptr(), scores.as_mut_ptr());
         let vs = _mm512_set1_ps(scale);
         for i0 in (0..m_pad).step_by(IB) {
+            // The next block's query rows, a head's few cache lines every `ldq` floats (3H
+            // apart in place in the QKV output): too far apart for the hardware prefetcher,
+            // so each first read of a row would wait on L3 while its FMAs stand idle.
+            if i0 + IB < m_pad {
+                for r in i0 + IB..i0 + 2 * IB {
+                    for line in (0..dh).step_by(16) {
+                        // SAFETY: a prefetch is a hint and never faults; the address is
+                        // inside `q` (row r < m_pad, column < dh).
+                        unsafe { _mm_prefetch::<_MM_HINT_T0>(qp.add(r * ldq + line) as *const i8) };
+                    }
+                }
+            }
             for j0 in (0..n_pad).step_by(JB) {
                 let mut acc = [[_mm512_setzero_ps(); 2]; IB];
                 for d in 0..dh {
