@@ -68,7 +68,8 @@ pub struct Graph {
     outputs: Vec<(String, Outlet)>,
 }
 
-/// Structural equality: the same nodes (op, name, output types) wired the same way, the same
+/// Structural equality: the same nodes (op, name, output types) in the same order of
+/// [`Graph::topo_order`] (the order the text form prints), wired the same way, with the same
 /// inputs and named outputs, whatever the node ids (ids depend on the history of rewrites, not
 /// on what the graph computes). Graphs with a cycle are equal to nothing. This is what lets an
 /// op that holds a graph (the body of [`Op::Loop`]) compare as ops do.
