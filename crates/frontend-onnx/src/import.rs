@@ -25,7 +25,11 @@ use crate::ImportError;
 /// `DequantizeLinear.output_dtype`, which `ops.rs` checks. The ops that opset 23 adds (Attention,
 /// RMSNormalization, RotaryEmbedding) are refused by name. Opset 27 changes only Range (a
 /// `stash_type`, the precision of float16 and bfloat16 ranges: float by default, what encore
-/// computes) and adds CausalConvWithState and LinearAttention, refused by name. Opset 28 changes
+/// computes) and adds CausalConvWithState and LinearAttention, refused by name. `Loop` is imported
+/// from opset 11, whose definition sets out the semantics encore implements (loop-carried values
+/// as pairs of body input and output, scan outputs concatenated over the iterations); its later
+/// versions (13, 16, 19, 21, 23, 24) only admit sequences, optionals and more element types,
+/// none of which changes a loop over the tensors encore holds. Opset 28 changes
 /// Cast, Mod, Einsum, QuantizeLinear, DequantizeLinear and more: not imported. (Checked against
 /// the schemas of onnx 1.23.2: `onnx.defs.get_schema(op, v).since_version` for every imported op.)
 pub(crate) const OPSETS: std::ops::RangeInclusive<i64> = 7..=27;
@@ -52,6 +56,7 @@ fn is_default_domain(d: &str) -> bool {
 
 /// Gives each dimension a symbol: `dim_param`s sanitized into identifiers, missing dims fresh
 /// `unk<N>` symbols that collide with no `dim_param` of the model.
+#[derive(Default)]
 struct DimNamer {
     taken: HashSet<String>,
     next: usize,
@@ -59,17 +64,25 @@ struct DimNamer {
 
 impl DimNamer {
     fn new(g: &GraphProto) -> DimNamer {
-        let mut taken = HashSet::new();
+        let mut namer = DimNamer::default();
+        namer.take_params_of(g);
+        namer
+    }
+
+    /// Reserves the `dim_param`s of `g` and of its subgraphs (loop bodies declare types too).
+    fn take_params_of(&mut self, g: &GraphProto) {
         for vi in g.input.iter().chain(&g.output).chain(&g.value_info) {
             if let Some(shape) = tensor_type_of(vi).and_then(|t| t.shape.as_ref()) {
                 for d in &shape.dim {
                     if let Some(dimension::Value::DimParam(p)) = &d.value {
-                        taken.insert(sanitize(p));
+                        self.taken.insert(sanitize(p));
                     }
                 }
             }
         }
-        DimNamer { taken, next: 0 }
+        for sub in g.node.iter().flat_map(subgraphs) {
+            self.take_params_of(sub);
+        }
     }
 
     fn fresh(&mut self) -> Dim {
@@ -326,6 +339,189 @@ impl<'m> Importer<'m> {
     }
 }
 
+impl<'m> Importer<'m> {
+    /// Imports the body of a `Loop` as a graph of its own, whose inputs are the iteration
+    /// number, the condition, the carried values (`initial`: their ONNX names and outlets
+    /// outside) and then every value of the enclosing scopes the body reads (ONNX bodies read
+    /// them by name; the IR passes them in). Returns the body and the outlets of those captured
+    /// values, the loop's last inputs. Names stay unique across the whole model.
+    pub(crate) fn import_loop_body(
+        &mut self,
+        g: &'m GraphProto,
+        owner: &str,
+        initial: &[(&'m str, Outlet)],
+    ) -> Result<(Graph, Vec<Outlet>), ImportError> {
+        let bad = |message: String| ImportError::BadNode {
+            node: owner.to_string(),
+            op_type: "Loop".into(),
+            message,
+        };
+        let carried = initial.len();
+        if g.input.len() != 2 + carried || g.output.len() < 1 + carried {
+            return Err(bad(format!(
+                "the body takes {} inputs and gives {} outputs; carrying {carried} values it must \
+                 take {} and give at least {}",
+                g.input.len(),
+                g.output.len(),
+                2 + carried,
+                1 + carried
+            )));
+        }
+        let mut captured = Vec::new();
+        for name in free_reads(g) {
+            let o = *self
+                .values
+                .get(name)
+                .ok_or_else(|| ImportError::DanglingInput {
+                    node: owner.to_string(),
+                    input: name.to_string(),
+                })?;
+            captured.push((name, o));
+        }
+        let mut uses = HashMap::new();
+        count_uses(g, &mut uses);
+        let mut declared = HashMap::new();
+        for vi in g.value_info.iter().chain(&g.output) {
+            declared.insert(vi.name.as_str(), vi);
+        }
+        // The body is imported by an importer of its own (its own scope of names), which
+        // borrows the model-wide state: node names, dim symbols, external data files.
+        let mut sub = Importer {
+            graph: Graph::new(),
+            opset: self.opset,
+            domains: self.domains.clone(),
+            values: HashMap::new(),
+            uses,
+            declared,
+            onnx_types: HashMap::new(),
+            names: std::mem::take(&mut self.names),
+            dims: std::mem::take(&mut self.dims),
+            ext: std::mem::replace(&mut self.ext, ExternalData::new(None)),
+        };
+        let outer_types: Vec<(TensorType, Option<i32>)> = initial
+            .iter()
+            .chain(&captured)
+            .map(|(name, o)| (self.graph.outlet_type(*o).clone(), self.onnx_type(name)))
+            .collect();
+        let filled = sub.fill_loop_body(g, owner, carried, &captured, &outer_types);
+        self.names = sub.names;
+        self.dims = sub.dims;
+        self.ext = sub.ext;
+        filled?;
+        let mut body = sub.graph;
+        remove_dead_constants(&mut body);
+        Ok((body, captured.into_iter().map(|(_, o)| o).collect()))
+    }
+
+    /// The body of [`Importer::import_loop_body`], in the body's own importer. `outer` holds the
+    /// types (and ONNX element types) of the carried values, then of the captured ones.
+    fn fill_loop_body(
+        &mut self,
+        g: &'m GraphProto,
+        owner: &str,
+        carried: usize,
+        captured: &[(&'m str, Outlet)],
+        outer: &[(TensorType, Option<i32>)],
+    ) -> Result<(), ImportError> {
+        let initializers: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+        let outer_names: HashSet<&str> = captured.iter().map(|(n, _)| *n).collect();
+        let order = check_and_order(g, &initializers, &outer_names)?;
+        for (i, vi) in g.input.iter().enumerate() {
+            let declared = tensor_type_of(vi).filter(|t| t.elem_type != 0);
+            let ty = match i {
+                0 | 1 => {
+                    let want = if i == 0 { DType::I64 } else { DType::Bool };
+                    if let Some(t) = declared {
+                        let d = tensor::value_dtype(t.elem_type, || {
+                            format!("body input `{}`", vi.name)
+                        })?;
+                        if d != want {
+                            return Err(ImportError::BadNode {
+                                node: owner.to_string(),
+                                op_type: "Loop".into(),
+                                message: format!(
+                                    "body input {i} (`{}`) is {d}, the loop gives it {want}",
+                                    vi.name
+                                ),
+                            });
+                        }
+                    }
+                    TensorType::new(want, vec![])
+                }
+                _ => {
+                    let (outer_ty, outer_onnx) = &outer[i - 2];
+                    // The body's declared type of a carried value, else its dtype outside: its
+                    // shape may change from one iteration to the next.
+                    let ty = match declared {
+                        None => TensorType::unknown_shape(outer_ty.dtype),
+                        Some(t) => {
+                            let d = tensor::value_dtype(t.elem_type, || {
+                                format!("body input `{}`", vi.name)
+                            })?;
+                            if d != outer_ty.dtype {
+                                return Err(ImportError::TypeMismatch {
+                                    name: vi.name.clone(),
+                                    declared: d.to_string(),
+                                    computed: outer_ty.dtype.to_string(),
+                                });
+                            }
+                            TensorType {
+                                dtype: d,
+                                shape: self.convert_shape(t)?,
+                            }
+                        }
+                    };
+                    if let Some(e) = declared.map(|t| t.elem_type).or(*outer_onnx) {
+                        self.onnx_types.insert(vi.name.as_str(), e);
+                    }
+                    ty
+                }
+            };
+            self.add_body_input(&vi.name, ty);
+        }
+        for (k, (name, _)) in captured.iter().enumerate() {
+            let (ty, onnx) = &outer[carried + k];
+            if let Some(e) = onnx {
+                self.onnx_types.insert(name, *e);
+            }
+            self.add_body_input(name, ty.clone());
+        }
+        for t in &g.initializer {
+            self.add_initializer(t)?;
+        }
+        for i in order {
+            self.import_node(&g.node[i])?;
+        }
+        let mut names: HashSet<String> = HashSet::new();
+        for o in &g.output {
+            let outlet =
+                *self
+                    .values
+                    .get(o.name.as_str())
+                    .ok_or_else(|| ImportError::MissingOutput {
+                        name: o.name.clone(),
+                    })?;
+            // One ONNX value may be two outputs (a carried value also scanned); IR outputs are
+            // told apart by name.
+            let mut name = o.name.clone();
+            let mut k = 1;
+            while !names.insert(name.clone()) {
+                name = format!("{}~{k}", o.name);
+                k += 1;
+            }
+            self.graph.set_output(&name, outlet);
+        }
+        Ok(())
+    }
+
+    fn add_body_input(&mut self, name: &'m str, ty: TensorType) {
+        let node_name = self.unique_name(name);
+        let o = self.graph.add_input(name, ty);
+        self.graph.node_mut(o.node).name = node_name;
+        self.values.insert(name, o);
+    }
+}
+
 /// Imports a decoded model.
 pub(crate) fn import_model(model: &ModelProto, base: Option<&Path>) -> Result<Graph, ImportError> {
     let g = model.graph.as_ref().ok_or(ImportError::MissingGraph)?;
@@ -452,7 +648,8 @@ pub(crate) fn subgraphs(n: &NodeProto) -> impl Iterator<Item = &GraphProto> {
 }
 
 /// What a node reads: its inputs, and the values of enclosing scopes that the nodes and outputs
-/// of its subgraphs read (an `If` branch may use any value computed before the `If`).
+/// of its subgraphs read (an `If` branch or a `Loop` body may use any value computed before
+/// the node).
 fn node_reads(n: &NodeProto) -> Vec<&str> {
     let mut reads: Vec<&str> = n
         .input
@@ -461,25 +658,35 @@ fn node_reads(n: &NodeProto) -> Vec<&str> {
         .map(String::as_str)
         .collect();
     for g in subgraphs(n) {
-        let mut defined: HashSet<&str> = g
-            .initializer
-            .iter()
-            .map(|t| t.name.as_str())
-            .chain(g.input.iter().map(|v| v.name.as_str()))
-            .collect();
-        for m in &g.node {
-            defined.extend(
-                m.output
-                    .iter()
-                    .filter(|o| !o.is_empty())
-                    .map(String::as_str),
-            );
-        }
-        let inner = g.node.iter().flat_map(node_reads);
-        let outputs = g.output.iter().map(|o| o.name.as_str());
-        reads.extend(inner.chain(outputs).filter(|r| !defined.contains(r)));
+        reads.extend(free_reads(g));
     }
     reads
+}
+
+/// The values of enclosing scopes that `g` reads: what its nodes (their subgraphs included) and
+/// outputs read and it does not define itself, each once, in the order of the first read.
+fn free_reads(g: &GraphProto) -> Vec<&str> {
+    let mut defined: HashSet<&str> = g
+        .initializer
+        .iter()
+        .map(|t| t.name.as_str())
+        .chain(g.input.iter().map(|v| v.name.as_str()))
+        .collect();
+    for m in &g.node {
+        defined.extend(
+            m.output
+                .iter()
+                .filter(|o| !o.is_empty())
+                .map(String::as_str),
+        );
+    }
+    let inner = g.node.iter().flat_map(node_reads);
+    let outputs = g.output.iter().map(|o| o.name.as_str());
+    let mut seen = HashSet::new();
+    inner
+        .chain(outputs)
+        .filter(|r| !defined.contains(r) && seen.insert(*r))
+        .collect()
 }
 
 /// Checks names (every input produced, nothing produced twice, every graph output produced) and

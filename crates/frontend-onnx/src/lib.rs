@@ -51,7 +51,14 @@
 //!   graph by name) and whose outputs each become a `select` of the two branch values, whole
 //!   and of any shape: a condition that constant folding decides (DeBERTa-v2's comparison of
 //!   two lengths that are both the sequence) leaves the other branch as dead code; otherwise
-//!   both branches run. Loop and Scan are not imported.
+//!   both branches run. Loop (opset 11 and later, over tensors), whose trip count is known only
+//!   when it runs: its body becomes an [`ir::Op::Loop`] holding the body as a graph of its own,
+//!   and every value of the enclosing graphs that the body reads by name (at any depth of nested
+//!   bodies) becomes an explicit input of the loop and of the body, so that no IR graph reads
+//!   outside itself. An absent trip count is `i64::MAX` and an absent condition `true`; the
+//!   body's condition output decides whether another iteration runs even then, as onnxruntime
+//!   runs it. Sequence and optional values (Loop-13, Loop-16 over them) are not tensors: refused.
+//!   Scan is not imported.
 //!
 //! Anything else is an [`ImportError::UnsupportedOp`] naming the node, op, domain and opset, never
 //! a silently different graph. Inputs that the IR needs at import (a Slice's starts when steps

@@ -473,6 +473,59 @@ impl<'m> Importer<'m> {
                     self.values.insert(out.as_str(), Outlet::new(id, 0));
                 }
             }
+            "Loop" if opset >= 11 => {
+                // (M?, cond?, v_initial…): the body runs at run time, as often as the values
+                // say; its reads of enclosing values become inputs of the node.
+                let carried = n.input.len().checked_sub(2).ok_or_else(|| {
+                    x.bad("takes a trip count and a condition (either may be empty), then the initial values")
+                })?;
+                let body = x
+                    .attr("body", AttributeType::Graph)?
+                    .and_then(|a| a.g.as_ref())
+                    .ok_or_else(|| x.bad_attr("body", "the body graph is missing"))?;
+                let trip = match x.opt(0) {
+                    Some(o) => {
+                        self.require_dtype(&x, 0, &[DType::I64])?;
+                        o
+                    }
+                    // No trip count: only the condition ends the loop.
+                    None => self.aux_const(&x, "trip_count", Tensor::scalar(i64::MAX)),
+                };
+                let cond = match x.opt(1) {
+                    Some(o) => {
+                        self.require_dtype(&x, 1, &[DType::Bool])?;
+                        o
+                    }
+                    None => self.aux_const(&x, "cond", Tensor::scalar(true)),
+                };
+                let mut initial = Vec::with_capacity(carried);
+                for j in 0..carried {
+                    initial.push((n.input[2 + j].as_str(), x.input(2 + j)?));
+                }
+                let (body, captured) = self.import_loop_body(body, &x.label, &initial)?;
+                let scans = body.outputs().len() - 1 - carried;
+                if n.output.len() != carried + scans {
+                    return Err(x.bad(format!(
+                        "has {} outputs; a body carrying {carried} values with {scans} scan outputs gives {}",
+                        n.output.len(),
+                        carried + scans
+                    )));
+                }
+                let mut dtypes: Vec<DType> = initial.iter().map(|&(_, o)| self.dtype(o)).collect();
+                dtypes.extend(
+                    body.outputs()[1 + carried..]
+                        .iter()
+                        .map(|(_, o)| body.outlet_type(*o).dtype),
+                );
+                let mut inputs = vec![trip, cond];
+                inputs.extend(initial.iter().map(|&(_, o)| o));
+                inputs.extend(captured);
+                let op = Op::Loop {
+                    carried,
+                    body: std::sync::Arc::new(body),
+                };
+                self.emit(n, op, &inputs, &dtypes)?;
+            }
             "Where" => {
                 x.arity(3, 3)?;
                 self.require_dtype(&x, 0, &[DType::Bool])?;

@@ -68,6 +68,52 @@ pub struct Graph {
     outputs: Vec<(String, Outlet)>,
 }
 
+/// Structural equality: the same nodes (op, name, output types) in the same order of
+/// [`Graph::topo_order`] (the order the text form prints), wired the same way, with the same
+/// inputs and named outputs, whatever the node ids (ids depend on the history of rewrites, not
+/// on what the graph computes). Graphs with a cycle are equal to nothing. This is what lets an
+/// op that holds a graph (the body of [`Op::Loop`]) compare as ops do.
+impl PartialEq for Graph {
+    fn eq(&self, other: &Graph) -> bool {
+        let (Ok(a), Ok(b)) = (self.topo_order(), other.topo_order()) else {
+            return false;
+        };
+        if a.len() != b.len()
+            || self.inputs.len() != other.inputs.len()
+            || self.outputs.len() != other.outputs.len()
+        {
+            return false;
+        }
+        let number = |order: &[NodeId]| -> HashMap<NodeId, usize> {
+            order.iter().enumerate().map(|(i, &n)| (n, i)).collect()
+        };
+        let (na, nb) = (number(&a), number(&b));
+        let renumber = |num: &HashMap<NodeId, usize>, o: Outlet| (num[&o.node], o.slot);
+        let same_nodes = a.iter().zip(&b).all(|(&x, &y)| {
+            self.graph[x] == other.graph[y] && {
+                let ix = self.node_inputs(x);
+                let iy = other.node_inputs(y);
+                ix.len() == iy.len()
+                    && ix
+                        .iter()
+                        .zip(&iy)
+                        .all(|(&p, &q)| renumber(&na, p) == renumber(&nb, q))
+            }
+        });
+        same_nodes
+            && self
+                .inputs
+                .iter()
+                .zip(&other.inputs)
+                .all(|(x, y)| na[x] == nb[y])
+            && self
+                .outputs
+                .iter()
+                .zip(&other.outputs)
+                .all(|((n1, o1), (n2, o2))| n1 == n2 && renumber(&na, *o1) == renumber(&nb, *o2))
+    }
+}
+
 impl Graph {
     pub fn new() -> Graph {
         Graph::default()

@@ -5,8 +5,9 @@
 //! printer and parser share one description of each op.
 
 use std::fmt;
+use std::sync::Arc;
 
-use crate::{DType, IrError, Tensor};
+use crate::{DType, Graph, IrError, Tensor};
 
 /// Elementwise binary operations, with ONNX (numpy) broadcasting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -362,6 +363,9 @@ pub enum Attr {
     Tensor(Tensor),
     /// A parenthesised list of words, e.g. an epilogue `(bias, gelu_erf, layer_norm 1e-12)`.
     List(Vec<String>),
+    /// A graph (the body of a [`Op::Loop`]). The text form prints it as an indented block
+    /// `name { … }` on the lines after its node, not inside the brackets (see [`crate::text`]).
+    Graph(Arc<Graph>),
 }
 
 fn epilogue_attr(steps: &[EpilogueStep]) -> Attr {
@@ -382,6 +386,15 @@ impl fmt::Display for Attr {
             Attr::Str(s) => write!(f, "{}", crate::text::quote(s)),
             Attr::Tensor(t) => f.write_str(&t.to_text(INLINE_LIMIT)),
             Attr::List(v) => write!(f, "({})", v.join(", ")),
+            // One line for dumps that list attributes inline (the lowered program); the IR text
+            // form prints the whole graph as a block instead.
+            Attr::Graph(g) => write!(
+                f,
+                "graph({} nodes, {} inputs, {} outputs)",
+                g.node_count(),
+                g.inputs().len(),
+                g.outputs().len()
+            ),
         }
     }
 }
@@ -638,6 +651,77 @@ pub enum Op {
     /// i32. `a`'s scale and zero point are per tensor; `b`'s per tensor or per column (its last
     /// axis). A `MatMul` of two `DequantizeLinear` outputs, folded.
     QMatMul,
+    /// `(trip_count, cond, initial…, captured…)` → `(final…, scan…)`: ONNX `Loop`, with a
+    /// sub-graph run once per iteration, as long as `i < trip_count` and `cond` (`i` counts
+    /// from 0; `trip_count` is i64 and `cond` bool, one element each; a model that leaves either
+    /// out gets `i64::MAX` or `true` at import).
+    ///
+    /// The `body` takes `(i: i64[], cond: bool[], carried…, captured…)` and gives
+    /// `(cond', carried'…, scan…)`. The first `carried` values are fed back: an iteration reads
+    /// what the one before it gave (the `initial` inputs of the node before the first). The
+    /// captured values are the same in every iteration: they are the values of the enclosing
+    /// graph that the body reads, made inputs so that a body sees nothing but its inputs (ONNX
+    /// bodies read enclosing values by name). `cond'` decides whether another iteration runs.
+    ///
+    /// The node gives the carried values after the last iteration (the initial ones when none
+    /// ran), then each scan output stacked over the iterations along a new axis 0. A carried
+    /// value may change shape from one iteration to the next; a scan output may not.
+    ///
+    /// ```text
+    /// %6 = loop[carried=1](%4, %5, %0, %2) : (f32[], f32[*])  # Loop
+    ///   body {
+    ///     %0 = input[name="i"] : i64[]  # i
+    ///     %1 = input[name="cond"] : bool[]  # cond
+    ///     %2 = input[name="prev"] : f32[]  # prev
+    ///     %3 = input[name="delta"] : f32[]  # delta
+    ///     %4 = add(%2, %3) : f32[]  # next
+    ///     output "cond_out" = %1
+    ///     output "next" = %4
+    ///     output "range" = %2
+    ///   }
+    /// ```
+    Loop { carried: usize, body: Arc<Graph> },
+}
+
+/// How the inputs and outputs of an [`Op::Loop`] divide, from its `carried` count and its
+/// body's inputs and outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoopParts {
+    /// Values fed back from one iteration to the next.
+    pub carried: usize,
+    /// Values of the enclosing graph the body reads, the same in every iteration.
+    pub captured: usize,
+    /// Body outputs stacked over the iterations.
+    pub scans: usize,
+}
+
+impl LoopParts {
+    /// The parts of a loop with `carried` carried values and `body`; `None` when the body has
+    /// too few inputs (the iteration number, the condition and the carried values) or outputs
+    /// (the condition and the carried values).
+    ///
+    /// ```
+    /// use ir::{DType, Graph, LoopParts, TensorType};
+    /// let mut body = Graph::new();
+    /// body.add_input("i", TensorType::new(DType::I64, vec![]));
+    /// let c = body.add_input("cond", TensorType::new(DType::Bool, vec![]));
+    /// let x = body.add_input("x", TensorType::unknown_shape(DType::F32));
+    /// body.set_output("cond_out", c);
+    /// body.set_output("x_out", x);
+    /// body.set_output("scan", x);
+    /// let p = LoopParts::of(1, &body).unwrap();
+    /// assert_eq!((p.carried, p.captured, p.scans), (1, 0, 1));
+    /// assert!(LoopParts::of(2, &body).is_none());
+    /// ```
+    pub fn of(carried: usize, body: &Graph) -> Option<LoopParts> {
+        let captured = body.inputs().len().checked_sub(2 + carried)?;
+        let scans = body.outputs().len().checked_sub(1 + carried)?;
+        Some(LoopParts {
+            carried,
+            captured,
+            scans,
+        })
+    }
 }
 
 /// The symbol of the number of real tokens in a batch: the row count of [`Op::PackRows`]'s
@@ -660,6 +744,8 @@ pub enum OpKind {
     Data,
     /// Reductions over axes.
     Reduce,
+    /// Control flow: a sub-graph run as the data says (a loop).
+    Control,
 }
 
 impl OpKind {
@@ -672,6 +758,7 @@ impl OpKind {
             OpKind::Elementwise => "elementwise",
             OpKind::Data => "data",
             OpKind::Reduce => "reduce",
+            OpKind::Control => "control",
         }
     }
 }
@@ -733,6 +820,7 @@ impl Op {
             | Op::PackRows
             | Op::UnpackRows
             | Op::Select => OpKind::Data,
+            Op::Loop { .. } => OpKind::Control,
         }
     }
 
@@ -790,6 +878,7 @@ impl Op {
             Op::FusedLinear { .. } => "fused_linear",
             Op::QLinear { .. } => "qlinear",
             Op::QMatMul => "qmatmul",
+            Op::Loop { .. } => "loop",
         }
     }
 
@@ -848,6 +937,9 @@ impl Op {
                 (n, n)
             }
             Op::QMatMul => (6, 6),
+            // One input per body input: the iteration number and condition of the body are the
+            // trip count and initial condition of the node, the rest correspond one to one.
+            Op::Loop { body, .. } => (body.inputs().len(), body.inputs().len()),
         }
     }
 
@@ -856,6 +948,8 @@ impl Op {
         match self {
             Op::DynamicQuantizeLinear => 3,
             Op::Split { num_outputs, .. } => *num_outputs,
+            // Every body output but the condition.
+            Op::Loop { body, .. } => body.outputs().len().saturating_sub(1),
             _ => 1,
         }
     }
@@ -950,6 +1044,10 @@ impl Op {
                 v.push(("epilogue", epilogue_attr(epilogue)));
                 v
             }
+            Op::Loop { carried, body } => vec![
+                ("carried", Int(*carried as i64)),
+                ("body", Graph(body.clone())),
+            ],
             Op::Binary(_)
             | Op::Unary(_)
             | Op::Where
@@ -1110,6 +1208,11 @@ impl Op {
                 }
             }
             "qmatmul" => Op::QMatMul,
+            "loop" => Op::Loop {
+                carried: usize::try_from(a.int("carried")?)
+                    .map_err(|_| a.bad("carried", "a non-negative integer"))?,
+                body: a.graph("body")?,
+            },
             "pack_rows" => Op::PackRows,
             "unpack_rows" => Op::UnpackRows,
             "attention" | "attention_qkv" | "attention_packed" => {
@@ -1216,6 +1319,12 @@ impl AttrReader<'_> {
         match self.need(key)? {
             Attr::Tensor(v) => Ok(v),
             _ => Err(self.bad(key, "a tensor literal")),
+        }
+    }
+    fn graph(&mut self, key: &str) -> Result<Arc<Graph>, IrError> {
+        match self.need(key)? {
+            Attr::Graph(g) => Ok(g),
+            _ => Err(self.bad(key, "a graph block")),
         }
     }
     fn scatter_reduction(&mut self) -> Result<ScatterReduction, IrError> {

@@ -8,6 +8,19 @@
 //! output "last_hidden_state" = %2
 //! ```
 //!
+//! A node whose op holds a graph (the body of a [`Op::Loop`]) is followed by that graph as an
+//! indented block, named after its attribute; the block numbers its own values from `%0` and
+//! sees nothing of the enclosing graph but what the node passes it:
+//!
+//! ```text
+//! %6 = loop[carried=1](%4, %5, %0, %2) : (f32[], f32[*])  # Loop
+//!   body {
+//!     %0 = input[name="i"] : i64[]  # i
+//!     ...
+//!     output "next" = %4
+//!   }
+//! ```
+//!
 //! Values are numbered in print order; `%3.1` is output 1 of node `%3`. Constants of at most
 //! [`crate::INLINE_LIMIT`] elements are printed inline; larger ones print as `{extern}`, and
 //! [`parse`] turns them into constants without data unless a [`ConstantSource`] supplies them
@@ -33,6 +46,14 @@ use crate::{Attr, Graph, IrError, NodeId, Op, Outlet, Tensor, TensorType};
 /// assert_eq!(text::print(&text::parse(&s, None).unwrap()).unwrap(), s);
 /// ```
 pub fn print(graph: &Graph) -> Result<String, IrError> {
+    let mut out = String::new();
+    print_into(graph, "", &mut out)?;
+    Ok(out)
+}
+
+/// Prints `graph` with every line prefixed by `indent` (a nested block's lines are indented
+/// further, for the reader: the parser ignores indentation).
+fn print_into(graph: &Graph, indent: &str, out: &mut String) -> Result<(), IrError> {
     let order = graph.topo_order()?;
     let number: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let outlet_name = |o: Outlet| {
@@ -42,11 +63,14 @@ pub fn print(graph: &Graph) -> Result<String, IrError> {
             format!("%{}.{}", number[&o.node], o.slot)
         }
     };
-    let mut out = String::new();
     for &id in &order {
         let node = graph.node(id);
-        write!(out, "%{} = {}", number[&id], node.op.name()).unwrap();
-        let attrs = node.op.attrs();
+        write!(out, "{indent}%{} = {}", number[&id], node.op.name()).unwrap();
+        let (blocks, attrs): (Vec<_>, Vec<_>) = node
+            .op
+            .attrs()
+            .into_iter()
+            .partition(|(_, v)| matches!(v, Attr::Graph(_)));
         if !attrs.is_empty() {
             out.push('[');
             for (i, (k, v)) in attrs.iter().enumerate() {
@@ -73,11 +97,19 @@ pub fn print(graph: &Graph) -> Result<String, IrError> {
             write!(out, "  # {}", node.name.replace(['\n', '\r'], " ")).unwrap();
         }
         out.push('\n');
+        for (k, v) in blocks {
+            let Attr::Graph(g) = v else {
+                unreachable!("partitioned above")
+            };
+            writeln!(out, "{indent}  {k} {{").unwrap();
+            print_into(&g, &format!("{indent}    "), out)?;
+            writeln!(out, "{indent}  }}").unwrap();
+        }
     }
     for (name, o) in graph.outputs() {
-        writeln!(out, "output {} = {}", quote(name), outlet_name(*o)).unwrap();
+        writeln!(out, "{indent}output {} = {}", quote(name), outlet_name(*o)).unwrap();
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Supplies the data of constants printed as `{extern}`, by node name.
@@ -94,18 +126,71 @@ impl ConstantSource for HashMap<String, Tensor> {
 /// Parses the text form. Constants printed as `{extern}` get their data from `constants` when
 /// given (it must agree on dtype and shape), or stay without data.
 pub fn parse(text: &str, constants: Option<&dyn ConstantSource>) -> Result<Graph, IrError> {
+    let mut lines = Lines {
+        lines: text.lines().enumerate().peekable(),
+    };
+    parse_block(&mut lines, constants, None, 0)
+}
+
+/// How deeply graph blocks may nest: far beyond any real model (a loop in a loop is rare), and
+/// a bound on the parser's recursion, so that hostile text is an error and not a stack overflow.
+pub const MAX_NESTING: usize = 32;
+
+/// The lines of a text form, numbered from 1, blank lines and `#` comments skipped.
+struct Lines<'a> {
+    lines: std::iter::Peekable<std::iter::Enumerate<std::str::Lines<'a>>>,
+}
+
+impl<'a> Lines<'a> {
+    fn peek(&mut self) -> Option<(usize, &'a str)> {
+        while let Some(&(i, raw)) = self.lines.peek() {
+            let line = raw.trim();
+            if line.is_empty() || line.starts_with('#') {
+                self.lines.next();
+                continue;
+            }
+            return Some((i + 1, line));
+        }
+        None
+    }
+    fn next(&mut self) -> Option<(usize, &'a str)> {
+        let l = self.peek();
+        self.lines.next();
+        l
+    }
+}
+
+/// The name of a graph block that `line` opens (`body {`), if it is one.
+fn block_opening(line: &str) -> Option<&str> {
+    let name = line.strip_suffix('{')?.trim_end();
+    (!name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .then_some(name)
+}
+
+/// Parses nodes and outputs up to the end of the text (the top level, `opened_at` None) or
+/// to the `}` closing the block opened at line `opened_at`, `depth` blocks deep.
+fn parse_block(
+    lines: &mut Lines<'_>,
+    constants: Option<&dyn ConstantSource>,
+    opened_at: Option<usize>,
+    depth: usize,
+) -> Result<Graph, IrError> {
     let mut g = Graph::new();
     let mut values: HashMap<usize, NodeId> = HashMap::new();
-    for (lineno, raw) in text.lines().enumerate() {
-        let line_no = lineno + 1;
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
+    while let Some((line_no, line)) = lines.next() {
         let err = |message: String| IrError::Parse {
             line: line_no,
             message,
         };
+        if line == "}" {
+            return match opened_at {
+                Some(_) => Ok(g),
+                None => Err(err("`}` closes no block".into())),
+            };
+        }
+        if let Some(name) = block_opening(line) {
+            return Err(err(format!("block `{name}` follows no node")));
+        }
         let mut c = Cursor::new(line, line_no);
         if c.eat_word("output") {
             let name = c.string()?;
@@ -146,12 +231,12 @@ pub fn parse(text: &str, constants: Option<&dyn ConstantSource>) -> Result<Graph
         c.expect(':')?;
         let mut types = Vec::new();
         if c.eat('(') {
-            loop {
-                types.push(c.tensor_type()?);
-                if c.eat(')') {
-                    break;
+            // `()`: no outputs (a loop whose body gives only its condition).
+            while !c.eat(')') {
+                if !types.is_empty() {
+                    c.expect(',')?;
                 }
-                c.expect(',')?;
+                types.push(c.tensor_type()?);
             }
         } else {
             types.push(c.tensor_type()?);
@@ -162,6 +247,18 @@ pub fn parse(text: &str, constants: Option<&dyn ConstantSource>) -> Result<Graph
             c.end()?;
             String::new()
         };
+        // Graph attributes follow their node as blocks.
+        while let Some(key) = lines.peek().and_then(|(_, l)| block_opening(l)) {
+            let (at, _) = lines.next().expect("peeked");
+            if depth == MAX_NESTING {
+                return Err(IrError::Parse {
+                    line: at,
+                    message: format!("blocks nest more than {MAX_NESTING} deep"),
+                });
+            }
+            let body = parse_block(lines, constants, Some(at), depth + 1)?;
+            attrs.push((key.to_string(), Attr::Graph(std::sync::Arc::new(body))));
+        }
         let mut op = Op::from_parts(&op_name, attrs).map_err(|e| err(e.to_string()))?;
         if let (Op::Const { value }, Some(src)) = (&mut op, constants) {
             if !value.has_data() {
@@ -191,7 +288,13 @@ pub fn parse(text: &str, constants: Option<&dyn ConstantSource>) -> Result<Graph
         };
         values.insert(id, node);
     }
-    Ok(g)
+    match opened_at {
+        None => Ok(g),
+        Some(line) => Err(IrError::Parse {
+            line,
+            message: "the block opened here is not closed by `}`".into(),
+        }),
+    }
 }
 
 /// Quotes a string for the text form.

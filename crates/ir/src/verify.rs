@@ -2,14 +2,15 @@
 
 use std::collections::HashSet;
 
-use crate::{ActQuant, DType, EpilogueStep, Graph, IrError, NodeId, Op, TensorType};
+use crate::{ActQuant, DType, EpilogueStep, Graph, IrError, LoopParts, NodeId, Op, TensorType};
 
 impl Graph {
     /// Checks that the graph is well formed: acyclic; every node's inputs are contiguous, in
     /// range and within the op's arity; every node has as many output types as its op has
     /// outputs; constants agree with their declared type; ops that keep their input's type,
     /// casts, quantizes and attention agree with their declared types (see `check_types`);
-    /// graph inputs are input nodes; output names are unique.
+    /// graph inputs are input nodes; output names are unique. A loop's body is verified as a
+    /// graph of its own, and against the loop (see `check_loop`).
     pub fn verify(&self) -> Result<(), IrError> {
         let order = self.topo_order()?;
         let invalid = |node: &str, msg: String| IrError::Verify {
@@ -53,7 +54,13 @@ impl Graph {
             if node.outputs.len() != node.op.num_outputs() {
                 return Err(invalid(&node.name, "wrong number of output types".into()));
             }
-            if let Some(msg) = self.check_fused(id).or_else(|| self.check_types(id)) {
+            if let Op::Loop { carried, body } = &node.op {
+                body.verify()
+                    .map_err(|e| invalid(&node.name, format!("loop body: {e}")))?;
+                if let Some(msg) = self.check_loop(id, *carried, body) {
+                    return Err(invalid(&node.name, msg));
+                }
+            } else if let Some(msg) = self.check_fused(id).or_else(|| self.check_types(id)) {
                 return Err(invalid(&node.name, msg));
             }
             if let Op::Const { value } = &node.op {
@@ -172,6 +179,91 @@ impl Graph {
             }
             _ => None,
         }
+    }
+
+    /// The typing rules of a loop: the trip count is i64 and the condition bool, one element
+    /// each (the body's iteration number and condition inputs are scalars, its condition output
+    /// bool); each carried value has one dtype as the node's initial input, the body's input and
+    /// output, and the node's final output; each captured value the node's dtype in the body;
+    /// each scan output the body output's dtype, one axis more.
+    fn check_loop(&self, id: NodeId, carried: usize, body: &Graph) -> Option<String> {
+        let node = self.node(id);
+        let ins = self.node_inputs(id);
+        let Some(parts) = LoopParts::of(carried, body) else {
+            return Some(format!(
+                "a body with {} inputs and {} outputs cannot carry {carried} values",
+                body.inputs().len(),
+                body.outputs().len()
+            ));
+        };
+        let outer = |i: usize| self.outlet_type(ins[i]);
+        let body_in = |i: usize| &body.node(body.inputs()[i]).outputs[0];
+        let body_out = |i: usize| body.outlet_type(body.outputs()[i].1);
+        let scalar_of = |t: &TensorType, d: DType| t.dtype == d && t.rank().is_none_or(|r| r == 0);
+        let one_of = |t: &TensorType, d: DType| {
+            t.dtype == d
+                && t.shape
+                    .as_ref()
+                    .is_none_or(|s| s.iter().all(|dim| dim.as_fixed().is_none_or(|n| n == 1)))
+        };
+        if !one_of(outer(0), DType::I64) || !one_of(outer(1), DType::Bool) {
+            return Some(format!(
+                "the trip count must be one i64 and the condition one bool, they are {} and {}",
+                outer(0),
+                outer(1)
+            ));
+        }
+        if !scalar_of(body_in(0), DType::I64)
+            || !scalar_of(body_in(1), DType::Bool)
+            || body_out(0).dtype != DType::Bool
+        {
+            return Some(format!(
+                "the body must take i64[] and bool[] and give bool first, it takes {} and {} and gives {}",
+                body_in(0),
+                body_in(1),
+                body_out(0)
+            ));
+        }
+        for j in 0..parts.carried {
+            let types = [
+                outer(2 + j),
+                body_in(2 + j),
+                body_out(1 + j),
+                &node.outputs[j],
+            ];
+            if types.iter().any(|t| t.dtype != types[0].dtype) {
+                return Some(format!(
+                    "carried value {j} changes dtype: initial {}, body input {}, body output {}, final {}",
+                    types[0], types[1], types[2], types[3]
+                ));
+            }
+        }
+        for k in 0..parts.captured {
+            let i = 2 + parts.carried + k;
+            if outer(i).dtype != body_in(i).dtype {
+                return Some(format!(
+                    "captured value {k} is {} outside the body and {} inside",
+                    outer(i),
+                    body_in(i)
+                ));
+            }
+        }
+        for s in 0..parts.scans {
+            let (each, stacked) = (
+                body_out(1 + parts.carried + s),
+                &node.outputs[parts.carried + s],
+            );
+            let ranks_ok = match (each.rank(), stacked.rank()) {
+                (Some(a), Some(b)) => b == a + 1,
+                _ => true,
+            };
+            if each.dtype != stacked.dtype || !ranks_ok {
+                return Some(format!(
+                    "scan output {s}: the body gives {each}, stacked over the iterations it cannot be {stacked}"
+                ));
+            }
+        }
+        None
     }
 
     /// The typing rules of the fused ops: what their weights and epilogue operands must be.

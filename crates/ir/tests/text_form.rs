@@ -327,3 +327,131 @@ fn overflowing_dims_are_errors() {
         42
     );
 }
+
+/// A loop whose body holds a loop: each body is a block after its node, numbering its own
+/// values from `%0`, reading nothing of the graph around it but its inputs.
+const LOOPS: &str = r#"%0 = input[name="n"] : i64[]  # n
+%1 = const[value=bool[]{true}] : bool[]  # cond
+%2 = input[name="x"] : f32[2]  # x
+%3 = const[value=f32[]{0.5}] : f32[]  # step
+%4 = loop[carried=1](%0, %1, %2, %3) : (f32[2], f32[unk0,2])  # outer
+  body {
+    %0 = input[name="i"] : i64[]  # i
+    %1 = input[name="c"] : bool[]  # c
+    %2 = input[name="acc"] : f32[2]  # acc
+    %3 = input[name="step"] : f32[]  # step~1
+    %4 = const[value=i64[]{2}] : i64[]  # two
+    %5 = loop[carried=1](%4, %1, %2, %3) : f32[2]  # inner
+      body {
+        %0 = input[name="j"] : i64[]  # j
+        %1 = input[name="d"] : bool[]  # d
+        %2 = input[name="y"] : f32[2]  # y
+        %3 = input[name="s"] : f32[]  # s
+        %4 = add(%2, %3) : f32[2]  # y2
+        output "d_out" = %1
+        output "y2" = %4
+      }
+    output "c_out" = %1
+    output "acc_out" = %5
+    output "scan" = %2
+  }
+%5 = relu(%4.1) : f32[unk0,2]  # relu
+output "final" = %4
+output "scans" = %5
+"#;
+
+#[test]
+fn loops_round_trip_with_their_bodies() {
+    let g = text::parse(LOOPS, None).unwrap();
+    g.verify().unwrap();
+    assert_eq!(text::print(&g).unwrap(), LOOPS);
+    let loop_id = g.node_ids().find(|&id| g.node(id).name == "outer").unwrap();
+    let Op::Loop { carried, body } = &g.node(loop_id).op else {
+        panic!("not a loop")
+    };
+    assert_eq!(*carried, 1);
+    let parts = ir::LoopParts::of(*carried, body).unwrap();
+    assert_eq!((parts.captured, parts.scans), (1, 1));
+    assert_eq!(g.node(loop_id).outputs.len(), 2);
+    // Graphs compare by structure, so ops holding them do too.
+    assert!(text::parse(LOOPS, None).unwrap() == g);
+    let other = text::parse(&LOOPS.replace("i64[]{2}", "i64[]{3}"), None).unwrap();
+    assert!(other != g);
+}
+
+#[test]
+fn loop_text_errors_name_the_line() {
+    for (text, line, reason) in [
+        (
+            format!(
+                "{}      body {{\n",
+                &LOOPS[..LOOPS.find("      body {").unwrap()]
+            ),
+            13,
+            "not closed",
+        ),
+        (format!("{LOOPS}}}\n"), 29, "closes no block"),
+        ("body {\n}\n".to_string(), 1, "follows no node"),
+        (
+            // A body sees only its inputs: `%5` of the enclosing graph is not in scope.
+            LOOPS.replace("%4 = add(%2, %3) : f32[2]", "%4 = add(%2, %5) : f32[2]"),
+            18,
+            "used before it is defined",
+        ),
+        (
+            LOOPS.replace(
+                "  body {\n    %0 = input[name=\"i\"]",
+                "  inner {\n    %0 = input[name=\"i\"]",
+            ),
+            5,
+            "`body`: missing",
+        ),
+    ] {
+        let e = text::parse(&text, None).unwrap_err();
+        let IrError::Parse { line: at, message } = &e else {
+            panic!("{e}")
+        };
+        assert!(*at == line && message.contains(reason), "{e}\n{text}");
+    }
+}
+
+#[test]
+fn verifier_checks_loops_and_their_bodies() {
+    for (from, to, reason) in [
+        (
+            "%2 = input[name=\"y\"] : f32[2]",
+            "%2 = input[name=\"y\"] : i64[2]",
+            "carried value 0 changes dtype",
+        ),
+        (
+            ": (f32[2], f32[unk0,2])  # outer",
+            ": (f32[2], f32[2])  # outer",
+            "scan output 0",
+        ),
+        (
+            "%1 = const[value=bool[]{true}] : bool[]",
+            "%1 = const[value=i64[]{1}] : i64[]",
+            "the condition one bool",
+        ),
+        (
+            "%4 = add(%2, %3) : f32[2]",
+            "%4 = relu(%2) : f32[3]",
+            "node `outer`: loop body: verifier: node `inner`: loop body: verifier: node `y2`: relu keeps",
+        ),
+    ] {
+        assert!(LOOPS.contains(from), "{from}");
+        let text = LOOPS.replacen(from, to, 1);
+        let g = text::parse(&text, None).unwrap();
+        let e = g.verify().expect_err(to).to_string();
+        assert!(e.contains(reason), "{to}: {e}");
+    }
+}
+
+#[test]
+fn deeply_nested_blocks_are_an_error_not_a_stack_overflow() {
+    let line = "%0 = input[name=\"n\"] : i64[]\n%1 = input[name=\"c\"] : bool[]\n\
+                %2 = loop[carried=0](%0, %1) : ()\n  body {\n";
+    let text = line.repeat(100_000);
+    let e = text::parse(&text, None).unwrap_err().to_string();
+    assert!(e.contains("nest more than"), "{e}");
+}

@@ -77,10 +77,16 @@ const PASS: &str = "ShapeInference";
 /// assert_eq!(a.values[&s].to_string(), "[batch, sequence, 128]");
 /// ```
 pub fn analyse(graph: &mut Graph) -> Result<Analysis, PassError> {
+    let mut ctx = Ctx::new(graph);
+    analyse_in(graph, &mut ctx)
+}
+
+/// [`analyse`] with the fresh-symbol state of an enclosing analysis (a loop body's symbols must
+/// not collide with those of the graph around it).
+fn analyse_in(graph: &mut Graph, ctx: &mut Ctx) -> Result<Analysis, PassError> {
     let order = graph
         .topo_order()
         .map_err(|source| PassError::Graph { pass: PASS, source })?;
-    let mut ctx = Ctx::new(graph);
     let mut analysis = Analysis::default();
     for id in order {
         let node = graph.node(id);
@@ -92,10 +98,10 @@ pub fn analyse(graph: &mut Graph) -> Result<Analysis, PassError> {
             .collect();
         let in_values: Vec<Option<&SymTensor>> =
             inputs.iter().map(|o| analysis.values.get(o)).collect();
-        let (types, value) = infer(&mut ctx, &node.op, &in_types, &in_values)
+        let (types, value) = infer(ctx, &node.op, &in_types, &in_values)
             .map_err(|m| PassError::node(PASS, &name, m))?;
         let merged = merge(
-            &ctx,
+            ctx,
             &node.outputs,
             types,
             matches!(node.op, Op::Input { .. }),
@@ -105,7 +111,10 @@ pub fn analyse(graph: &mut Graph) -> Result<Analysis, PassError> {
             analysis.changed = true;
             graph.node_mut(id).outputs = merged;
         }
-        let out_ty = &graph.node(id).outputs[0];
+        // A loop whose body gives only its condition has no output.
+        let Some(out_ty) = graph.node(id).outputs.first() else {
+            continue;
+        };
         let value = value.or_else(|| match &graph.node(id).op {
             Op::Const { value } => SymTensor::from_tensor(value),
             _ => None,
@@ -325,6 +334,7 @@ fn infer(
     let value = infer_value(op, ins, vals);
     let types = match op {
         Op::Input { .. } => return Ok((vec![], None)),
+        Op::Loop { carried, body } => loop_types(ctx, *carried, body, ins)?,
         Op::Const { value } => one(
             value.dtype(),
             Some(value.shape().iter().map(|&d| Dim::fixed(d)).collect()),
@@ -1247,6 +1257,54 @@ pub(crate) fn slice_len(n: i64, start: i64, end: i64, step: i64) -> Result<usize
 }
 
 /// Symbolic values: what shape arithmetic computes, element by element.
+/// The output types of a loop. The body is analysed on a copy whose inputs have the loop's input
+/// types (the body itself is left as it is: passes do not look into a loop). A carried value
+/// that the body gives back with the type it took keeps that type through every iteration, so
+/// the final value has it; any other carried value has an unknown shape (it may change from one
+/// iteration to the next). A scan output has the body's type of it with a new leading dim, a
+/// fresh symbol: the number of iterations is known only at run time.
+fn loop_types(
+    ctx: &mut Ctx,
+    carried: usize,
+    body: &Graph,
+    ins: &[TensorType],
+) -> Result<Vec<TensorType>, String> {
+    let parts = ir::LoopParts::of(carried, body)
+        .ok_or_else(|| format!("loop: the body cannot carry {carried} values"))?;
+    let mut b = body.clone();
+    for (i, &id) in body.inputs().iter().enumerate().skip(2) {
+        if ins.get(i).is_some_and(|t| t.shape.is_some()) {
+            b.node_mut(id).outputs[0] = ins[i].clone();
+        }
+    }
+    ctx.next = ctx.next.max(Ctx::new(&b).next);
+    // A body that cannot be analysed with these types leaves the shapes unknown: the run checks
+    // them, iteration by iteration.
+    let analysed = analyse_in(&mut b, ctx).is_ok();
+    let out = |i: usize| b.outlet_type(b.outputs()[i].1).clone();
+    let mut types = Vec::with_capacity(parts.carried + parts.scans);
+    for j in 0..parts.carried {
+        let given = &b.node(b.inputs()[2 + j]).outputs[0];
+        let kept = analysed && given.shape.is_some() && out(1 + j).shape == given.shape;
+        types.push(TensorType {
+            dtype: ins[2 + j].dtype,
+            shape: if kept { given.shape.clone() } else { None },
+        });
+    }
+    for k in 0..parts.scans {
+        let each = out(1 + parts.carried + k);
+        let shape = each
+            .shape
+            .filter(|_| analysed)
+            .map(|s| std::iter::once(ctx.fresh()).chain(s).collect());
+        types.push(TensorType {
+            dtype: each.dtype,
+            shape,
+        });
+    }
+    Ok(types)
+}
+
 fn infer_value(op: &Op, ins: &[TensorType], vals: &[Option<&SymTensor>]) -> Option<SymTensor> {
     let small_int = |t: &TensorType| crate::sym::tracked(t.dtype);
     match op {

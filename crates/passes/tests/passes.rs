@@ -1091,3 +1091,63 @@ fn tile_infers_and_folds() {
         "{err}"
     );
 }
+
+/// Passes do not look into a loop: declutter leaves a body as it is (a session optimizes it on
+/// its own when it compiles the loop), does not evaluate a loop whose inputs are all constants
+/// (it runs at run time; the second loop, one output), and types the loop's outputs from an
+/// analysed copy of the body: a carried value the body gives back with the type it took keeps
+/// it, a scan gets a new leading dim.
+#[test]
+fn loop_is_opaque_to_declutter() {
+    let body = "\
+  body {
+    %0 = input[name=\"i\"] : i64[]
+    %1 = input[name=\"c\"] : bool[]
+    %2 = input[name=\"x_in\"] : f32[*]
+    %3 = input[name=\"k\"] : f32[*]
+    %4 = const[value=f32[]{1.0}] : f32[]
+    %5 = const[value=f32[]{1.0}] : f32[]
+    %6 = add(%4, %5) : f32[*]
+    %7 = mul(%2, %3) : f32[*]
+    %8 = add(%7, %6) : f32[*]
+    output \"c_out\" = %1
+    output \"x_out\" = %8
+    output \"scan\" = %7
+  }
+";
+    let unscanned = body.replace("    output \"scan\" = %7\n", "");
+    let text = format!(
+        "\
+%0 = const[value=i64[]{{3}}] : i64[]
+%1 = const[value=bool[]{{true}}] : bool[]
+%2 = input[name=\"x\"] : f32[B,4]
+%3 = const[value=f32[]{{2.0}}] : f32[]
+%4 = loop[carried=1](%0, %1, %2, %3) : (f32[*], f32[*])
+{body}%5 = const[value=f32[4]{{1.0, 2.0, 3.0, 4.0}}] : f32[4]
+%6 = loop[carried=1](%0, %1, %5, %3) : f32[*]
+{unscanned}%7 = shape[start=0](%4.1) : i64[*]
+output \"y\" = %4
+output \"scans\" = %4.1
+output \"n\" = %7
+output \"constant\" = %6
+"
+    );
+    let mut g = parse(&text);
+    let before = print(&g);
+    passes::Pipeline::declutter()
+        .run(&mut g, &mut passes::RunOptions::default())
+        .unwrap();
+    g.verify().unwrap();
+    let after = print(&g);
+    assert_eq!(count(&g, "loop"), 2, "{after}");
+    assert!(
+        after.contains(body) && after.contains(&unscanned),
+        "bodies changed:\n{after}"
+    );
+    assert!(after.contains(": (f32[B,4], f32[unk0,B,4])"), "{after}");
+    assert!(
+        after.contains("%6 = loop[carried=1](%0, %1, %5, %3) : f32[4]\n"),
+        "{after}"
+    );
+    insta::assert_snapshot!(format!("--- before\n{before}--- after declutter\n{after}"));
+}

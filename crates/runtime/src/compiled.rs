@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use ir::{DType, Graph, Op, Tensor};
@@ -69,13 +70,51 @@ pub(crate) fn is_compiled(path: &Path) -> bool {
 /// Writes `graph` as a compiled model file.
 pub fn save(graph: &Graph, path: &Path) -> Result<(), Error> {
     let mut g = graph.clone();
-    // Constants printed by reference are looked up by node name: make the names unique.
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
-    let ids: Vec<_> = g.topo_order()?;
-    for id in ids {
-        let Op::Const { value } = &g.node(id).op else {
-            continue;
+    collect_extern(&mut g, &mut seen, &mut tensors)?;
+    let text = ir::text::print(&g)?;
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, t) in &tensors {
+        let dtype = st_dtype(t.dtype()).ok_or_else(|| {
+            Error::Invalid(format!("constant `{name}`: {} cannot be saved", t.dtype()))
+        })?;
+        let data = t.bytes().expect("checked has_data");
+        let view = safetensors::tensor::TensorView::new(dtype, t.shape().to_vec(), data)
+            .map_err(|e| Error::Invalid(format!("constant `{name}`: {e}")))?;
+        views.push((name.clone(), view));
+    }
+    let meta = HashMap::from([
+        ("encore.format".to_string(), FORMAT_VERSION.to_string()),
+        ("encore.graph".to_string(), text),
+    ]);
+    safetensors::tensor::serialize_to_file(views, Some(meta), path).map_err(|e| Error::Compiled {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// Gives every constant printed by reference (in `g` and in its loop bodies, at any depth) a
+/// name unique in the whole file, and collects it: the text form finds such constants by node
+/// name, whichever graph they are in.
+fn collect_extern(
+    g: &mut Graph,
+    seen: &mut HashMap<String, usize>,
+    tensors: &mut Vec<(String, Tensor)>,
+) -> Result<(), Error> {
+    for id in g.topo_order()? {
+        let value = match &g.node(id).op {
+            Op::Const { value } => value,
+            Op::Loop { carried, body } => {
+                let (carried, mut body) = (*carried, (**body).clone());
+                collect_extern(&mut body, seen, tensors)?;
+                g.node_mut(id).op = Op::Loop {
+                    carried,
+                    body: Arc::new(body),
+                };
+                continue;
+            }
+            _ => continue,
         };
         if value.len() <= ir::INLINE_LIMIT || !value.has_data() {
             continue;
@@ -102,25 +141,7 @@ pub fn save(graph: &Graph, path: &Path) -> Result<(), Error> {
         g.node_mut(id).name = name.clone();
         tensors.push((name, value));
     }
-    let text = ir::text::print(&g)?;
-    let mut views = Vec::with_capacity(tensors.len());
-    for (name, t) in &tensors {
-        let dtype = st_dtype(t.dtype()).ok_or_else(|| {
-            Error::Invalid(format!("constant `{name}`: {} cannot be saved", t.dtype()))
-        })?;
-        let data = t.bytes().expect("checked has_data");
-        let view = safetensors::tensor::TensorView::new(dtype, t.shape().to_vec(), data)
-            .map_err(|e| Error::Invalid(format!("constant `{name}`: {e}")))?;
-        views.push((name.clone(), view));
-    }
-    let meta = HashMap::from([
-        ("encore.format".to_string(), FORMAT_VERSION.to_string()),
-        ("encore.graph".to_string(), text),
-    ]);
-    safetensors::tensor::serialize_to_file(views, Some(meta), path).map_err(|e| Error::Compiled {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    })
+    Ok(())
 }
 
 /// Reads a compiled model file: the graph from the metadata, the constants as slices of the
@@ -171,15 +192,19 @@ pub fn load(path: &Path) -> Result<Graph, Error> {
         consts.insert(name, t);
     }
     let g = ir::text::parse(text, Some(&consts))?;
-    for id in g.node_ids() {
-        if let Op::Const { value } = &g.node(id).op {
-            if !value.has_data() {
-                return Err(file_err(format!(
-                    "constant `{}` has no data in the file",
-                    g.node(id).name
-                )));
-            }
-        }
+    if let Some(name) = constant_without_data(&g) {
+        return Err(file_err(format!(
+            "constant `{name}` has no data in the file"
+        )));
     }
     Ok(g)
+}
+
+/// The name of a constant of `g` or of its loop bodies that has no data, if there is one.
+fn constant_without_data(g: &Graph) -> Option<String> {
+    g.node_ids().find_map(|id| match &g.node(id).op {
+        Op::Const { value } if !value.has_data() => Some(g.node(id).name.clone()),
+        Op::Loop { body, .. } => constant_without_data(body),
+        _ => None,
+    })
 }

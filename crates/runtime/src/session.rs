@@ -11,6 +11,9 @@
 //! interpreter walks the steps, each value in its planned buffer's slot; memory comes from a
 //! per-session arena that recycles the buffers of dead values within and across runs (dying
 //! inputs of elementwise ops, softmax, GELU and reshapes are reused in place).
+//!
+//! A loop step runs its body once per iteration: the body is compiled with the session, as a
+//! session of its own (optimized and lowered on its own), and each iteration is a run of it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -104,6 +107,108 @@ struct InputSlot {
     slot: usize,
 }
 
+/// A named input of a run: owned by the caller ([`Session::run`]) or borrowed (the inputs of a
+/// loop body, which live in the enclosing run and are the same in every iteration).
+trait Feed {
+    fn name(&self) -> &str;
+    fn value(&self) -> &TensorValue;
+}
+
+impl Feed for (&str, TensorValue) {
+    fn name(&self) -> &str {
+        self.0
+    }
+    fn value(&self) -> &TensorValue {
+        &self.1
+    }
+}
+
+impl Feed for (&str, &TensorValue) {
+    fn name(&self) -> &str {
+        self.0
+    }
+    fn value(&self) -> &TensorValue {
+        self.1
+    }
+}
+
+/// The body of a loop step, compiled as a session of its own (optimized and lowered on its
+/// own: passes do not look into a loop) and run once per iteration.
+struct CompiledBody {
+    session: Session,
+    parts: ir::LoopParts,
+    input_names: Vec<String>,
+    /// The type of one iteration's value of each scan output, the best known: what an empty
+    /// stack (no iteration ran) takes its dtype and shape from.
+    scan_types: Vec<ir::TensorType>,
+}
+
+impl CompiledBody {
+    /// Compiles the body of loop `node`, whose outputs have the types `outputs`.
+    fn compile(
+        node: &str,
+        carried: usize,
+        body: &Graph,
+        outputs: &[&ir::TensorType],
+        opts: &CompileOptions,
+    ) -> Result<CompiledBody, Error> {
+        let bad = |message: String| Error::op(node, "loop", message);
+        let parts = ir::LoopParts::of(carried, body)
+            .ok_or_else(|| bad(format!("the body cannot carry {carried} values")))?;
+        // The body's inputs are no batch of token sequences: padding-free packing and a batch
+        // limit do not apply to them.
+        let opts = CompileOptions {
+            max_batch: None,
+            padding_free: false,
+            ..opts.clone()
+        };
+        let session = Session::new(&Model::from_graph(body.clone())?, opts)
+            .map_err(|e| bad(format!("body: {e}")))?;
+        let input_names = body
+            .inputs()
+            .iter()
+            .map(|&id| match &body.node(id).op {
+                Op::Input { name } => name.clone(),
+                _ => body.node(id).name.clone(),
+            })
+            .collect();
+        let g = session.graph();
+        let fixed = |t: &ir::TensorType| {
+            t.shape
+                .as_ref()
+                .is_some_and(|s| s.iter().all(|d| d.as_fixed().is_some()))
+        };
+        // The body's own type of a scanned value, or the loop's type of the stack without its
+        // first axis (the model may declare it), whichever has fixed dims.
+        let scan_types = g.outputs()[1 + parts.carried..]
+            .iter()
+            .zip(&outputs[parts.carried..])
+            .map(|((_, o), stacked)| {
+                let each = g.outlet_type(*o);
+                let from_stack = ir::TensorType {
+                    dtype: each.dtype,
+                    shape: stacked
+                        .shape
+                        .as_ref()
+                        .and_then(|s| s.get(1..))
+                        .map(<[_]>::to_vec),
+                };
+                if !fixed(each) && fixed(&from_stack) {
+                    from_stack
+                } else {
+                    each.clone()
+                }
+            })
+            .collect();
+        Ok(CompiledBody {
+            session,
+            parts,
+            input_names,
+            scan_types,
+        })
+    }
+}
+
 /// A compiled model: weights packed, ops ordered, buffers planned. `Session` is `Send + Sync`;
 /// concurrent [`Session::run`] calls are allowed (each takes its own buffer arena).
 ///
@@ -131,6 +236,8 @@ pub struct Session {
     consts: Vec<(usize, TensorValue)>,
     /// By [`lower::WeightId`].
     weights: Vec<Packed>,
+    /// The bodies of the loop steps, by step index.
+    bodies: HashMap<usize, CompiledBody>,
     opts: CompileOptions,
     arenas: Mutex<Vec<Arena>>,
 }
@@ -220,6 +327,15 @@ impl Session {
                 consts.push((v.slot, TensorValue::from_ir(t)?));
             }
         }
+        let mut bodies = HashMap::new();
+        for (k, st) in program.steps.iter().enumerate() {
+            if let Op::Loop { carried, body } = &st.op {
+                let outputs: Vec<&ir::TensorType> =
+                    st.outputs.iter().map(|&v| &program.values[v].ty).collect();
+                let compiled = CompiledBody::compile(&st.node, *carried, body, &outputs, &opts)?;
+                bodies.insert(k, compiled);
+            }
+        }
         // What the program copied from the model file (small constants) or left unread (the
         // separate Q, K and V weights whose merge was packed) gives its pages back too; only the
         // tables read in place at run time keep theirs.
@@ -256,6 +372,7 @@ impl Session {
             inputs,
             consts,
             weights,
+            bodies,
             opts: CompileOptions { threads, ..opts },
             arenas: Mutex::new(Vec::new()),
         })
@@ -349,15 +466,15 @@ impl Session {
     /// Checks the inputs against the model: names, dtypes, ranks, fixed dims and consistent
     /// symbols (e.g. the same batch and sequence for every input), batch and sequence limits.
     /// Returns the symbol bindings.
-    fn validate(&self, given: &[(&str, TensorValue)]) -> Result<HashMap<String, usize>, Error> {
-        for (i, (name, _)) in given.iter().enumerate() {
+    fn validate<F: Feed>(&self, given: &[F]) -> Result<HashMap<String, usize>, Error> {
+        for (i, name) in given.iter().map(Feed::name).enumerate() {
             if !self.inputs.iter().any(|s| s.spec.name == *name) {
                 return Err(Error::UnknownInput {
                     name: name.to_string(),
                     known: self.inputs.iter().map(|s| s.spec.name.clone()).collect(),
                 });
             }
-            if given[..i].iter().any(|(n, _)| n == name) {
+            if given[..i].iter().any(|f| f.name() == name) {
                 return Err(Error::DuplicateInput {
                     name: name.to_string(),
                 });
@@ -367,11 +484,11 @@ impl Session {
         let mut composite = Vec::new();
         for s in &self.inputs {
             let name = &s.spec.name;
-            let t = &given
+            let t = given
                 .iter()
-                .find(|(n, _)| n == name)
+                .find(|f| f.name() == name)
                 .ok_or_else(|| Error::MissingInput { name: name.clone() })?
-                .1;
+                .value();
             if t.dtype() != s.spec.ty.dtype {
                 return Err(Error::InputDType {
                     name: name.clone(),
@@ -435,7 +552,7 @@ impl Session {
             }
         }
         if let Some(max) = self.opts.max_batch {
-            for (_, t) in given {
+            for t in given.iter().map(Feed::value) {
                 if let Some(&b) = t.shape().first() {
                     if b > max {
                         return Err(Error::BatchTooLarge {
@@ -448,7 +565,7 @@ impl Session {
         }
         for (node, limit) in &self.program.position_limits {
             for inp in &self.program.token_inputs {
-                if let Some((_, t)) = given.iter().find(|(n, _)| n == inp) {
+                if let Some(t) = given.iter().find(|f| f.name() == inp).map(Feed::value) {
                     if t.rank() >= 2 {
                         let len = *t.shape().last().unwrap();
                         if len > *limit {
@@ -466,12 +583,13 @@ impl Session {
     }
 
     /// The sequence length of this run, if the model has token inputs.
-    fn seq_len(&self, given: &[(&str, TensorValue)]) -> Option<usize> {
+    fn seq_len<F: Feed>(&self, given: &[F]) -> Option<usize> {
         self.program.token_inputs.iter().find_map(|inp| {
             given
                 .iter()
-                .find(|(n, _)| n == inp)
-                .and_then(|(_, t)| (t.rank() >= 2).then(|| *t.shape().last().unwrap()))
+                .find(|f| f.name() == inp)
+                .map(Feed::value)
+                .and_then(|t| (t.rank() >= 2).then(|| *t.shape().last().unwrap()))
         })
     }
 
@@ -561,9 +679,9 @@ impl Session {
         Ok((out, times))
     }
 
-    fn run_inner(
+    fn run_inner<F: Feed>(
         &self,
-        inputs: &[(&str, TensorValue)],
+        inputs: &[F],
         times: Option<&mut Vec<NodeTime>>,
         observe: Option<LinearObserver<'_>>,
     ) -> Result<Vec<(String, TensorValue)>, Error> {
@@ -581,9 +699,9 @@ impl Session {
         result
     }
 
-    fn execute(
+    fn execute<F: Feed>(
         &self,
-        inputs: &[(&str, TensorValue)],
+        inputs: &[F],
         arena: &mut Arena,
         mut times: Option<&mut Vec<NodeTime>>,
         mut observe: Option<LinearObserver<'_>>,
@@ -595,18 +713,20 @@ impl Session {
             slots[*s] = Slot::Ref(t);
         }
         for i in &self.inputs {
-            let t = &inputs
+            let t = inputs
                 .iter()
-                .find(|(n, _)| *n == i.spec.name)
+                .find(|f| f.name() == i.spec.name)
                 .expect("validated")
-                .1;
+                .value();
             slots[i.slot] = Slot::Ref(t);
         }
+        // Only an error message needs it, but `inputs` is generic and the steps are not.
+        let seq = self.seq_len(inputs);
         let mut ctx = Ctx {
             threads: self.opts.threads,
             arena,
         };
-        for st in &program.steps {
+        for (k, st) in program.steps.iter().enumerate() {
             // Inputs read for the last time, once, are handed over owned.
             // Inline storage: no heap allocation per step for the usual handful of inputs.
             let mut owned: SmallVec<[Option<TensorValue>; 8]> = SmallVec::new();
@@ -654,7 +774,7 @@ impl Session {
                     obs(&st.node, ins[0].get());
                 }
             }
-            let outs = self.exec_step(st, &mut ins, &mut ctx, inputs);
+            let outs = self.exec_step(k, st, &mut ins, &mut ctx, seq);
             if let (Some(t), Some(t0)) = (times.as_deref_mut(), t0) {
                 t.push(NodeTime {
                     node: st.node.clone(),
@@ -709,14 +829,18 @@ impl Session {
         Ok(result)
     }
 
+    /// Runs step `k` (`st`); `seq` is the run's sequence length, for error messages.
     fn exec_step(
         &self,
+        k: usize,
         st: &lower::Step,
         ins: &mut [Input<'_>],
         ctx: &mut Ctx<'_>,
-        given: &[(&str, TensorValue)],
+        seq: Option<usize>,
     ) -> Result<Vec<TensorValue>, Error> {
-        use exec::{attention, elementwise as ew, fused, nn, packing, quant, shape_ops as so};
+        use exec::{
+            attention, control, elementwise as ew, fused, nn, packing, quant, shape_ops as so,
+        };
         let node = st.node.as_str();
         let weight = st.weight.map(|(_, w)| &self.weights[w]);
         let packed = match weight {
@@ -797,7 +921,7 @@ impl Session {
                 };
                 match gathered {
                     Ok(t) => one(t),
-                    Err(oor) => Err(self.lookup_error(st, oor, given)),
+                    Err(oor) => Err(self.lookup_error(st, oor, seq)),
                 }
             }
             Op::GatherElements { axis } => one(so::gather_elements(r(0), r(1), *axis, node)?),
@@ -1008,6 +1132,26 @@ impl Session {
                 let bzp = ins.get(3).map(|i| i.get());
                 one(quant::matmul_integer(r(0), r(1), azp, bzp, node)?)
             }
+            Op::Loop { .. } => {
+                let body = self.bodies.get(&k).ok_or_else(|| {
+                    Error::Invalid(format!("internal: loop `{node}` has no compiled body"))
+                })?;
+                let xs: Vec<&TensorValue> = ins.iter().map(|i| i.get()).collect();
+                let plan = control::LoopBody {
+                    parts: body.parts,
+                    input_names: &body.input_names,
+                    scan_types: &body.scan_types,
+                };
+                control::run_loop(
+                    &plan,
+                    &xs,
+                    &mut |feeds| {
+                        let outs = body.session.run_inner(feeds, None, None)?;
+                        Ok(outs.into_iter().map(|(_, t)| t).collect())
+                    },
+                    node,
+                )
+            }
         }
     }
 
@@ -1015,7 +1159,7 @@ impl Session {
         &self,
         st: &lower::Step,
         oor: exec::shape_ops::OutOfRange,
-        given: &[(&str, TensorValue)],
+        seq: Option<usize>,
     ) -> Error {
         match &st.lookup {
             Lookup::Token { input } => Error::TokenOutOfVocab {
@@ -1024,7 +1168,7 @@ impl Session {
                 vocab_size: oor.dim,
                 node: st.node.clone(),
             },
-            Lookup::Position { limit } => match self.seq_len(given) {
+            Lookup::Position { limit } => match seq {
                 // Positions grow by one per token: the longest sequence that fits is shorter
                 // than this one by how far the largest position overshoots the table.
                 Some(len) if oor.index >= oor.dim as i64 => Error::SequenceTooLong {

@@ -1944,3 +1944,325 @@ fn range_at_opset_27_and_on_int16() {
         .unwrap_err();
     assert!(e.contains("u8"), "{e}");
 }
+
+fn value_info(name: &str, dtype: Option<DataType>) -> ValueInfoProto {
+    ValueInfoProto {
+        name: name.into(),
+        r#type: dtype.map(|d| TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: d as i32,
+                shape: None,
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A `Loop` body: its inputs (untyped where the dtype is `None`, as ONNX allows), nodes and
+/// outputs.
+fn loop_body(
+    inputs: &[(&str, Option<DataType>)],
+    nodes: Vec<NodeProto>,
+    outputs: &[&str],
+) -> AttributeProto {
+    AttributeProto {
+        name: "body".into(),
+        r#type: AttributeType::Graph as i32,
+        g: Some(GraphProto {
+            name: "body".into(),
+            input: inputs.iter().map(|&(n, d)| value_info(n, d)).collect(),
+            node: nodes,
+            output: outputs.iter().map(|&o| value_info(o, None)).collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn constant(output: &str, v: &TensorValue) -> NodeProto {
+    let mut n = node("Constant", &[], output, vec![]);
+    n.attribute.push(AttributeProto {
+        name: "value".into(),
+        r#type: AttributeType::Tensor as i32,
+        t: Some(tensor_proto(output, v)),
+        ..Default::default()
+    });
+    n
+}
+
+/// A `Loop` case over `inputs` (trip count, condition, initial values; absent where `None`);
+/// `in{reads_from}` and later are values of the graph that only the body reads.
+fn loop_case(
+    inputs: Vec<Option<TensorValue>>,
+    reads_from: usize,
+    body: &AttributeProto,
+    outputs: Vec<&'static str>,
+) -> Case {
+    fn node_reads_3(m: &mut ModelProto) {
+        m.graph.as_mut().unwrap().node[0].input.truncate(3);
+    }
+    let mut c = Case::new("Loop", 11, vec![]).attr(body.clone());
+    c.inputs = inputs;
+    c.outputs = outputs;
+    match reads_from {
+        3 => c.patch = Some(node_reads_3),
+        r => assert_eq!(r, c.inputs.len(), "no value read by the body alone"),
+    }
+    c
+}
+
+/// ONNX's `loop11` with the sliced tensor a value of the enclosing graph: the carried sum, its
+/// scan over the iterations, and no iteration at all when the trip count is 0 or the condition
+/// false (the initial value, and an empty scan).
+#[test]
+fn loop_carries_scans_and_reads_enclosing_values() {
+    use DataType::{Bool, Float, Int64};
+    let body = loop_body(
+        &[("i", Some(Int64)), ("c", Some(Bool)), ("y_in", Some(Float))],
+        vec![
+            node("Identity", &["c"], "c_out", vec![]),
+            constant("one", &TensorValue::scalar(1i64)),
+            node("Add", &["i", "one"], "end", vec![]),
+            node("Unsqueeze", &["i"], "start", vec![ints_attr("axes", &[0])]),
+            node("Unsqueeze", &["end"], "stop", vec![ints_attr("axes", &[0])]),
+            node("Slice", &["in3", "start", "stop"], "s", vec![]),
+            node("Add", &["y_in", "s"], "y_out", vec![]),
+            node("Identity", &["y_out"], "scan", vec![]),
+        ],
+        &["c_out", "y_out", "scan"],
+    );
+    let x = f32s(&[5], &[1.0, 2.0, 3.0, 4.0, 5.0]);
+    let run = |m: i64, cond: bool| {
+        let ins = vec![
+            Some(TensorValue::scalar(m)),
+            Some(TensorValue::scalar(cond)),
+            Some(f32s(&[1], &[0.0])),
+            Some(x.clone()),
+        ];
+        loop_case(ins, 3, &body, vec!["y", "scan"])
+            .run()
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let out = run(5, true);
+    assert_eq!(
+        (out[0].shape(), out[0].as_f32().unwrap()),
+        (&[1][..], &[15.0][..])
+    );
+    assert_eq!(out[1].shape(), [5, 1]);
+    assert_eq!(out[1].as_f32().unwrap(), [1.0, 3.0, 6.0, 10.0, 15.0]);
+    let out = run(2, true);
+    assert_eq!(out[0].as_f32().unwrap(), [3.0]);
+    assert_eq!(out[1].as_f32().unwrap(), [1.0, 3.0]);
+    for (m, cond) in [(0, true), (5, false)] {
+        let out = run(m, cond);
+        assert_eq!(out[0].as_f32().unwrap(), [0.0], "{m} {cond}");
+        // No iteration says what a scanned value looks like: the scan is empty, rank 1 here
+        // (the body's sum has no declared shape).
+        assert_eq!(out[1].shape(), [0], "{m} {cond}");
+    }
+}
+
+/// The body's condition ends the loop (it runs while `i < trip_count` and the condition it gave
+/// last holds); without a trip count only the condition does, and without a condition input the
+/// body's still does (as onnxruntime runs it).
+#[test]
+fn loop_stops_on_the_trip_count_or_the_condition() {
+    use DataType::{Bool, Int64};
+    let body = loop_body(
+        &[("i", Some(Int64)), ("c", Some(Bool)), ("n_in", None)],
+        vec![
+            constant("two", &TensorValue::scalar(2i64)),
+            node("Less", &["i", "two"], "c_out", vec![]),
+            constant("one", &TensorValue::scalar(1.0f32)),
+            node("Add", &["n_in", "one"], "n_out", vec![]),
+            node("Identity", &["i"], "scan", vec![]),
+        ],
+        &["c_out", "n_out", "scan"],
+    );
+    let m = |v: i64| Some(TensorValue::scalar(v));
+    let c = |v: bool| Some(TensorValue::scalar(v));
+    for (trip, cond, iterations) in [
+        (m(10), c(true), 3),
+        (m(2), c(true), 2),
+        (None, c(true), 3),
+        (m(10), None, 3),
+        (None, None, 3),
+        (m(10), c(false), 0),
+    ] {
+        let what = format!("{trip:?} {cond:?}");
+        let ins = vec![trip, cond, Some(TensorValue::scalar(0.0f32))];
+        let out = loop_case(ins, 3, &body, vec!["n", "scan"])
+            .run()
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(out[0].as_f32().unwrap(), [iterations as f32], "{what}");
+        assert_eq!(out[1].shape(), [iterations], "{what}");
+        let want: Vec<i64> = (0..iterations as i64).collect();
+        assert_eq!(out[1].to_i64_vec().unwrap(), want, "{what}");
+    }
+}
+
+/// A carried value may change shape from one iteration to the next (here it grows by one
+/// element each time); a scanned one may not: a typed error naming the node and iteration.
+#[test]
+fn loop_carried_values_may_change_shape_scans_may_not() {
+    use DataType::{Bool, Int64};
+    let growing = |scanned: bool| {
+        let mut outputs = vec!["c_out", "v_out"];
+        if scanned {
+            outputs.push("v_out");
+        }
+        loop_body(
+            &[("i", Some(Int64)), ("c", Some(Bool)), ("v_in", Some(Int64))],
+            vec![
+                node("Identity", &["c"], "c_out", vec![]),
+                node("Unsqueeze", &["i"], "iu", vec![ints_attr("axes", &[0])]),
+                node(
+                    "Concat",
+                    &["v_in", "iu"],
+                    "v_out",
+                    vec![int_attr("axis", 0)],
+                ),
+            ],
+            &outputs,
+        )
+    };
+    let ins = || {
+        vec![
+            Some(TensorValue::scalar(3i64)),
+            Some(TensorValue::scalar(true)),
+            Some(i64s(&[1], &[7])),
+        ]
+    };
+    let v = loop_case(ins(), 3, &growing(false), vec!["v"]).run1();
+    assert_eq!(v.shape(), [4]);
+    assert_eq!(v.to_i64_vec().unwrap(), [7, 0, 1, 2]);
+    let e = loop_case(ins(), 3, &growing(true), vec!["v", "scan"])
+        .run()
+        .unwrap_err();
+    assert!(
+        e.contains("`n`") && e.contains("iteration 1") && e.contains("scan output 0"),
+        "{e}"
+    );
+}
+
+/// Bad loops and bad values are typed errors, never panics: at import (a trip count that is
+/// not int64, a body with the wrong inputs, a carried value whose dtype the body changes) and
+/// at run time (a negative trip count, a condition of two elements, from the node or from the
+/// body).
+#[test]
+fn loop_bad_input_is_a_typed_error() {
+    use DataType::{Bool, Int64};
+    let counting = loop_body(
+        &[("i", Some(Int64)), ("c", Some(Bool)), ("v_in", None)],
+        vec![
+            node("Identity", &["c"], "c_out", vec![]),
+            node("Identity", &["v_in"], "v_out", vec![]),
+        ],
+        &["c_out", "v_out"],
+    );
+    let run = |trip: TensorValue, cond: TensorValue, body: &AttributeProto| {
+        let ins = vec![Some(trip), Some(cond), Some(f32s(&[1], &[1.0]))];
+        loop_case(ins, 3, body, vec!["v"]).run()
+    };
+    let (m, yes) = (TensorValue::scalar(2i64), TensorValue::scalar(true));
+    let e = run(TensorValue::scalar(-1i64), yes.clone(), &counting).unwrap_err();
+    assert!(e.contains("`n`") && e.contains("negative"), "{e}");
+    let two = TensorValue::from_bool(vec![2], vec![true, true]).unwrap();
+    let e = run(m.clone(), two, &counting).unwrap_err();
+    assert!(e.contains("condition") && e.contains("bool"), "{e}");
+    let e = run(TensorValue::scalar(2i32), yes.clone(), &counting).unwrap_err();
+    assert!(e.contains("`n`") && e.contains("i32"), "{e}");
+    let pair = loop_body(
+        &[("i", Some(Int64)), ("c", Some(Bool)), ("v_in", None)],
+        vec![
+            node("Unsqueeze", &["c"], "c1", vec![ints_attr("axes", &[0])]),
+            node("Concat", &["c1", "c1"], "c_out", vec![int_attr("axis", 0)]),
+            node("Identity", &["v_in"], "v_out", vec![]),
+        ],
+        &["c_out", "v_out"],
+    );
+    let e = run(m.clone(), yes.clone(), &pair).unwrap_err();
+    assert!(
+        e.contains("iteration 0") && e.contains("body's condition"),
+        "{e}"
+    );
+    let short = loop_body(
+        &[("i", Some(Int64)), ("c", Some(Bool))],
+        vec![node("Identity", &["c"], "c_out", vec![])],
+        &["c_out"],
+    );
+    let e = run(m.clone(), yes.clone(), &short).unwrap_err();
+    assert!(e.contains("the body takes 2 inputs"), "{e}");
+    let casting = loop_body(
+        &[("i", Some(Int64)), ("c", Some(Bool)), ("v_in", None)],
+        vec![
+            node("Identity", &["c"], "c_out", vec![]),
+            node(
+                "Cast",
+                &["v_in"],
+                "v_out",
+                vec![int_attr("to", DataType::Int64 as i64)],
+            ),
+        ],
+        &["c_out", "v_out"],
+    );
+    let e = run(m, yes, &casting).unwrap_err();
+    assert!(e.contains("carried value 0 changes dtype"), "{e}");
+}
+
+/// A loop in a loop body reads a value of the top graph, two scopes up, and a body holds a
+/// constant too large to print inline: the model runs the same after a round trip through a
+/// compiled `.encore` file, which keeps the body's constant.
+#[test]
+fn nested_loops_survive_a_compiled_file() {
+    use DataType::{Bool, Int64};
+    let inner = loop_body(
+        &[("j", Some(Int64)), ("d", Some(Bool)), ("a_in", None)],
+        vec![
+            node("Identity", &["d"], "d_out", vec![]),
+            node("Add", &["a_in", "in3"], "a_out", vec![]),
+        ],
+        &["d_out", "a_out"],
+    );
+    let big = f32s(&[100], &[0.5; 100]);
+    let mut inner_loop = node("Loop", &["three", "c", "acc_in"], "inner_out", vec![]);
+    inner_loop.attribute.push(inner);
+    let outer = loop_body(
+        &[("i", Some(Int64)), ("c", Some(Bool)), ("acc_in", None)],
+        vec![
+            node("Identity", &["c"], "c_out", vec![]),
+            constant("three", &TensorValue::scalar(3i64)),
+            inner_loop,
+            constant("big", &big),
+            node("Add", &["inner_out", "big"], "acc_out", vec![]),
+        ],
+        &["c_out", "acc_out"],
+    );
+    let w: Vec<f32> = (0..100).map(|k| k as f32).collect();
+    let ins = vec![
+        Some(TensorValue::scalar(2i64)),
+        Some(TensorValue::scalar(true)),
+        Some(f32s(&[100], &[1.0; 100])),
+        Some(f32s(&[100], &w)),
+    ];
+    let case = loop_case(ins, 3, &outer, vec!["acc"]);
+    let acc = case.run1();
+    let want: Vec<f32> = w.iter().map(|&x| 1.0 + 2.0 * (3.0 * x + 0.5)).collect();
+    assert_eq!(acc.as_f32().unwrap(), want);
+
+    let bytes = Bytes::from(case.model(true).encode_to_vec());
+    let model = Model::from_graph(frontend_onnx::import_bytes(bytes, None).unwrap()).unwrap();
+    let text = ir::text::print(model.graph()).unwrap();
+    assert!(
+        text.contains("    %6 = const[value=f32[100]{extern}] : f32[100]  # Constant_big\n"),
+        "the body's constant is saved by reference:\n{text}"
+    );
+    let path = std::env::temp_dir().join(format!("loop-{}.encore", std::process::id()));
+    model.save(&path).unwrap();
+    let back = Model::load(&path).unwrap();
+    std::fs::remove_file(&path).ok();
+    let s = Session::new(&back, CompileOptions::default()).unwrap();
+    let out = s.run(&[]).unwrap();
+    assert_eq!(out[0].1.as_f32().unwrap(), want);
+}

@@ -5,6 +5,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod attn_kernels;
+pub(crate) mod control;
 pub(crate) mod elementwise;
 pub(crate) mod fused;
 pub(crate) mod nn;
