@@ -19,7 +19,8 @@
 //!
 //! - elementwise: Add, Sub, Mul, Div, Pow (an exponent of another numeric dtype is cast to the
 //!   base's, an integer base with a float exponent is computed in f32 and truncated), Max, Min,
-//!   Sum (variadic ones become chains), Mod (both `fmod` forms), Equal, Less, Greater, And, Or,
+//!   Sum (variadic ones become chains), Mean (the Sum chain divided by the count), Mod (both
+//!   `fmod` forms), Equal, Less, Greater, And, Or,
 //!   Xor, Not, Neg, Abs, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Sin, Cos, Round
 //!   (half to even), Ceil, Floor, Sign (floats and integers), IsNaN, IsInf, Gelu (opset 20+), Where, Cast and CastLike (whose target is
 //!   its second input's ONNX type where the model states it; to FLOAT16 and BFLOAT16 as a

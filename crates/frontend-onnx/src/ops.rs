@@ -377,6 +377,36 @@ impl<'m> Importer<'m> {
                     self.emit(n, Op::Binary(op), &[acc, ins[ins.len() - 1]], &[d])?;
                 }
             }
+            "Mean" => {
+                // Mean(x₀, …, xₙ₋₁) = (x₀ + … + xₙ₋₁) / n, summed left to right (as Sum) and
+                // divided once, as the ONNX reference computes it.
+                x.arity(1, usize::MAX)?;
+                let ins: Vec<Outlet> = (0..x.ins.len())
+                    .map(|i| x.input(i))
+                    .collect::<Result<_, _>>()?;
+                let d = self.same_dtypes(&x, &ins)?;
+                self.require_dtype(&x, 0, &[DType::F32])?;
+                if ins.len() == 1 {
+                    self.alias(&x, ins[0])?;
+                } else {
+                    let mut acc = ins[0];
+                    for (k, &o) in ins[1..].iter().enumerate() {
+                        acc = self.emit_aux(
+                            n,
+                            &format!("add{k}"),
+                            Op::Binary(BinaryOp::Add),
+                            &[acc, o],
+                            d,
+                        )?;
+                    }
+                    let count = self.aux_const(
+                        &x,
+                        "count",
+                        Tensor::from_vec(vec![], vec![ins.len() as f32]),
+                    );
+                    self.emit(n, Op::Binary(BinaryOp::Div), &[acc, count], &[d])?;
+                }
+            }
             "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Erf" | "Tanh" | "Sigmoid"
             | "Relu" | "Not" | "Sin" | "Cos" | "Round" | "Ceil" | "Floor" | "Sign" => {
                 x.arity(1, 1)?;

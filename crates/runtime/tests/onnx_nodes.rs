@@ -2266,3 +2266,30 @@ fn nested_loops_survive_a_compiled_file() {
     let out = s.run(&[]).unwrap();
     assert_eq!(out[0].1.as_f32().unwrap(), want);
 }
+
+/// Mean of one, two and three inputs (broadcasting), summed left to right and divided once;
+/// integers are refused by dtype.
+#[test]
+fn mean_of_several_inputs() {
+    let a = f32s(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    let b = f32s(&[2], &[0.5, -1.0]);
+    let c = f32s(&[2, 2], &[0.25, 0.0, 1.0, 1.0e-8]);
+    assert_eq!(Case::new("Mean", 13, vec![a.clone()]).run1(), a);
+    let y = Case::new("Mean", 13, vec![a.clone(), b.clone()]).run1();
+    assert_eq!(y.as_f32().unwrap(), [0.75, 0.5, 1.75, 1.5]);
+    let y = Case::new("Mean", 8, vec![a, b, c]).run1();
+    let want: Vec<f32> = [
+        (1.0f32, 0.5f32, 0.25f32),
+        (2.0, -1.0, 0.0),
+        (3.0, 0.5, 1.0),
+        (4.0, -1.0, 1.0e-8),
+    ]
+    .iter()
+    .map(|&(x, y, z)| (x + y + z) / 3.0)
+    .collect();
+    assert_eq!(y.as_f32().unwrap(), want);
+    let e = Case::new("Mean", 13, vec![i64s(&[1], &[3]), i64s(&[1], &[4])])
+        .run()
+        .unwrap_err();
+    assert!(e.contains("`n`") && e.contains("i64"), "{e}");
+}
