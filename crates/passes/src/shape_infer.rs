@@ -1198,6 +1198,12 @@ fn slice_shape(
             .map(|a| a.as_int().map(|a| norm_axis(a, r)).transpose())
             .collect::<Result<_, _>>()?,
         Some(None) => vec![None; k],
+        // Without axes, start j is on axis j: more starts than axes is malformed.
+        None if k > r => {
+            return Err(format!(
+                "{k} slice starts without axes for an input of rank {r}"
+            ))
+        }
         None => (0..k).map(Some).collect(),
     };
     let get = |i: usize, j: usize| -> Option<SymInt> {
