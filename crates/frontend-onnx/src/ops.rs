@@ -350,12 +350,18 @@ impl<'m> Importer<'m> {
                 self.require_dtype(&x, 0, &NUMERIC)?;
                 self.emit(n, Op::Binary(op), &[a, b], &[d])?;
             }
-            "Max" | "Min" | "Sum" => {
+            "Max" | "Min" | "Sum" | "Mean" => {
+                // Variadic ops become chains, left to right; Mean(x₀, …, xₙ₋₁) is the Sum chain
+                // divided once by n, as the ONNX reference computes it.
                 x.arity(1, usize::MAX)?;
                 let ins: Vec<Outlet> = (0..x.ins.len())
                     .map(|i| x.input(i))
                     .collect::<Result<_, _>>()?;
                 let d = self.same_dtypes(&x, &ins)?;
+                let mean = x.op_type() == "Mean";
+                if mean {
+                    self.require_dtype(&x, 0, &[DType::F32])?;
+                }
                 let op = match x.op_type() {
                     "Max" => BinaryOp::Max,
                     "Min" => BinaryOp::Min,
@@ -364,8 +370,10 @@ impl<'m> Importer<'m> {
                 if ins.len() == 1 {
                     self.alias(&x, ins[0])?;
                 } else {
+                    // The last link is the node's own output, unless a division follows it.
+                    let chained = if mean { ins.len() } else { ins.len() - 1 };
                     let mut acc = ins[0];
-                    for (k, &o) in ins[1..ins.len() - 1].iter().enumerate() {
+                    for (k, &o) in ins[1..chained].iter().enumerate() {
                         acc = self.emit_aux(
                             n,
                             &format!("{}{k}", op.name()),
@@ -374,37 +382,16 @@ impl<'m> Importer<'m> {
                             d,
                         )?;
                     }
-                    self.emit(n, Op::Binary(op), &[acc, ins[ins.len() - 1]], &[d])?;
-                }
-            }
-            "Mean" => {
-                // Mean(x₀, …, xₙ₋₁) = (x₀ + … + xₙ₋₁) / n, summed left to right (as Sum) and
-                // divided once, as the ONNX reference computes it.
-                x.arity(1, usize::MAX)?;
-                let ins: Vec<Outlet> = (0..x.ins.len())
-                    .map(|i| x.input(i))
-                    .collect::<Result<_, _>>()?;
-                let d = self.same_dtypes(&x, &ins)?;
-                self.require_dtype(&x, 0, &[DType::F32])?;
-                if ins.len() == 1 {
-                    self.alias(&x, ins[0])?;
-                } else {
-                    let mut acc = ins[0];
-                    for (k, &o) in ins[1..].iter().enumerate() {
-                        acc = self.emit_aux(
-                            n,
-                            &format!("add{k}"),
-                            Op::Binary(BinaryOp::Add),
-                            &[acc, o],
-                            d,
-                        )?;
+                    if mean {
+                        let count = self.aux_const(
+                            &x,
+                            "count",
+                            Tensor::from_vec(vec![], vec![ins.len() as f32]),
+                        );
+                        self.emit(n, Op::Binary(BinaryOp::Div), &[acc, count], &[d])?;
+                    } else {
+                        self.emit(n, Op::Binary(op), &[acc, ins[ins.len() - 1]], &[d])?;
                     }
-                    let count = self.aux_const(
-                        &x,
-                        "count",
-                        Tensor::from_vec(vec![], vec![ins.len() as f32]),
-                    );
-                    self.emit(n, Op::Binary(BinaryOp::Div), &[acc, count], &[d])?;
                 }
             }
             "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Erf" | "Tanh" | "Sigmoid"
