@@ -136,6 +136,36 @@ pub enum GeluApprox {
     Tanh,
 }
 
+/// The arithmetic of attention's two products, `q·kᵀ` and `p·v`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AttnProducts {
+    /// f32 FMAs (what every importer makes, and the default).
+    #[default]
+    F32,
+    /// 8-bit integers: q quantized per query row and k per key row (symmetric), the softmax
+    /// numerators as u8 (`round(255·exp(s − max))`), v per head column; exact i32 sums scaled
+    /// in f32. Chosen by the quantize pipeline on request (`encore quantize --attention int8`).
+    Int8,
+}
+
+impl AttnProducts {
+    /// The name in the text form (`products="int8"`; f32 is not printed).
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnProducts::F32 => "f32",
+            AttnProducts::Int8 => "int8",
+        }
+    }
+
+    fn from_name(s: &str) -> Option<AttnProducts> {
+        match s {
+            "f32" => Some(AttnProducts::F32),
+            "int8" => Some(AttnProducts::Int8),
+            _ => None,
+        }
+    }
+}
+
 /// How `Pad` fills the border (ONNX `Pad`'s `mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PadMode {
@@ -589,14 +619,22 @@ pub enum Op {
     /// `(q, k, v, mask_bias?)` multi-head attention (recognised): q, k, v are `[B, S, H]`, split
     /// into `num_heads` heads; `softmax(q·kᵀ·scale + mask_bias)·v`, heads merged back to `[B, S, H]`.
     /// `mask_bias` is an additive f32 bias broadcastable to `[B, heads, S, S]`.
-    Attention { num_heads: usize, scale: f32 },
+    Attention {
+        num_heads: usize,
+        scale: f32,
+        products: AttnProducts,
+    },
     /// `(qkv, mask_bias?)`: [`Op::Attention`] on one `[B, S, 3H]` tensor whose columns are q,
     /// then k, then v (what one GEMM makes of the three projections of a token); `[B, S, H]` out.
     ///
     /// ```text
     /// %9 = attention_qkv[num_heads=12, scale=0.125](%8, %3) : f32[B,S,768]
     /// ```
-    AttentionQkv { num_heads: usize, scale: f32 },
+    AttentionQkv {
+        num_heads: usize,
+        scale: f32,
+        products: AttnProducts,
+    },
     /// `(qkv, mask, mask_bias?)`: [`Op::AttentionQkv`] on the packed real tokens of a batch
     /// (`qkv` is `[1, T, 3H]`, the rows that [`Op::PackRows`] keeps): each sequence attends over
     /// its own rows only, found from `mask` (`[B, S]`, non-zero = real token); `mask_bias`
@@ -606,8 +644,13 @@ pub enum Op {
     ///
     /// ```text
     /// %9 = attention_packed[num_heads=12, scale=0.125](%8, %1, %3) : f32[1,packed_tokens,768]
+    /// %9 = attention_packed[num_heads=12, scale=0.125, products="int8"](%8, %1, %3) : f32[1,packed_tokens,768]
     /// ```
-    AttentionPacked { num_heads: usize, scale: f32 },
+    AttentionPacked {
+        num_heads: usize,
+        scale: f32,
+        products: AttnProducts,
+    },
     /// `(x, mask)`: the rows of `x` (`[B, S, …]`) at the real tokens of `mask` (`[B, S]`,
     /// non-zero = real), in order, as `[1, T, …]` with `T` the number of real tokens: token-wise
     /// ops after it compute no padding.
@@ -1023,12 +1066,30 @@ impl Op {
             }
             Op::QuantizeLinear { axis, to } => vec![("axis", Int(*axis)), ("to", DType(*to))],
             Op::Gelu { approx } => vec![("approx", Str(approx.name().to_string()))],
-            Op::Attention { num_heads, scale }
-            | Op::AttentionQkv { num_heads, scale }
-            | Op::AttentionPacked { num_heads, scale } => vec![
-                ("num_heads", Int(*num_heads as i64)),
-                ("scale", Float(*scale)),
-            ],
+            Op::Attention {
+                num_heads,
+                scale,
+                products,
+            }
+            | Op::AttentionQkv {
+                num_heads,
+                scale,
+                products,
+            }
+            | Op::AttentionPacked {
+                num_heads,
+                scale,
+                products,
+            } => {
+                let mut attrs = vec![
+                    ("num_heads", Int(*num_heads as i64)),
+                    ("scale", Float(*scale)),
+                ];
+                if *products != AttnProducts::F32 {
+                    attrs.push(("products", Str(products.name().to_string())));
+                }
+                attrs
+            }
             Op::FusedLinear { epilogue } => vec![("epilogue", epilogue_attr(epilogue))],
             Op::QLinear {
                 act,
@@ -1219,10 +1280,27 @@ impl Op {
                 let num_heads = usize::try_from(a.int("num_heads")?)
                     .map_err(|_| a.bad("num_heads", "a non-negative integer"))?;
                 let scale = a.float("scale")?;
+                let products = match a.opt_str("products")? {
+                    None => AttnProducts::F32,
+                    Some(p) => AttnProducts::from_name(&p)
+                        .ok_or_else(|| a.bad("products", "\"f32\" or \"int8\""))?,
+                };
                 match name {
-                    "attention" => Op::Attention { num_heads, scale },
-                    "attention_qkv" => Op::AttentionQkv { num_heads, scale },
-                    _ => Op::AttentionPacked { num_heads, scale },
+                    "attention" => Op::Attention {
+                        num_heads,
+                        scale,
+                        products,
+                    },
+                    "attention_qkv" => Op::AttentionQkv {
+                        num_heads,
+                        scale,
+                        products,
+                    },
+                    _ => Op::AttentionPacked {
+                        num_heads,
+                        scale,
+                        products,
+                    },
                 }
             }
             other => {
@@ -1307,6 +1385,13 @@ impl AttrReader<'_> {
         match self.need(key)? {
             Attr::DType(v) => Ok(v),
             _ => Err(self.bad(key, "a dtype")),
+        }
+    }
+    fn opt_str(&mut self, key: &str) -> Result<Option<String>, IrError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(Attr::Str(v)) => Ok(Some(v)),
+            Some(_) => Err(self.bad(key, "a string")),
         }
     }
     fn str(&mut self, key: &str) -> Result<String, IrError> {

@@ -57,6 +57,10 @@ pub struct QuantizeOptions {
     pub activations: ActivationMode,
     /// Linear layers left in FP32: a layer is kept when its node name contains one of these.
     pub keep_fp32: Vec<String>,
+    /// The arithmetic of the attention products `q·kᵀ` and `p·v` (f32 unless asked for;
+    /// [`QuantizeAttention`](crate::QuantizeAttention) applies it). `keep_fp32` names attention
+    /// nodes too.
+    pub attention: ir::AttnProducts,
 }
 
 impl Default for QuantizeOptions {
@@ -67,6 +71,7 @@ impl Default for QuantizeOptions {
             smooth: true,
             activations: ActivationMode::Dynamic,
             keep_fp32: Vec::new(),
+            attention: ir::AttnProducts::F32,
         }
     }
 }

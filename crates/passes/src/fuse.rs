@@ -677,7 +677,12 @@ fn requant_into_producer(g: &mut Graph, id: NodeId, report: &mut Report) -> Resu
 /// linear with the three weights side by side (`[k, 3n]`, columns q then k then v) feeding an
 /// `AttentionQkv`: one GEMM instead of three, and the activation quantized once.
 fn merge_qkv(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, String> {
-    let Op::Attention { num_heads, scale } = g.node(id).op else {
+    let Op::Attention {
+        num_heads,
+        scale,
+        products,
+    } = g.node(id).op
+    else {
         return Ok(false);
     };
     let name = g.node(id).name.clone();
@@ -840,7 +845,11 @@ fn merge_qkv(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, Str
     replace_with(
         g,
         id.into(),
-        Op::AttentionQkv { num_heads, scale },
+        Op::AttentionQkv {
+            num_heads,
+            scale,
+            products,
+        },
         &name,
         &att_inputs,
         att_ty,

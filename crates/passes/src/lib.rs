@@ -71,7 +71,8 @@ pub use fuse::{FoldQdq, FuseEpilogue};
 pub use pack::PackTokens;
 pub use pipeline::{DumpFn, DumpSpec, PassRun, Pipeline, RunOptions, RunReport};
 pub use quantize::{
-    group_by_input, quantize_weight, smoothing_factors, QuantizeLinears, SmoothQuant,
+    group_by_input, quantize_weight, smoothing_factors, QuantizeAttention, QuantizeLinears,
+    SmoothQuant,
 };
 pub use recognize::{RecognizeAttention, RecognizeGelu, RecognizeLayerNorm, RecognizeLinear};
 pub use shape_infer::{analyse, Analysis, ShapeInference};

@@ -403,7 +403,12 @@ fn rewrite(
         }
     }
     for &id in region {
-        let Op::AttentionQkv { num_heads, scale } = g.node(id).op else {
+        let Op::AttentionQkv {
+            num_heads,
+            scale,
+            products,
+        } = g.node(id).op
+        else {
             continue;
         };
         let ins = g.node_inputs(id);
@@ -414,7 +419,11 @@ fn rewrite(
         crate::rewrite::replace_with(
             g,
             id.into(),
-            Op::AttentionPacked { num_heads, scale },
+            Op::AttentionPacked {
+                num_heads,
+                scale,
+                products,
+            },
             &name,
             &inputs,
             ty,

@@ -123,6 +123,7 @@ impl Pipeline {
             vec![
                 Box::new(crate::SmoothQuant),
                 Box::new(crate::QuantizeLinears),
+                Box::new(crate::QuantizeAttention),
                 Box::new(DeadCodeElimination),
             ],
         )

@@ -454,3 +454,66 @@ fn quantize_one(g: &mut Graph, id: NodeId, ctx: &mut PassContext<'_>) -> Result<
     );
     Ok(true)
 }
+
+/// Sets the arithmetic of every attention op to the context's `attention` option (8-bit
+/// products on request; see [`ir::AttnProducts`]), except attention nodes named in
+/// `keep_fp32`. Runs in the `quantize` pipeline, after the linears.
+///
+/// ```
+/// use passes::{Pass, PassContext, QuantizeAttention};
+/// let mut g = ir::text::parse(
+///     "%0 = input[name=\"q\"] : f32[1,4,8]\n\
+///      %1 = input[name=\"k\"] : f32[1,4,8]\n\
+///      %2 = input[name=\"v\"] : f32[1,4,8]\n\
+///      %3 = attention[num_heads=2, scale=0.5](%0, %1, %2) : f32[1,4,8]  # attn\n\
+///      output \"y\" = %3\n",
+///     None,
+/// )
+/// .unwrap();
+/// let mut ctx = PassContext::default();
+/// assert!(!QuantizeAttention.run(&mut g, &mut ctx).unwrap()); // f32 unless asked
+/// ctx.quant.attention = ir::AttnProducts::Int8;
+/// assert!(QuantizeAttention.run(&mut g, &mut ctx).unwrap());
+/// assert!(ir::text::print(&g).unwrap().contains("products=\"int8\""));
+/// ```
+pub struct QuantizeAttention;
+
+const QUANT_ATTN: &str = "QuantizeAttention";
+
+impl Pass for QuantizeAttention {
+    fn name(&self) -> &'static str {
+        QUANT_ATTN
+    }
+
+    fn run(&self, graph: &mut Graph, ctx: &mut PassContext<'_>) -> Result<bool, PassError> {
+        let want = ctx.quant.attention;
+        let mut changed = false;
+        let ids: Vec<NodeId> = graph.node_ids().collect();
+        for id in ids {
+            let name = graph.node(id).name.clone();
+            let keep = ctx.quant.keeps_fp32(&name);
+            let (Op::Attention { products, .. }
+            | Op::AttentionQkv { products, .. }
+            | Op::AttentionPacked { products, .. }) = &mut graph.node_mut(id).op
+            else {
+                continue;
+            };
+            if *products == want || want == ir::AttnProducts::F32 {
+                continue;
+            }
+            if keep {
+                ctx.report
+                    .declined(QUANT_ATTN, &name, "kept in FP32 (keep-fp32)");
+                continue;
+            }
+            *products = want;
+            changed = true;
+            ctx.report.fired(
+                QUANT_ATTN,
+                &name,
+                format!("q·kᵀ and p·v in {}", want.name()),
+            );
+        }
+        Ok(changed)
+    }
+}

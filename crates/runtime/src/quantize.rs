@@ -302,6 +302,24 @@ impl QuantizeReport {
             .map(|n| (n.node.clone(), n.message.clone()))
             .collect()
     }
+
+    /// The attention ops whose products were made int8 (`attention: Int8`), in graph order.
+    pub fn attention_int8(&self) -> Vec<String> {
+        self.notes
+            .iter()
+            .filter(|n| n.pass == "QuantizeAttention" && n.kind == NoteKind::Fired)
+            .map(|n| n.node.clone())
+            .collect()
+    }
+
+    /// The attention ops left in f32 although int8 was asked for, with the reason.
+    pub fn attention_kept_fp32(&self) -> Vec<(String, String)> {
+        self.notes
+            .iter()
+            .filter(|n| n.pass == "QuantizeAttention" && n.kind == NoteKind::Declined)
+            .map(|n| (n.node.clone(), n.message.clone()))
+            .collect()
+    }
 }
 
 fn run_quantize(

@@ -1065,7 +1065,11 @@ impl Session {
                 )?)
             }
             Op::Gelu { approx } => one(ew::gelu(*approx, take(ins, 0), ctx, node)?),
-            Op::Attention { num_heads, scale } => {
+            Op::Attention {
+                num_heads,
+                scale,
+                products,
+            } => {
                 let mask = ins.get(3).map(|i| i.get());
                 one(attention::attention(
                     r(0),
@@ -1074,22 +1078,32 @@ impl Session {
                     mask,
                     *num_heads,
                     *scale,
+                    *products,
                     ctx,
                     node,
                 )?)
             }
-            Op::AttentionQkv { num_heads, scale } => {
+            Op::AttentionQkv {
+                num_heads,
+                scale,
+                products,
+            } => {
                 let mask = ins.get(1).map(|i| i.get());
                 one(attention::attention_qkv(
                     r(0),
                     mask,
                     *num_heads,
                     *scale,
+                    *products,
                     ctx,
                     node,
                 )?)
             }
-            Op::AttentionPacked { num_heads, scale } => {
+            Op::AttentionPacked {
+                num_heads,
+                scale,
+                products,
+            } => {
                 let bias = ins.get(2).map(|i| i.get());
                 one(attention::attention_packed(
                     r(0),
@@ -1097,6 +1111,7 @@ impl Session {
                     bias,
                     *num_heads,
                     *scale,
+                    *products,
                     ctx,
                     node,
                 )?)

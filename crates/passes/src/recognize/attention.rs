@@ -286,6 +286,7 @@ fn eager_attention(g: &mut Graph, id: NodeId) -> Result<bool, String> {
         Op::Attention {
             num_heads: h,
             scale,
+            products: ir::AttnProducts::F32,
         },
         &name,
         &inputs,

@@ -315,7 +315,9 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
             }
             f(y)
         }
-        Op::Attention { num_heads, scale } => {
+        Op::Attention {
+            num_heads, scale, ..
+        } => {
             let s = ins[0].shape();
             let (b, sq, hid) = (s[0], s[1], s[2]);
             let sk = ins[1].shape()[1];

@@ -1,11 +1,15 @@
 //! Multi-head attention (the recognised `attention` op).
 
+use super::attn_int8::{scores_i8, values_i8, ScoreOperands, ValueOperands};
 use super::attn_kernels::{attn_scores, attn_values, IB, JB};
 use super::packing::RowMap;
-use super::simd::softmax_row;
+use super::simd::{
+    abs_max_into, quantize_interleave4, quantize_sym_row, softmax_quant_row, softmax_row,
+};
 use super::{broadcast_strides, Ctx, SharedPtr};
 use crate::value::TensorValue;
 use crate::Error;
+use ir::AttnProducts;
 
 /// Scores at or below this are padding: after the max-subtraction of softmax their exponential
 /// is exactly 0 in f32, so leaving the key out gives bit-identical probabilities.
@@ -18,12 +22,12 @@ thread_local! {
 }
 
 /// The first `len` elements of `v`, zeroed (grown when short), as a fresh buffer would be.
-fn zeroed(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+fn zeroed<T: Copy + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
     if v.len() < len {
-        v.resize(len, 0.0);
+        v.resize(len, T::default());
     }
     let s = &mut v[..len];
-    s.fill(0.0);
+    s.fill(T::default());
     s
 }
 
@@ -47,6 +51,7 @@ pub(crate) fn attention(
     mask: Option<&TensorValue>,
     num_heads: usize,
     scale: f32,
+    products: AttnProducts,
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
@@ -83,6 +88,7 @@ pub(crate) fn attention(
         mask,
         num_heads,
         scale,
+        products,
         ctx,
         node,
     )
@@ -94,6 +100,7 @@ pub(crate) fn attention_qkv(
     mask: Option<&TensorValue>,
     num_heads: usize,
     scale: f32,
+    products: AttnProducts,
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
@@ -114,6 +121,7 @@ pub(crate) fn attention_qkv(
         mask,
         num_heads,
         scale,
+        products,
         ctx,
         node,
     )
@@ -146,6 +154,7 @@ fn padded(
     mask: Option<&TensorValue>,
     num_heads: usize,
     scale: f32,
+    products: AttnProducts,
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
@@ -156,7 +165,16 @@ fn padded(
     }
     let view = MaskView::new(mask, [b, num_heads, sq, sk], &err)?;
     let plans = padded_plans(b, sq, sk, view);
-    let out = attend(qkv, [b * sq, h], &plans, view, num_heads, scale, ctx);
+    let out = attend(
+        qkv,
+        [b * sq, h],
+        &plans,
+        view,
+        num_heads,
+        scale,
+        products,
+        ctx,
+    );
     Ok(TensorValue::raw(vec![b, sq, h], out))
 }
 
@@ -395,12 +413,14 @@ const HIDDEN: f32 = -1.0e4;
 
 /// [`attention_qkv`] on packed real tokens (`[1, T, 3H]`, see `pack_rows`): each sequence of
 /// `mask` attends over its own rows.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_packed(
     qkv: &TensorValue,
     mask: &TensorValue,
     bias: Option<&TensorValue>,
     num_heads: usize,
     scale: f32,
+    products: AttnProducts,
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
@@ -463,6 +483,7 @@ pub(crate) fn attention_packed(
         view,
         num_heads,
         scale,
+        products,
         ctx,
     );
     Ok(TensorValue::raw(vec![1, map.rows.len(), h], out))
@@ -478,8 +499,10 @@ fn attend(
     mask: Option<MaskView<'_>>,
     num_heads: usize,
     scale: f32,
+    products: AttnProducts,
     ctx: &mut Ctx<'_>,
 ) -> Vec<f32> {
+    let int8 = products == AttnProducts::Int8;
     let dh = h / num_heads;
     if out_rows * h == 0 {
         return Vec::new();
@@ -509,12 +532,28 @@ fn attend(
         vh.clear();
         let scores = zeroed(sb, (max_q / IB * IB + IB) * max_k.div_ceil(JB) * JB);
         o_scratch.clear();
+        let mut i8_scratch = if int8 {
+            I8_SCRATCH.with(std::cell::Cell::take)
+        } else {
+            I8Scratch::default()
+        };
         for task in range {
             // Head-major: a contiguous range of tasks covers every sequence for some heads, so
             // the threads' shares weigh the same however the sequence lengths differ.
             let (plan, hd) = (&plans[task % plans.len()], task / plans.len());
             let sq = plan.nq;
             if sq == 0 {
+                continue;
+            }
+            if int8 {
+                let out = HeadOut {
+                    ptr: optr,
+                    at: plan.q0 * h + hd * dh,
+                    ld: h,
+                };
+                // SAFETY: task (sequence, hd) alone writes columns hd·dh..(hd+1)·dh of its
+                // sequence's rows, and `out` outlives the parallel call.
+                unsafe { head_i8([q, k, v], plan, hd, dh, mask, scale, out, &mut i8_scratch) };
                 continue;
             }
             let m_full = sq / IB * IB;
@@ -601,9 +640,230 @@ fn attend(
             }
         }
         SCRATCH.with(|c| c.set(scratch));
+        if int8 {
+            I8_SCRATCH.with(|c| c.set(i8_scratch));
+        }
     };
     ctx.par_tasks(tasks, work, run);
     out
+}
+
+/// Scratch of the 8-bit attention of one head, per thread, grown to the largest shape seen.
+#[derive(Default)]
+struct I8Scratch {
+    q8: Vec<u8>,
+    qs: Vec<f32>,
+    row8: Vec<u8>,
+    kt: Vec<u32>,
+    kcomp: Vec<i32>,
+    ks: Vec<f32>,
+    vt: Vec<u32>,
+    vmax: Vec<f32>,
+    vinv: Vec<f32>,
+    vs: Vec<f32>,
+    zeros: Vec<f32>,
+    scores: Vec<f32>,
+    p8: Vec<u8>,
+    rs: Vec<f32>,
+    out: Vec<f32>,
+}
+
+thread_local! {
+    static I8_SCRATCH: std::cell::Cell<I8Scratch> = std::cell::Cell::new(I8Scratch::default());
+}
+
+/// Where a head's output rows go: element `(row, c)` at `ptr + at + row·ld + c`.
+#[derive(Clone, Copy)]
+struct HeadOut {
+    ptr: SharedPtr<f32>,
+    at: usize,
+    ld: usize,
+}
+
+/// One (sequence, head) of [`attend`] with 8-bit products (see `attn_int8`): q quantized per
+/// query row, k per key row, v per head column, the softmax numerators as u8.
+///
+/// # Safety
+/// `out` must address the `plan.nq` rows × `dh` columns of this head's output, writable and
+/// touched by no other thread during the call.
+#[allow(clippy::too_many_arguments)]
+unsafe fn head_i8(
+    [q, k, v]: [Rows<'_>; 3],
+    plan: &SeqPlan,
+    hd: usize,
+    dh: usize,
+    mask: Option<MaskView<'_>>,
+    scale: f32,
+    out: HeadOut,
+    s: &mut I8Scratch,
+) {
+    let sq = plan.nq;
+    let keys = &plan.keys;
+    let n = keys.len();
+    let m_pad = sq.div_ceil(IB) * IB;
+    let n_pad = n.div_ceil(JB) * JB;
+    let (dh4, n4) = (dh.div_ceil(4), n.div_ceil(4));
+    let dh_pad = dh.div_ceil(JB) * JB;
+    let ldq = 4 * dh4;
+    let col = hd * dh;
+
+    // q: rows past the real ones quantize nothing (scale 0).
+    let q8 = zeroed(&mut s.q8, m_pad * ldq);
+    q8.fill(128);
+    let qs = zeroed(&mut s.qs, m_pad);
+    // Rows of q, k and v are a head's few cache lines every 3H floats, just written by the QKV
+    // GEMM and mostly out of L2: each is asked for `AHEAD` rows before it is read, or every row
+    // would wait on L3.
+    const AHEAD: usize = 8;
+    let q_at = |i: usize| (plan.q0 + i) * q.ld + q.offset + col;
+    for i in 0..AHEAD.min(sq) {
+        prefetch(&q.data[q_at(i)..q_at(i) + dh]);
+    }
+    for (i, (qr, qs)) in q8
+        .chunks_exact_mut(ldq)
+        .zip(qs.iter_mut())
+        .take(sq)
+        .enumerate()
+    {
+        if i + AHEAD < sq {
+            prefetch(&q.data[q_at(i + AHEAD)..q_at(i + AHEAD) + dh]);
+        }
+        *qs = quantize_sym_row(&q.data[q_at(i)..q_at(i) + dh], &mut qr[..dh], 128);
+    }
+
+    // kᵀ in 4-deep slices; keys past the real ones stay zero.
+    let kt = zeroed(&mut s.kt, dh4 * n_pad);
+    let kcomp = zeroed(&mut s.kcomp, n_pad);
+    let ks = zeroed(&mut s.ks, n_pad);
+    let row8 = zeroed(&mut s.row8, ldq);
+    let k_at = |r: usize| (plan.k0 + keys[r]) * k.ld + k.offset + col;
+    for r in 0..AHEAD.min(n) {
+        prefetch(&k.data[k_at(r)..k_at(r) + dh]);
+    }
+    for r in 0..n {
+        if r + AHEAD < n {
+            prefetch(&k.data[k_at(r + AHEAD)..k_at(r + AHEAD) + dh]);
+        }
+        let at = k_at(r);
+        ks[r] = quantize_sym_row(&k.data[at..at + dh], &mut row8[..dh], 0) * scale;
+        kcomp[r] = 128 * row8.iter().map(|&b| i32::from(b as i8)).sum::<i32>();
+        for (d4, w) in row8.chunks_exact(4).enumerate() {
+            kt[d4 * n_pad + r] = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+        }
+    }
+
+    // v: per-column scales over this sequence's keys, then 4 keys per word.
+    let vmax = zeroed(&mut s.vmax, dh_pad);
+    let v_row = |r: usize| {
+        let at = (plan.k0 + keys[r]) * v.ld + v.offset + col;
+        &v.data[at..at + dh]
+    };
+    for r in 0..AHEAD.min(n) {
+        prefetch(v_row(r));
+    }
+    for r in 0..n {
+        if r + AHEAD < n {
+            prefetch(v_row(r + AHEAD));
+        }
+        abs_max_into(&mut vmax[..dh], v_row(r));
+    }
+    let vs = zeroed(&mut s.vs, dh_pad);
+    let vinv = zeroed(&mut s.vinv, dh_pad);
+    for ((m, sc), inv) in vmax.iter().zip(vs.iter_mut()).zip(vinv.iter_mut()) {
+        *sc = *m / 127.0;
+        *inv = if *m > 0.0 { 127.0 / *m } else { 0.0 };
+    }
+    let zeros = zeroed(&mut s.zeros, dh);
+    let vt = zeroed(&mut s.vt, n4 * dh_pad);
+    for (j4, words) in vt.chunks_exact_mut(dh_pad).enumerate() {
+        let row = |t: usize| {
+            let r = 4 * j4 + t;
+            if r < n {
+                v_row(r)
+            } else {
+                &zeros[..]
+            }
+        };
+        quantize_interleave4(
+            [row(0), row(1), row(2), row(3)],
+            &vinv[..dh],
+            &mut words[..dh],
+        );
+    }
+
+    let scores = zeroed(&mut s.scores, m_pad * n_pad);
+    let ops = ScoreOperands {
+        q8,
+        ldq,
+        qs,
+        kt,
+        kcomp,
+        ks,
+        dh4,
+    };
+    scores_i8(&ops, scores, m_pad, n_pad);
+
+    let ldp = 4 * n4;
+    let p8 = zeroed(&mut s.p8, m_pad * ldp);
+    let rs = zeroed(&mut s.rs, m_pad);
+    for (i, (row, (p, r))) in scores
+        .chunks_exact_mut(n_pad)
+        .zip(p8.chunks_exact_mut(ldp).zip(rs.iter_mut()))
+        .take(sq)
+        .enumerate()
+    {
+        let row = &mut row[..n];
+        if let (true, Some(m)) = (plan.mask_adds, mask) {
+            let qi = plan.position(i);
+            for (s, &j) in row.iter_mut().zip(keys) {
+                *s += m.at(plan.batch, hd, qi, plan.position(j));
+            }
+        }
+        let sum = softmax_quant_row(row, &mut p[..n]);
+        *r = 1.0 / (255.0 * sum);
+    }
+
+    let ops = ValueOperands {
+        p8,
+        ldp,
+        rs,
+        v: vt,
+        vs,
+        n4,
+    };
+    if dh == dh_pad {
+        // Whole blocks straight into the output rows, the last partial block through scratch.
+        let m_full = sq / IB * IB;
+        // SAFETY: rows 0..m_full of this head are the caller's (its contract).
+        unsafe { values_i8(&ops, out.ptr.get().add(out.at), out.ld, m_full, dh_pad) };
+        if m_full < sq {
+            let tail = ValueOperands {
+                p8: &p8[m_full * ldp..],
+                rs: &rs[m_full..],
+                ..ops
+            };
+            let o = zeroed(&mut s.out, IB * dh_pad);
+            // SAFETY: `o` holds IB rows of dh_pad.
+            unsafe { values_i8(&tail, o.as_mut_ptr(), dh_pad, IB, dh_pad) };
+            for (r, i) in (m_full..sq).enumerate() {
+                // SAFETY: row i < sq of this head, as the caller guarantees.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(out.ptr.get().add(out.at + i * out.ld), dh)
+                };
+                dst.copy_from_slice(&o[r * dh_pad..][..dh]);
+            }
+        }
+        return;
+    }
+    let o = zeroed(&mut s.out, m_pad * dh_pad);
+    // SAFETY: `o` holds m_pad rows of dh_pad.
+    unsafe { values_i8(&ops, o.as_mut_ptr(), dh_pad, m_pad, dh_pad) };
+    for i in 0..sq {
+        // SAFETY: row i < sq of this head, as the caller guarantees.
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(out.ptr.get().add(out.at + i * out.ld), dh) };
+        dst.copy_from_slice(&o[i * dh_pad..][..dh]);
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! node and op on any shape or dtype it cannot handle; none panics on bad data.
 
 pub(crate) mod attention;
+pub(crate) mod attn_int8;
 pub(crate) mod attn_kernels;
 pub(crate) mod control;
 pub(crate) mod elementwise;

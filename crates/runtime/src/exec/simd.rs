@@ -8,19 +8,22 @@ use codegen::kernels::math;
 /// Defines `pub(crate) fn $name(args)` that dispatches to the best compiled copy of `$body`.
 macro_rules! multiversion {
     ($(#[$m:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        multiversion! { $(#[$m])* fn $name($($arg: $ty),*) -> () $body }
+    };
+    ($(#[$m:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
         $(#[$m])*
-        pub(crate) fn $name($($arg: $ty),*) {
+        pub(crate) fn $name($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
                 if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
                     #[target_feature(enable = "avx512f,avx2,fma")]
-                    unsafe fn avx512($($arg: $ty),*) $body
+                    unsafe fn avx512($($arg: $ty),*) -> $ret $body
                     // SAFETY: the CPU has the features the copy was compiled for.
                     return unsafe { avx512($($arg),*) };
                 }
                 if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                     #[target_feature(enable = "avx2,fma")]
-                    unsafe fn avx2($($arg: $ty),*) $body
+                    unsafe fn avx2($($arg: $ty),*) -> $ret $body
                     // SAFETY: as above.
                     return unsafe { avx2($($arg),*) };
                 }
@@ -101,6 +104,103 @@ multiversion! {
         for v in row.iter_mut() {
             *v *= inv;
         }
+    }
+}
+
+/// The low byte (two's complement) of an integral f32 in [-2^22, 2^22]: adding 1.5·2^23 puts
+/// the integer in the low mantissa bits. Vectorises, unlike the saturating `as i8` cast.
+#[inline(always)]
+fn int_byte(v: f32) -> u8 {
+    (v + 12_582_912.0).to_bits() as u8
+}
+
+#[inline(always)]
+fn lane_abs_max(v: &[f32]) -> f32 {
+    let max = |a: f32, b: f32| if b > a { b } else { a };
+    let mut acc = [0.0f32; JB];
+    let mut chunks = v.chunks_exact(JB);
+    for c in &mut chunks {
+        for l in 0..JB {
+            acc[l] = max(acc[l], c[l].abs());
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a = max(*a, x.abs());
+    }
+    math::fold_lanes(acc, max)
+}
+
+multiversion! {
+    /// `dst[i] = round(src[i]·127/amax) + offset` (wrapping), `amax` the largest `|src[i]|`:
+    /// symmetric 8-bit quantization of one row (`offset` 0: s8 bits; 128: the same values as
+    /// u8 shifted by 128). Returns the scale `amax/127` (0 for a row of zeros, whose bytes are
+    /// then all `offset`). NaN quantizes to 0 like any other runtime's saturating cast would
+    /// not; callers only pass finite activations.
+    fn quantize_sym_row(src: &[f32], dst: &mut [u8], offset: u8) -> f32 {
+        let amax = lane_abs_max(src);
+        let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        for (d, &x) in dst.iter_mut().zip(src) {
+            let q = (x * inv).round_ties_even();
+            let q = if q.is_nan() { 0.0 } else { q.clamp(-127.0, 127.0) };
+            *d = int_byte(q).wrapping_add(offset);
+        }
+        amax / 127.0
+    }
+}
+
+multiversion! {
+    /// `amax[c] = max(amax[c], |row[c]|)`: one row's contribution to per-column maxima.
+    fn abs_max_into(amax: &mut [f32], row: &[f32]) {
+        for (a, &x) in amax.iter_mut().zip(row) {
+            let x = x.abs();
+            *a = if x > *a { x } else { *a };
+        }
+    }
+}
+
+multiversion! {
+    /// Four rows quantized with per-column reciprocal scales `inv` (s8, ±127) and interleaved:
+    /// `dst[c]` holds the bytes of `rows[0..4][c]`, lowest first (the layout `vpdpbusd` reads
+    /// a 4-deep slice of the right operand in). Rows past the real ones are passed as zeros.
+    fn quantize_interleave4(rows: [&[f32]; 4], inv: &[f32], dst: &mut [u32]) {
+        let q = |x: f32, s: f32| {
+            let q = (x * s).round_ties_even();
+            let q = if q.is_nan() { 0.0 } else { q.clamp(-127.0, 127.0) };
+            int_byte(q) as u32
+        };
+        for (c, d) in dst.iter_mut().enumerate() {
+            let s = inv[c];
+            *d = q(rows[0][c], s)
+                | q(rows[1][c], s) << 8
+                | q(rows[2][c], s) << 16
+                | q(rows[3][c], s) << 24;
+        }
+    }
+}
+
+multiversion! {
+    /// Softmax numerators of one row of scores quantized to u8: `e = exp(s − max)` (in (0, 1],
+    /// 1 at the maximum) stored as `round(255·e)` in `p8`; returns `Σ e` in f32, so that the
+    /// probabilities are `p8 / (255·Σ e)`. `row` is left holding the exponentials.
+    fn softmax_quant_row(row: &mut [f32], p8: &mut [u8]) -> f32 {
+        let max = lane_max(row);
+        let mut acc = [0.0f32; JB];
+        let mut chunks = row.chunks_exact_mut(JB);
+        for c in &mut chunks {
+            for l in 0..JB {
+                let e = math::exp(c[l] - max);
+                c[l] = e;
+                acc[l] += e;
+            }
+        }
+        for (a, v) in acc.iter_mut().zip(chunks.into_remainder()) {
+            *v = math::exp(*v - max);
+            *a += *v;
+        }
+        for (d, &e) in p8.iter_mut().zip(row.iter()) {
+            *d = int_byte((e * 255.0).round_ties_even());
+        }
+        math::fold_lanes(acc, |a, b| a + b)
     }
 }
 

@@ -1,0 +1,303 @@
+//! The two products of attention in 8-bit integers, for one (sequence, head):
+//! `scores = q·kᵀ` with q quantized per query row and k per key row (both symmetric, ±127), and
+//! `out = p·v` with the softmax numerators as u8 (`round(255·e)`, see
+//! [`super::simd::softmax_quant_row`]) and v quantized per head column. Every scale is an outer
+//! index of its product, so each output is one exact i32 sum times two f32 scales, in the
+//! AVX-512 VNNI kernels and in the portable ones alike: results never depend on the CPU, only
+//! the speed does.
+
+use super::attn_kernels::{IB, JB};
+
+/// The operands of `scores = q·kᵀ` for one head.
+pub(crate) struct ScoreOperands<'a> {
+    /// `m_pad` rows of `4·dh4` bytes at stride `ldq`: q quantized (±127) plus 128, as u8.
+    pub q8: &'a [u8],
+    pub ldq: usize,
+    /// Row scales of q (`m_pad`).
+    pub qs: &'a [f32],
+    /// kᵀ in 4-deep slices: word `d4·n_pad + j` holds `k8[j, 4·d4..4·d4 + 4]`, lowest first.
+    pub kt: &'a [u32],
+    /// `128 · Σ_d k8[j, d]` per key (`n_pad`): what the +128 of q adds to each sum.
+    pub kcomp: &'a [i32],
+    /// Key scales times the attention scale (`n_pad`).
+    pub ks: &'a [f32],
+    pub dh4: usize,
+}
+
+/// `scores[i, j] = (Σ_d q8[i, d]·k8[j, d] − kcomp[j]) · qs[i] · ks[j]` for `i < m_pad` (a
+/// multiple of [`IB`]) and `j < n_pad` (a multiple of [`JB`]); `scores` is `[m_pad, n_pad]`.
+pub(crate) fn scores_i8(op: &ScoreOperands<'_>, scores: &mut [f32], m_pad: usize, n_pad: usize) {
+    let ScoreOperands {
+        q8,
+        ldq,
+        qs,
+        kt,
+        kcomp,
+        ks,
+        dh4,
+    } = *op;
+    assert!(m_pad.is_multiple_of(IB) && n_pad.is_multiple_of(JB) && ldq >= 4 * dh4);
+    assert!(m_pad == 0 || q8.len() >= (m_pad - 1) * ldq + 4 * dh4);
+    assert!(qs.len() >= m_pad && kcomp.len() >= n_pad && ks.len() >= n_pad);
+    assert!(kt.len() >= dh4 * n_pad && scores.len() >= m_pad * n_pad);
+    #[cfg(target_arch = "x86_64")]
+    if codegen::kernels::cpu_features().avx512vnni {
+        // SAFETY: the CPU has AVX-512 F/BW and VNNI; the sizes were checked above.
+        return unsafe { vnni::scores(op, scores, m_pad, n_pad) };
+    }
+    for i in 0..m_pad {
+        let q = &q8[i * ldq..][..4 * dh4];
+        for j in 0..n_pad {
+            let mut acc = 0i32;
+            for d4 in 0..dh4 {
+                let k = kt[d4 * n_pad + j].to_le_bytes();
+                for t in 0..4 {
+                    acc += i32::from(q[4 * d4 + t]) * i32::from(k[t] as i8);
+                }
+            }
+            scores[i * n_pad + j] = ((acc - kcomp[j]) as f32 * qs[i]) * ks[j];
+        }
+    }
+}
+
+/// The operands of `out = p·v` for one head.
+pub(crate) struct ValueOperands<'a> {
+    /// `m_pad` rows of `4·n4` u8 numerators at stride `ldp` (zero past the real keys).
+    pub p8: &'a [u8],
+    pub ldp: usize,
+    /// Row scales `1/(255·Σ e)` (`m_pad`).
+    pub rs: &'a [f32],
+    /// v in 4-deep slices: word `j4·dh_pad + c` holds `v8[4·j4..4·j4 + 4, c]`, lowest first.
+    pub v: &'a [u32],
+    /// Column scales of v (`dh_pad`).
+    pub vs: &'a [f32],
+    pub n4: usize,
+}
+
+/// `out[i·ldo + c] = (Σ_j p8[i, j]·v8[j, c]) · vs[c] · rs[i]` for `i < m_pad` (a multiple of
+/// [`IB`]) and `c < dh_pad` (a multiple of [`JB`]).
+///
+/// # Safety
+/// `out` must be valid for writes of `m_pad` rows of `dh_pad` at stride `ldo`, and no other
+/// thread may access those elements during the call.
+pub(crate) unsafe fn values_i8(
+    op: &ValueOperands<'_>,
+    out: *mut f32,
+    ldo: usize,
+    m_pad: usize,
+    dh_pad: usize,
+) {
+    let ValueOperands {
+        p8,
+        ldp,
+        rs,
+        v,
+        vs,
+        n4,
+    } = *op;
+    assert!(m_pad.is_multiple_of(IB) && dh_pad.is_multiple_of(JB) && ldp >= 4 * n4);
+    assert!(m_pad == 0 || p8.len() >= (m_pad - 1) * ldp + 4 * n4);
+    assert!(rs.len() >= m_pad && vs.len() >= dh_pad && v.len() >= n4 * dh_pad);
+    #[cfg(target_arch = "x86_64")]
+    if codegen::kernels::cpu_features().avx512vnni {
+        // SAFETY: the CPU has AVX-512 F/BW and VNNI; the input sizes were checked above and the
+        // caller vouches for `out`.
+        return unsafe { vnni::values(op, out, ldo, m_pad, dh_pad) };
+    }
+    for i in 0..m_pad {
+        let p = &p8[i * ldp..][..4 * n4];
+        for c in 0..dh_pad {
+            let mut acc = 0i32;
+            for j4 in 0..n4 {
+                let w = v[j4 * dh_pad + c].to_le_bytes();
+                for t in 0..4 {
+                    acc += i32::from(p[4 * j4 + t]) * i32::from(w[t] as i8);
+                }
+            }
+            // SAFETY: row i < m_pad, column c < dh_pad: the caller's writable block.
+            unsafe { *out.add(i * ldo + c) = (acc as f32 * vs[c]) * rs[i] };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{ScoreOperands, ValueOperands, IB, JB};
+    use std::arch::x86_64::*;
+
+    /// See [`super::scores_i8`]: 8 rows × 32 keys in 16 accumulators; per 4-deep slice two
+    /// loads of kᵀ, eight 4-byte broadcasts of q and sixteen `vpdpbusd`.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW and VNNI; the slice sizes checked by the caller.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn scores(op: &ScoreOperands<'_>, scores: &mut [f32], m_pad: usize, n_pad: usize) {
+        let (qp, kp, sp) = (op.q8.as_ptr(), op.kt.as_ptr(), scores.as_mut_ptr());
+        for i0 in (0..m_pad).step_by(IB) {
+            for j0 in (0..n_pad).step_by(JB) {
+                let mut acc = [[_mm512_setzero_si512(); 2]; IB];
+                for d4 in 0..op.dh4 {
+                    // SAFETY: d4 < dh4, j0 + JB ≤ n_pad, i0 + IB ≤ m_pad: inside the slices.
+                    unsafe {
+                        let k0 = _mm512_loadu_si512(kp.add(d4 * n_pad + j0) as *const _);
+                        let k1 = _mm512_loadu_si512(kp.add(d4 * n_pad + j0 + 16) as *const _);
+                        for (r, a) in acc.iter_mut().enumerate() {
+                            let word =
+                                (qp.add((i0 + r) * op.ldq + 4 * d4) as *const i32).read_unaligned();
+                            let x = _mm512_set1_epi32(word);
+                            a[0] = _mm512_dpbusd_epi32(a[0], x, k0);
+                            a[1] = _mm512_dpbusd_epi32(a[1], x, k1);
+                        }
+                    }
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    // SAFETY: row i0 + r < m_pad, keys j0..j0 + JB ≤ n_pad.
+                    unsafe {
+                        let qs = _mm512_set1_ps(*op.qs.get_unchecked(i0 + r));
+                        for (h, &a) in a.iter().enumerate() {
+                            let j = j0 + 16 * h;
+                            let comp = _mm512_loadu_si512(op.kcomp.as_ptr().add(j) as *const _);
+                            let ks = _mm512_loadu_ps(op.ks.as_ptr().add(j));
+                            let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(a, comp));
+                            let s = _mm512_mul_ps(_mm512_mul_ps(s, qs), ks);
+                            _mm512_storeu_ps(sp.add((i0 + r) * n_pad + j), s);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// See [`super::values_i8`]: 8 rows × 32 columns in 16 accumulators; per 4 keys two loads
+    /// of v, eight 4-byte broadcasts of p and sixteen `vpdpbusd`.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW and VNNI; the slice sizes checked by the caller; `out` as in
+    /// [`super::values_i8`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn values(
+        op: &ValueOperands<'_>,
+        out: *mut f32,
+        ldo: usize,
+        m_pad: usize,
+        dh_pad: usize,
+    ) {
+        let (pp, vp) = (op.p8.as_ptr(), op.v.as_ptr());
+        for i0 in (0..m_pad).step_by(IB) {
+            for c0 in (0..dh_pad).step_by(JB) {
+                let mut acc = [[_mm512_setzero_si512(); 2]; IB];
+                for j4 in 0..op.n4 {
+                    // SAFETY: j4 < n4, c0 + JB ≤ dh_pad, i0 + IB ≤ m_pad: inside the slices.
+                    unsafe {
+                        let v0 = _mm512_loadu_si512(vp.add(j4 * dh_pad + c0) as *const _);
+                        let v1 = _mm512_loadu_si512(vp.add(j4 * dh_pad + c0 + 16) as *const _);
+                        for (r, a) in acc.iter_mut().enumerate() {
+                            let word =
+                                (pp.add((i0 + r) * op.ldp + 4 * j4) as *const i32).read_unaligned();
+                            let x = _mm512_set1_epi32(word);
+                            a[0] = _mm512_dpbusd_epi32(a[0], x, v0);
+                            a[1] = _mm512_dpbusd_epi32(a[1], x, v1);
+                        }
+                    }
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    // SAFETY: row i0 + r < m_pad, columns c0..c0 + JB ≤ dh_pad: the caller's
+                    // writable block.
+                    unsafe {
+                        let rs = _mm512_set1_ps(*op.rs.get_unchecked(i0 + r));
+                        for (h, &a) in a.iter().enumerate() {
+                            let c = c0 + 16 * h;
+                            let vs = _mm512_loadu_ps(op.vs.as_ptr().add(c));
+                            let o = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), vs), rs);
+                            _mm512_storeu_ps(out.add((i0 + r) * ldo + c), o);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rng(seed: u32) -> impl FnMut() -> u32 {
+        let mut state = seed;
+        move || {
+            state = state.wrapping_mul(1664525).wrapping_add(1013904223);
+            state >> 8
+        }
+    }
+
+    /// Both kernels against the definition with random bytes at the extremes of their ranges
+    /// (q8 up to 255, k8 and v8 down to −128), rows read at wider strides: bit-exact.
+    #[test]
+    fn kernels_equal_their_definition() {
+        let mut r = rng(11);
+        let (m_pad, n, dh) = (16usize, 45usize, 24usize);
+        let (n_pad, dh4) = (n.div_ceil(JB) * JB, dh.div_ceil(4));
+        let ldq = 4 * dh4 + 5;
+        let q8: Vec<u8> = (0..m_pad * ldq).map(|_| r() as u8).collect();
+        let qs: Vec<f32> = (0..m_pad).map(|_| (r() % 1000) as f32 * 1e-3).collect();
+        let kt: Vec<u32> = (0..dh4 * n_pad).map(|_| r() ^ (r() << 16)).collect();
+        let kcomp: Vec<i32> = (0..n_pad).map(|_| (r() % 5000) as i32 - 2500).collect();
+        let ks: Vec<f32> = (0..n_pad).map(|_| (r() % 1000) as f32 * 1e-3).collect();
+        let op = ScoreOperands {
+            q8: &q8,
+            ldq,
+            qs: &qs,
+            kt: &kt,
+            kcomp: &kcomp,
+            ks: &ks,
+            dh4,
+        };
+        let mut s = vec![f32::NAN; m_pad * n_pad];
+        scores_i8(&op, &mut s, m_pad, n_pad);
+        for i in 0..m_pad {
+            for j in 0..n_pad {
+                let mut acc = 0i32;
+                for d in 0..4 * dh4 {
+                    let k = kt[(d / 4) * n_pad + j].to_le_bytes()[d % 4] as i8;
+                    acc += i32::from(q8[i * ldq + d]) * i32::from(k);
+                }
+                let want = ((acc - kcomp[j]) as f32 * qs[i]) * ks[j];
+                assert_eq!(s[i * n_pad + j].to_bits(), want.to_bits(), "score {i},{j}");
+            }
+        }
+        let n4 = n.div_ceil(4);
+        let dh_pad = dh.div_ceil(JB) * JB;
+        let ldp = 4 * n4 + 3;
+        let p8: Vec<u8> = (0..m_pad * ldp).map(|_| r() as u8).collect();
+        let rs: Vec<f32> = (0..m_pad).map(|_| (r() % 1000) as f32 * 1e-5).collect();
+        let v: Vec<u32> = (0..n4 * dh_pad).map(|_| r() ^ (r() << 16)).collect();
+        let vs: Vec<f32> = (0..dh_pad).map(|_| (r() % 1000) as f32 * 1e-3).collect();
+        let op = ValueOperands {
+            p8: &p8,
+            ldp,
+            rs: &rs,
+            v: &v,
+            vs: &vs,
+            n4,
+        };
+        let ldo = dh_pad + 3;
+        let mut o = vec![f32::NAN; m_pad * ldo];
+        // SAFETY: `o` holds m_pad rows of dh_pad at stride ldo.
+        unsafe { values_i8(&op, o.as_mut_ptr(), ldo, m_pad, dh_pad) };
+        for i in 0..m_pad {
+            for c in 0..ldo {
+                if c >= dh_pad {
+                    assert!(o[i * ldo + c].is_nan(), "wrote outside at {i},{c}");
+                    continue;
+                }
+                let mut acc = 0i32;
+                for j in 0..4 * n4 {
+                    let w = v[(j / 4) * dh_pad + c].to_le_bytes()[j % 4] as i8;
+                    acc += i32::from(p8[i * ldp + j]) * i32::from(w);
+                }
+                let want = (acc as f32 * vs[c]) * rs[i];
+                assert_eq!(o[i * ldo + c].to_bits(), want.to_bits(), "value {i},{c}");
+            }
+        }
+    }
+}
