@@ -31,6 +31,15 @@ fn zeroed<T: Copy + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
     s
 }
 
+/// The first `len` elements of `v` (grown when short), left as they were: for buffers the
+/// caller overwrites wholly.
+fn grown<T: Copy + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
+    &mut v[..len]
+}
+
 /// Rows of q, k or v inside a tensor: element `(row, c)` is `data[row·ld + offset + c]`.
 #[derive(Clone, Copy)]
 struct Rows<'a> {
@@ -708,7 +717,7 @@ unsafe fn head_i8(
     let col = hd * dh;
 
     // q: rows past the real ones quantize nothing (scale 0).
-    let q8 = zeroed(&mut s.q8, m_pad * ldq);
+    let q8 = grown(&mut s.q8, m_pad * ldq);
     q8.fill(128);
     let qs = zeroed(&mut s.qs, m_pad);
     // Rows of q, k and v are a head's few cache lines every 3H floats, just written by the QKV
@@ -732,7 +741,10 @@ unsafe fn head_i8(
     }
 
     // kᵀ in 4-deep slices; keys past the real ones stay zero.
-    let kt = zeroed(&mut s.kt, dh4 * n_pad);
+    let kt = grown(&mut s.kt, dh4 * n_pad);
+    for slice in kt.chunks_exact_mut(n_pad) {
+        slice[n..].fill(0);
+    }
     let kcomp = zeroed(&mut s.kcomp, n_pad);
     let ks = zeroed(&mut s.ks, n_pad);
     let row8 = zeroed(&mut s.row8, ldq);
@@ -774,8 +786,9 @@ unsafe fn head_i8(
         *inv = if *m > 0.0 { 127.0 / *m } else { 0.0 };
     }
     let zeros = zeroed(&mut s.zeros, dh);
-    let vt = zeroed(&mut s.vt, n4 * dh_pad);
+    let vt = grown(&mut s.vt, n4 * dh_pad);
     for (j4, words) in vt.chunks_exact_mut(dh_pad).enumerate() {
+        words[dh..].fill(0);
         let row = |t: usize| {
             let r = 4 * j4 + t;
             if r < n {
@@ -791,7 +804,7 @@ unsafe fn head_i8(
         );
     }
 
-    let scores = zeroed(&mut s.scores, m_pad * n_pad);
+    let scores = grown(&mut s.scores, m_pad * n_pad);
     let ops = ScoreOperands {
         q8,
         ldq,
@@ -804,7 +817,8 @@ unsafe fn head_i8(
     scores_i8(&ops, scores, m_pad, n_pad);
 
     let ldp = 4 * n4;
-    let p8 = zeroed(&mut s.p8, m_pad * ldp);
+    let p8 = grown(&mut s.p8, m_pad * ldp);
+    p8[sq * ldp..].fill(0);
     let rs = zeroed(&mut s.rs, m_pad);
     for (i, (row, (p, r))) in scores
         .chunks_exact_mut(n_pad)
@@ -820,6 +834,7 @@ unsafe fn head_i8(
             }
         }
         let sum = softmax_quant_row(row, &mut p[..n]);
+        p[n..].fill(0);
         *r = 1.0 / (255.0 * sum);
     }
 
