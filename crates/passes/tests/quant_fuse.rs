@@ -7,11 +7,11 @@ mod common;
 
 use std::collections::HashMap;
 
-use ir::{Graph, Op, Outlet, Tensor};
+use ir::{AttnProducts, Graph, Op, Outlet, Tensor};
 use passes::{
     smoothing_factors, ActivationMode, CalibrationStats, ChannelStats, DeadCodeElimination,
-    FoldQdq, FuseEpilogue, NoteKind, PackTokens, Pass, PassContext, Pipeline, QuantizeLinears,
-    QuantizeOptions, Report, RunOptions, ShapeInference, SmoothQuant,
+    FoldQdq, FuseEpilogue, NoteKind, PackTokens, Pass, PassContext, Pipeline, QuantizeAttention,
+    QuantizeLinears, QuantizeOptions, Report, RunOptions, ShapeInference, SmoothQuant,
 };
 
 fn parse(text: &str) -> Graph {
@@ -912,7 +912,7 @@ fn quantize_pipeline_twice_is_a_no_op() {
         "second run changed something: {:?}",
         r2.runs
     );
-    assert_eq!(r2.runs.len(), 3, "one round: {:?}", r2.runs);
+    assert_eq!(r2.runs.len(), 4, "one round: {:?}", r2.runs);
     assert_eq!(once, twice);
     assert_eq!(count(&g, "qlinear"), 1, "{twice}");
     assert_eq!(count(&g, "linear"), 2, "{twice}");
@@ -1253,5 +1253,57 @@ fn pack_tokens_declines() {
         NoteKind::Declined,
         "attn",
         "not computed from exactly one graph input"
+    ));
+}
+
+/// `QuantizeAttention` gives an attention int8 products when asked (and only then), leaves one
+/// named in keep-fp32 and says so, and the mark survives packing into `attention_packed` and
+/// the text form.
+#[test]
+fn quantize_attention_marks_attention_ops() {
+    let text = encoder_layer("output \"y\" = %15\n");
+    let (_, changed, _, _, _) = one_pass(&QuantizeAttention, &text);
+    assert!(!changed, "f32 unless the options ask for int8");
+
+    let mut g = typed(&text);
+    let before = print(&g);
+    let mut ctx = PassContext::default();
+    ctx.quant.attention = AttnProducts::Int8;
+    assert!(step(&QuantizeAttention, &mut g, &mut ctx));
+    let marked = print(&g);
+    assert!(
+        marked.contains("attention_qkv[num_heads=2, scale=0.5, products=\"int8\"](%"),
+        "{marked}"
+    );
+    assert!(has_note(&ctx.report, NoteKind::Fired, "attn", "in int8"));
+    assert!(!step(&QuantizeAttention, &mut g, &mut ctx), "a fixpoint");
+    assert!(step(&PackTokens, &mut g, &mut PassContext::default()));
+    let packed = print(&g);
+    assert!(
+        packed.contains("attention_packed[num_heads=2, scale=0.5, products=\"int8\"](%"),
+        "{packed}"
+    );
+    assert_eq!(
+        print(&parse(&packed)),
+        packed,
+        "the text form keeps the mark"
+    );
+    let snap = snapshot(
+        &before,
+        &[("QuantizeAttention", marked), ("PackTokens", packed)],
+        &ctx.report,
+    );
+    insta::assert_snapshot!(snap);
+
+    let mut kept = typed(&text);
+    let mut ctx = PassContext::default();
+    ctx.quant.attention = AttnProducts::Int8;
+    ctx.quant.keep_fp32 = vec!["attn".into()];
+    assert!(!step(&QuantizeAttention, &mut kept, &mut ctx));
+    assert!(has_note(
+        &ctx.report,
+        NoteKind::Declined,
+        "attn",
+        "keep-fp32"
     ));
 }
