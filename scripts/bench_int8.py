@@ -20,6 +20,7 @@ What it does:
    - encore-fp32:        nothing;
    - encore-int8:        `encore quantize --model M --random-calibration 64 --seq S --out <dir>/<name>.int8.encore`;
    - encore-int8-static: the same with `--activations static` (per-tensor ranges from calibration);
+   - encore-int8-static-attn: static, and the attention products in int8 (`--attention int8`);
    - ort-fp32:           onnxruntime session, intra_op_num_threads=T, inter_op_num_threads=1,
                          ORT_ENABLE_ALL, sequential execution;
    - ort-int8-dynamic:   `quant_pre_process` (again with skip_symbolic_shape=True when symbolic shape
@@ -93,6 +94,7 @@ ENGINES = (
     "encore-fp32",
     "encore-int8",
     "encore-int8-static",
+    "encore-int8-static-attn",
     "ort-fp32",
     "ort-int8-dynamic",
     "openvino-fp32",
@@ -355,6 +357,13 @@ class EncoreInt8Static(EncoreInt8):
     suffix = "int8-static"
 
 
+class EncoreInt8StaticAttn(EncoreInt8):
+    """Static activations and the attention products in int8 (`--attention int8`)."""
+    name = "encore-int8-static-attn"
+    quantize_args = ("--activations", "static", "--attention", "int8")
+    suffix = "int8-static-attn"
+
+
 class OrtEngine(Engine):
     name = "ort-fp32"
 
@@ -570,7 +579,7 @@ class OpenVinoInt8Nncf(OpenVinoEngine):
             raise BenchError(f"{self.name}: nncf.quantize left no FakeQuantize nodes; the model would run in fp32")
 
 
-ENGINE_CLASSES = {c.name: c for c in (EncoreFp32, EncoreInt8, EncoreInt8Static, OrtEngine, OrtInt8Dynamic, OpenVinoEngine,
+ENGINE_CLASSES = {c.name: c for c in (EncoreFp32, EncoreInt8, EncoreInt8Static, EncoreInt8StaticAttn, OrtEngine, OrtInt8Dynamic, OpenVinoEngine,
                                       OpenVinoInt8Nncf)}
 
 

@@ -45,6 +45,20 @@ pub(crate) fn scores_i8(op: &ScoreOperands<'_>, scores: &mut [f32], m_pad: usize
         // SAFETY: the CPU has AVX-512 F/BW and VNNI; the sizes were checked above.
         return unsafe { vnni::scores(op, scores, m_pad, n_pad) };
     }
+    scores_portable(op, scores, m_pad, n_pad);
+}
+
+/// [`scores_i8`] on any CPU (the sizes checked by the caller).
+fn scores_portable(op: &ScoreOperands<'_>, scores: &mut [f32], m_pad: usize, n_pad: usize) {
+    let ScoreOperands {
+        q8,
+        ldq,
+        qs,
+        kt,
+        kcomp,
+        ks,
+        dh4,
+    } = *op;
     for i in 0..m_pad {
         let q = &q8[i * ldq..][..4 * dh4];
         for j in 0..n_pad {
@@ -104,6 +118,29 @@ pub(crate) unsafe fn values_i8(
         // caller vouches for `out`.
         return unsafe { vnni::values(op, out, ldo, m_pad, dh_pad) };
     }
+    // SAFETY: forwarded caller contract.
+    unsafe { values_portable(op, out, ldo, m_pad, dh_pad) }
+}
+
+/// [`values_i8`] on any CPU.
+///
+/// # Safety
+/// As [`values_i8`]; the sizes checked by the caller.
+unsafe fn values_portable(
+    op: &ValueOperands<'_>,
+    out: *mut f32,
+    ldo: usize,
+    m_pad: usize,
+    dh_pad: usize,
+) {
+    let ValueOperands {
+        p8,
+        ldp,
+        rs,
+        v,
+        vs,
+        n4,
+    } = *op;
     for i in 0..m_pad {
         let p = &p8[i * ldp..][..4 * n4];
         for c in 0..dh_pad {
@@ -230,10 +267,19 @@ mod tests {
         }
     }
 
-    /// Both kernels against the definition with random bytes at the extremes of their ranges
-    /// (q8 up to 255, k8 and v8 down to −128), rows read at wider strides: bit-exact.
+    /// Both kernels (the picked one and the portable one) against the definition with random
+    /// bytes at the extremes of their ranges (q8 up to 255, k8 and v8 down to −128), rows read
+    /// at wider strides: bit-exact.
     #[test]
     fn kernels_equal_their_definition() {
+        kernels_equal_their_definition_with(scores_i8, values_i8);
+        kernels_equal_their_definition_with(scores_portable, values_portable);
+    }
+
+    type Scores = fn(&ScoreOperands<'_>, &mut [f32], usize, usize);
+    type Values = unsafe fn(&ValueOperands<'_>, *mut f32, usize, usize, usize);
+
+    fn kernels_equal_their_definition_with(scores_i8: Scores, values_i8: Values) {
         let mut r = rng(11);
         let (m_pad, n, dh) = (16usize, 45usize, 24usize);
         let (n_pad, dh4) = (n.div_ceil(JB) * JB, dh.div_ceil(4));
