@@ -375,7 +375,8 @@ fn eval_baseline_on_a_small_data_folder() {
 }
 
 /// `quantize --calibration` reads text files as `embed` does: a bad line is named before any
-/// compute, and a good file calibrates.
+/// compute, and a good file calibrates; `--attention int8` says which attention ops it changed,
+/// and an unknown `--attention` is a usage error.
 #[test]
 fn quantize_reads_calibration_text_like_embed() {
     let Some(m) = models_dir("quantize_calibration_text") else {
@@ -384,8 +385,9 @@ fn quantize_reads_calibration_text_like_embed() {
     let dir = scratch("quantize_calibration");
     let model = m.join("minilm-l6/model.onnx");
     let tokenizer = m.join("minilm-l6/tokenizer.json");
-    let quantize = |calibration: &Path| {
-        encore(&[
+    let out = dir.join("q.encore");
+    let quantize_with = |calibration: &Path, extra: &[&str]| {
+        let mut a = vec![
             "quantize",
             "--model",
             path(&model),
@@ -396,9 +398,12 @@ fn quantize_reads_calibration_text_like_embed() {
             "--held-back",
             "2",
             "--out",
-            path(&dir.join("q.encore")),
-        ])
+            path(&out),
+        ];
+        a.extend_from_slice(extra);
+        encore(&a)
     };
+    let quantize = |calibration: &Path| quantize_with(calibration, &[]);
     let bad = dir.join("bad.jsonl");
     std::fs::write(&bad, "{\"text\": \"a fine sentence\"}\n{\"label\": 1}\n").unwrap();
     assert_clean_failure(&quantize(&bad), &["bad.jsonl", "line 2", "no field `text`"]);
@@ -413,4 +418,15 @@ fn quantize_reads_calibration_text_like_embed() {
     let o = quantize(&good);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(dir.join("q.encore").is_file());
+    assert_clean_failure(
+        &quantize_with(&good, &["--attention", "fp16"]),
+        &["--attention", "fp16", "f32 or int8"],
+    );
+    let o = quantize_with(&good, &["--attention", "int8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        said.contains("attention products in int8 in 6 attention ops"),
+        "{said}"
+    );
 }
