@@ -50,26 +50,37 @@ pub(crate) fn scores_i8(op: &ScoreOperands<'_>, scores: &mut [f32], m_pad: usize
 
 /// [`scores_i8`] on any CPU (the sizes checked by the caller).
 fn scores_portable(op: &ScoreOperands<'_>, scores: &mut [f32], m_pad: usize, n_pad: usize) {
-    let ScoreOperands {
-        q8,
-        ldq,
-        qs,
-        kt,
-        kcomp,
-        ks,
-        dh4,
-    } = *op;
-    for i in 0..m_pad {
-        let q = &q8[i * ldq..][..4 * dh4];
-        for j in 0..n_pad {
+    dot_portable(
+        (op.q8, op.ldq),
+        (op.kt, n_pad),
+        op.dh4,
+        [m_pad, n_pad],
+        |i, j, acc| {
+            scores[i * n_pad + j] = ((acc - op.kcomp[j]) as f32 * op.qs[i]) * op.ks[j];
+        },
+    );
+}
+
+/// `finish(i, j, Σ_s Σ_t left[i·ldl + 4s + t]·(byte t of right[s·ldr + j] as i8))` for
+/// `i < m`, `j < n`: the integer product both kernels make, portably.
+fn dot_portable(
+    (left, ldl): (&[u8], usize),
+    (right, ldr): (&[u32], usize),
+    steps: usize,
+    [m, n]: [usize; 2],
+    mut finish: impl FnMut(usize, usize, i32),
+) {
+    for i in 0..m {
+        let l = &left[i * ldl..][..4 * steps];
+        for j in 0..n {
             let mut acc = 0i32;
-            for d4 in 0..dh4 {
-                let k = kt[d4 * n_pad + j].to_le_bytes();
+            for s in 0..steps {
+                let w = right[s * ldr + j].to_le_bytes();
                 for t in 0..4 {
-                    acc += i32::from(q[4 * d4 + t]) * i32::from(k[t] as i8);
+                    acc += i32::from(l[4 * s + t]) * i32::from(w[t] as i8);
                 }
             }
-            scores[i * n_pad + j] = ((acc - kcomp[j]) as f32 * qs[i]) * ks[j];
+            finish(i, j, acc);
         }
     }
 }
@@ -133,28 +144,16 @@ unsafe fn values_portable(
     m_pad: usize,
     dh_pad: usize,
 ) {
-    let ValueOperands {
-        p8,
-        ldp,
-        rs,
-        v,
-        vs,
-        n4,
-    } = *op;
-    for i in 0..m_pad {
-        let p = &p8[i * ldp..][..4 * n4];
-        for c in 0..dh_pad {
-            let mut acc = 0i32;
-            for j4 in 0..n4 {
-                let w = v[j4 * dh_pad + c].to_le_bytes();
-                for t in 0..4 {
-                    acc += i32::from(p[4 * j4 + t]) * i32::from(w[t] as i8);
-                }
-            }
+    dot_portable(
+        (op.p8, op.ldp),
+        (op.v, dh_pad),
+        op.n4,
+        [m_pad, dh_pad],
+        |i, c, acc| {
             // SAFETY: row i < m_pad, column c < dh_pad: the caller's writable block.
-            unsafe { *out.add(i * ldo + c) = (acc as f32 * vs[c]) * rs[i] };
-        }
-    }
+            unsafe { *out.add(i * ldo + c) = (acc as f32 * op.vs[c]) * op.rs[i] };
+        },
+    );
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -162,51 +161,74 @@ mod vnni {
     use super::{ScoreOperands, ValueOperands, IB, JB};
     use std::arch::x86_64::*;
 
-    /// See [`super::scores_i8`]: 8 rows × 32 keys in 16 accumulators; per 4-deep slice two
-    /// loads of kᵀ, eight 4-byte broadcasts of q and sixteen `vpdpbusd`.
+    /// `finish(i, j, acc)` for each 16 columns `j` of every row `i < m_pad`, `j < n_pad`
+    /// (multiples of [`IB`] and [`JB`]), `acc` the sixteen sums of the integer product (see
+    /// [`super::dot_portable`]): 8 rows × 32 columns in 16 accumulators; per 4-deep slice two
+    /// loads of the right operand, eight 4-byte broadcasts of the left one and sixteen
+    /// `vpdpbusd`.
     ///
     /// # Safety
-    /// AVX-512 F/BW and VNNI; the slice sizes checked by the caller.
+    /// AVX-512 F/BW and VNNI; `left` holds `m_pad` rows of `4·steps` bytes at stride `ldl`,
+    /// `right` `steps` rows of `n_pad` words at stride `ldr`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn scores(op: &ScoreOperands<'_>, scores: &mut [f32], m_pad: usize, n_pad: usize) {
-        let (qp, kp, sp) = (op.q8.as_ptr(), op.kt.as_ptr(), scores.as_mut_ptr());
+    unsafe fn dot(
+        (lp, ldl): (*const u8, usize),
+        (rp, ldr): (*const u32, usize),
+        steps: usize,
+        [m_pad, n_pad]: [usize; 2],
+        mut finish: impl FnMut(usize, usize, __m512i),
+    ) {
         for i0 in (0..m_pad).step_by(IB) {
             for j0 in (0..n_pad).step_by(JB) {
                 let mut acc = [[_mm512_setzero_si512(); 2]; IB];
-                for d4 in 0..op.dh4 {
-                    // SAFETY: d4 < dh4, j0 + JB ≤ n_pad, i0 + IB ≤ m_pad: inside the slices.
+                for s in 0..steps {
+                    // SAFETY: s < steps, j0 + JB ≤ n_pad, i0 + IB ≤ m_pad: inside the operands.
                     unsafe {
-                        let k0 = _mm512_loadu_si512(kp.add(d4 * n_pad + j0) as *const _);
-                        let k1 = _mm512_loadu_si512(kp.add(d4 * n_pad + j0 + 16) as *const _);
+                        let r0 = _mm512_loadu_si512(rp.add(s * ldr + j0) as *const _);
+                        let r1 = _mm512_loadu_si512(rp.add(s * ldr + j0 + 16) as *const _);
                         for (r, a) in acc.iter_mut().enumerate() {
                             let word =
-                                (qp.add((i0 + r) * op.ldq + 4 * d4) as *const i32).read_unaligned();
+                                (lp.add((i0 + r) * ldl + 4 * s) as *const i32).read_unaligned();
                             let x = _mm512_set1_epi32(word);
-                            a[0] = _mm512_dpbusd_epi32(a[0], x, k0);
-                            a[1] = _mm512_dpbusd_epi32(a[1], x, k1);
+                            a[0] = _mm512_dpbusd_epi32(a[0], x, r0);
+                            a[1] = _mm512_dpbusd_epi32(a[1], x, r1);
                         }
                     }
                 }
                 for (r, a) in acc.iter().enumerate() {
-                    // SAFETY: row i0 + r < m_pad, keys j0..j0 + JB ≤ n_pad.
-                    unsafe {
-                        let qs = _mm512_set1_ps(*op.qs.get_unchecked(i0 + r));
-                        for (h, &a) in a.iter().enumerate() {
-                            let j = j0 + 16 * h;
-                            let comp = _mm512_loadu_si512(op.kcomp.as_ptr().add(j) as *const _);
-                            let ks = _mm512_loadu_ps(op.ks.as_ptr().add(j));
-                            let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(a, comp));
-                            let s = _mm512_mul_ps(_mm512_mul_ps(s, qs), ks);
-                            _mm512_storeu_ps(sp.add((i0 + r) * n_pad + j), s);
-                        }
+                    for (h, &a) in a.iter().enumerate() {
+                        finish(i0 + r, j0 + 16 * h, a);
                     }
                 }
             }
         }
     }
 
-    /// See [`super::values_i8`]: 8 rows × 32 columns in 16 accumulators; per 4 keys two loads
-    /// of v, eight 4-byte broadcasts of p and sixteen `vpdpbusd`.
+    /// See [`super::scores_i8`].
+    ///
+    /// # Safety
+    /// AVX-512 F/BW and VNNI; the slice sizes checked by the caller.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn scores(op: &ScoreOperands<'_>, scores: &mut [f32], m_pad: usize, n_pad: usize) {
+        let sp = scores.as_mut_ptr();
+        let left = (op.q8.as_ptr(), op.ldq);
+        let right = (op.kt.as_ptr(), n_pad);
+        let finish = |i: usize, j: usize, a: __m512i| {
+            // SAFETY: row i < m_pad, keys j..j + 16 ≤ n_pad: inside every slice.
+            unsafe {
+                let qs = _mm512_set1_ps(*op.qs.get_unchecked(i));
+                let comp = _mm512_loadu_si512(op.kcomp.as_ptr().add(j) as *const _);
+                let ks = _mm512_loadu_ps(op.ks.as_ptr().add(j));
+                let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(a, comp));
+                let s = _mm512_mul_ps(_mm512_mul_ps(s, qs), ks);
+                _mm512_storeu_ps(sp.add(i * n_pad + j), s);
+            }
+        };
+        // SAFETY: the operand sizes were checked by the caller.
+        unsafe { dot(left, right, op.dh4, [m_pad, n_pad], finish) }
+    }
+
+    /// See [`super::values_i8`].
     ///
     /// # Safety
     /// AVX-512 F/BW and VNNI; the slice sizes checked by the caller; `out` as in
@@ -219,39 +241,20 @@ mod vnni {
         m_pad: usize,
         dh_pad: usize,
     ) {
-        let (pp, vp) = (op.p8.as_ptr(), op.v.as_ptr());
-        for i0 in (0..m_pad).step_by(IB) {
-            for c0 in (0..dh_pad).step_by(JB) {
-                let mut acc = [[_mm512_setzero_si512(); 2]; IB];
-                for j4 in 0..op.n4 {
-                    // SAFETY: j4 < n4, c0 + JB ≤ dh_pad, i0 + IB ≤ m_pad: inside the slices.
-                    unsafe {
-                        let v0 = _mm512_loadu_si512(vp.add(j4 * dh_pad + c0) as *const _);
-                        let v1 = _mm512_loadu_si512(vp.add(j4 * dh_pad + c0 + 16) as *const _);
-                        for (r, a) in acc.iter_mut().enumerate() {
-                            let word =
-                                (pp.add((i0 + r) * op.ldp + 4 * j4) as *const i32).read_unaligned();
-                            let x = _mm512_set1_epi32(word);
-                            a[0] = _mm512_dpbusd_epi32(a[0], x, v0);
-                            a[1] = _mm512_dpbusd_epi32(a[1], x, v1);
-                        }
-                    }
-                }
-                for (r, a) in acc.iter().enumerate() {
-                    // SAFETY: row i0 + r < m_pad, columns c0..c0 + JB ≤ dh_pad: the caller's
-                    // writable block.
-                    unsafe {
-                        let rs = _mm512_set1_ps(*op.rs.get_unchecked(i0 + r));
-                        for (h, &a) in a.iter().enumerate() {
-                            let c = c0 + 16 * h;
-                            let vs = _mm512_loadu_ps(op.vs.as_ptr().add(c));
-                            let o = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), vs), rs);
-                            _mm512_storeu_ps(out.add((i0 + r) * ldo + c), o);
-                        }
-                    }
-                }
+        let left = (op.p8.as_ptr(), op.ldp);
+        let right = (op.v.as_ptr(), dh_pad);
+        let finish = |i: usize, c: usize, a: __m512i| {
+            // SAFETY: row i < m_pad, columns c..c + 16 ≤ dh_pad: the caller's writable block,
+            // and inside `rs` and `vs`.
+            unsafe {
+                let rs = _mm512_set1_ps(*op.rs.get_unchecked(i));
+                let vs = _mm512_loadu_ps(op.vs.as_ptr().add(c));
+                let o = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), vs), rs);
+                _mm512_storeu_ps(out.add(i * ldo + c), o);
             }
-        }
+        };
+        // SAFETY: the operand sizes were checked by the caller.
+        unsafe { dot(left, right, op.n4, [m_pad, dh_pad], finish) }
     }
 }
 
