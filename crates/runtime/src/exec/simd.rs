@@ -81,26 +81,32 @@ fn lane_max(v: &[f32]) -> f32 {
     math::fold_lanes(acc, max)
 }
 
+/// `row[i] = exp(row[i] − max)` in place; returns their sum. The exponentials are summed as
+/// they are made, in the lanes of `lane_sum`.
+#[inline(always)]
+fn exp_shifted(row: &mut [f32]) -> f32 {
+    let max = lane_max(row);
+    let mut acc = [0.0f32; JB];
+    let mut chunks = row.chunks_exact_mut(JB);
+    for c in &mut chunks {
+        for l in 0..JB {
+            let e = math::exp(c[l] - max);
+            c[l] = e;
+            acc[l] += e;
+        }
+    }
+    for (a, v) in acc.iter_mut().zip(chunks.into_remainder()) {
+        *v = math::exp(*v - max);
+        *a += *v;
+    }
+    math::fold_lanes(acc, |a, b| a + b)
+}
+
 multiversion! {
     /// Softmax of one row in place: max-subtracted exponentials over their sum, with the
     /// vectorised `exp` of codegen (≤ 2 ulp). Used inside the fused attention.
     fn softmax_row(row: &mut [f32]) {
-        let max = lane_max(row);
-        // The exponentials are summed as they are made, in the lanes of `lane_sum`.
-        let mut acc = [0.0f32; JB];
-        let mut chunks = row.chunks_exact_mut(JB);
-        for c in &mut chunks {
-            for l in 0..JB {
-                let e = math::exp(c[l] - max);
-                c[l] = e;
-                acc[l] += e;
-            }
-        }
-        for (a, v) in acc.iter_mut().zip(chunks.into_remainder()) {
-            *v = math::exp(*v - max);
-            *a += *v;
-        }
-        let inv = 1.0 / math::fold_lanes(acc, |a, b| a + b);
+        let inv = 1.0 / exp_shifted(row);
         for v in row.iter_mut() {
             *v *= inv;
         }
@@ -183,24 +189,11 @@ multiversion! {
     /// 1 at the maximum) stored as `round(255·e)` in `p8`; returns `Σ e` in f32, so that the
     /// probabilities are `p8 / (255·Σ e)`. `row` is left holding the exponentials.
     fn softmax_quant_row(row: &mut [f32], p8: &mut [u8]) -> f32 {
-        let max = lane_max(row);
-        let mut acc = [0.0f32; JB];
-        let mut chunks = row.chunks_exact_mut(JB);
-        for c in &mut chunks {
-            for l in 0..JB {
-                let e = math::exp(c[l] - max);
-                c[l] = e;
-                acc[l] += e;
-            }
-        }
-        for (a, v) in acc.iter_mut().zip(chunks.into_remainder()) {
-            *v = math::exp(*v - max);
-            *a += *v;
-        }
+        let sum = exp_shifted(row);
         for (d, &e) in p8.iter_mut().zip(row.iter()) {
             *d = int_byte((e * 255.0).round_ties_even());
         }
-        math::fold_lanes(acc, |a, b| a + b)
+        sum
     }
 }
 
