@@ -1076,9 +1076,11 @@ impl Session {
                     r(1),
                     r(2),
                     mask,
-                    *num_heads,
-                    *scale,
-                    *products,
+                    attention::Heads {
+                        num_heads: *num_heads,
+                        scale: *scale,
+                        products: *products,
+                    },
                     ctx,
                     node,
                 )?)
@@ -1092,9 +1094,11 @@ impl Session {
                 one(attention::attention_qkv(
                     r(0),
                     mask,
-                    *num_heads,
-                    *scale,
-                    *products,
+                    attention::Heads {
+                        num_heads: *num_heads,
+                        scale: *scale,
+                        products: *products,
+                    },
                     ctx,
                     node,
                 )?)
@@ -1109,9 +1113,11 @@ impl Session {
                     r(0),
                     r(1),
                     bias,
-                    *num_heads,
-                    *scale,
-                    *products,
+                    attention::Heads {
+                        num_heads: *num_heads,
+                        scale: *scale,
+                        products: *products,
+                    },
                     ctx,
                     node,
                 )?)

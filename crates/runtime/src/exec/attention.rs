@@ -11,6 +11,15 @@ use crate::value::TensorValue;
 use crate::Error;
 use ir::AttnProducts;
 
+/// The attributes of an attention op: heads, the scale of the scores, and the arithmetic of
+/// the two products.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Heads {
+    pub num_heads: usize,
+    pub scale: f32,
+    pub products: AttnProducts,
+}
+
 /// Scores at or below this are padding: after the max-subtraction of softmax their exponential
 /// is exactly 0 in f32, so leaving the key out gives bit-identical probabilities.
 const MASKED: f32 = -1.0e30;
@@ -52,15 +61,12 @@ struct Rows<'a> {
 ///
 /// When the mask is the same for every head and query (the usual `[B, 1, 1, S]` padding bias),
 /// keys whose bias is a large negative number are skipped: padded keys cost nothing.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     q: &TensorValue,
     k: &TensorValue,
     v: &TensorValue,
     mask: Option<&TensorValue>,
-    num_heads: usize,
-    scale: f32,
-    products: AttnProducts,
+    heads: Heads,
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
@@ -95,9 +101,7 @@ pub(crate) fn attention(
         [rows(qv), rows(kv), rows(vv)],
         [b, sq, sk, h],
         mask,
-        num_heads,
-        scale,
-        products,
+        heads,
         ctx,
         node,
     )
@@ -107,9 +111,7 @@ pub(crate) fn attention(
 pub(crate) fn attention_qkv(
     qkv: &TensorValue,
     mask: Option<&TensorValue>,
-    num_heads: usize,
-    scale: f32,
-    products: AttnProducts,
+    heads: Heads,
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
@@ -124,16 +126,7 @@ pub(crate) fn attention_qkv(
         )));
     }
     let (b, s, h) = (qkv.shape()[0], qkv.shape()[1], qkv.shape()[2] / 3);
-    padded(
-        split_qkv(data, h),
-        [b, s, s, h],
-        mask,
-        num_heads,
-        scale,
-        products,
-        ctx,
-        node,
-    )
+    padded(split_qkv(data, h), [b, s, s, h], mask, heads, ctx, node)
 }
 
 /// q, k and v of rows holding the three side by side, each `h` wide.
@@ -156,17 +149,15 @@ fn check_heads(h: usize, num_heads: usize, err: &dyn Fn(String) -> Error) -> Res
 }
 
 /// [`attend`] on `[B, S, ·]` rows: `dims` = `[batch, queries, keys, hidden]`; `[B, S_q, H]` out.
-#[allow(clippy::too_many_arguments)]
 fn padded(
     qkv: [Rows<'_>; 3],
     [b, sq, sk, h]: [usize; 4],
     mask: Option<&TensorValue>,
-    num_heads: usize,
-    scale: f32,
-    products: AttnProducts,
+    heads: Heads,
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
+    let num_heads = heads.num_heads;
     let err = |m: String| Error::op(node, "attention", m);
     check_heads(h, num_heads, &err)?;
     if sk == 0 && b * sq * h > 0 {
@@ -174,16 +165,7 @@ fn padded(
     }
     let view = MaskView::new(mask, [b, num_heads, sq, sk], &err)?;
     let plans = padded_plans(b, sq, sk, view);
-    let out = attend(
-        qkv,
-        [b * sq, h],
-        &plans,
-        view,
-        num_heads,
-        scale,
-        products,
-        ctx,
-    );
+    let out = attend(qkv, [b * sq, h], &plans, view, heads, ctx);
     Ok(TensorValue::raw(vec![b, sq, h], out))
 }
 
@@ -422,17 +404,15 @@ const HIDDEN: f32 = -1.0e4;
 
 /// [`attention_qkv`] on packed real tokens (`[1, T, 3H]`, see `pack_rows`): each sequence of
 /// `mask` attends over its own rows.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_packed(
     qkv: &TensorValue,
     mask: &TensorValue,
     bias: Option<&TensorValue>,
-    num_heads: usize,
-    scale: f32,
-    products: AttnProducts,
+    heads: Heads,
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
+    let num_heads = heads.num_heads;
     let err = |m: String| Error::op(node, "attention_packed", m);
     let map = RowMap::from_mask(mask, node, "attention_packed")?;
     let data = qkv
@@ -490,9 +470,7 @@ pub(crate) fn attention_packed(
         [map.rows.len(), h],
         &plans,
         view,
-        num_heads,
-        scale,
-        products,
+        heads,
         ctx,
     );
     Ok(TensorValue::raw(vec![1, map.rows.len(), h], out))
@@ -500,17 +478,19 @@ pub(crate) fn attention_packed(
 
 /// The attention of q, k, v rows, sequence by sequence as `plans` say: `out_rows` rows of `h`
 /// (`num_heads` divide `h`: checked by the callers).
-#[allow(clippy::too_many_arguments)]
 fn attend(
     [q, k, v]: [Rows<'_>; 3],
     [out_rows, h]: [usize; 2],
     plans: &[SeqPlan],
     mask: Option<MaskView<'_>>,
-    num_heads: usize,
-    scale: f32,
-    products: AttnProducts,
+    heads: Heads,
     ctx: &mut Ctx<'_>,
 ) -> Vec<f32> {
+    let Heads {
+        num_heads,
+        scale,
+        products,
+    } = heads;
     let int8 = products == AttnProducts::Int8;
     let dh = h / num_heads;
     if out_rows * h == 0 {
