@@ -15,7 +15,7 @@
 //! same IEEE operation sequence runs everywhere.
 
 use super::error::KernelError;
-use super::math;
+use super::math::{self, int_byte};
 
 /// A per-tensor value or one value per output row (activation scale / zero point).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -583,14 +583,6 @@ fn sum_sq_f32(y: &[f32]) -> f32 {
     math::fold_lanes(acc, |a, b| a + b)
 }
 
-/// The low byte (two's complement) of an integral f32 in [-2^22, 2^22]: adding 1.5·2^23 puts
-/// the integer in the low mantissa bits. Vectorises, unlike the saturating `as u8` cast.
-/// Only used after `Requant`, which leaves integral values in [-128, 255].
-#[inline(always)]
-fn int_byte(v: f32) -> u8 {
-    (v + 12_582_912.0).to_bits() as u8
-}
-
 #[inline(always)]
 unsafe fn store_row(out: OutPtr, r: usize, c0: usize, y: &[f32]) {
     let w = y.len();
@@ -606,6 +598,7 @@ unsafe fn store_row(out: OutPtr, r: usize, c0: usize, y: &[f32]) {
                 .zip(y)
                 .for_each(|(o, v)| *o = math::f32_to_bf16(*v));
         }
+        // Bytes are only stored after `Requant`, which leaves integral values in [-128, 255].
         OutPtr::U8(p, ld) => {
             // SAFETY: the caller guarantees the w elements at (r, c0) are writable and ours.
             let o = unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) };

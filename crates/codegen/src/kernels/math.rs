@@ -24,6 +24,19 @@ fn pow2i(n: f32) -> f32 {
     f32::from_bits((n + (12_582_912.0 + 127.0)).to_bits() << 23)
 }
 
+/// The low byte (two's complement) of an integral f32 in [-2^22, 2^22]: adding 1.5·2^23 puts
+/// the integer in the low mantissa bits. Vectorises, unlike the saturating `as u8` / `as i8`
+/// casts; callers round and clamp first.
+///
+/// ```
+/// assert_eq!(codegen::kernels::math::int_byte(-1.0), 0xff);
+/// assert_eq!(codegen::kernels::math::int_byte(200.0), 200);
+/// ```
+#[inline(always)]
+pub fn int_byte(v: f32) -> u8 {
+    (v + 12_582_912.0).to_bits() as u8
+}
+
 /// `exp(a + b)` where `a` is exact and may be large and `b` is small (|b| ≲ 2); the reduction
 /// subtracts `n·ln2` from `a` before adding `b`, so the rounding of `a + b` does not leak into
 /// the result. Returns 0 below about -87.3 and +inf above 88.7.

@@ -4,6 +4,7 @@
 //! target (SSE2, no FMA) would run them one element at a time.
 
 use codegen::kernels::math;
+use codegen::kernels::math::int_byte;
 
 /// Defines `pub(crate) fn $name(args)` that dispatches to the best compiled copy of `$body`.
 macro_rules! multiversion {
@@ -111,13 +112,6 @@ multiversion! {
             *v *= inv;
         }
     }
-}
-
-/// The low byte (two's complement) of an integral f32 in [-2^22, 2^22]: adding 1.5·2^23 puts
-/// the integer in the low mantissa bits. Vectorises, unlike the saturating `as i8` cast.
-#[inline(always)]
-fn int_byte(v: f32) -> u8 {
-    (v + 12_582_912.0).to_bits() as u8
 }
 
 #[inline(always)]
