@@ -364,6 +364,17 @@ impl SeqPlan {
     fn position(&self, r: usize) -> usize {
         self.positions.as_ref().map_or(r, |p| p[r])
     }
+
+    /// Adds the mask bias of head `hd`, query `i` (relative to `q0`) to that query's scores over
+    /// the plan's keys, when it changes any.
+    fn add_mask(&self, mask: Option<MaskView<'_>>, hd: usize, i: usize, row: &mut [f32]) {
+        if let (true, Some(m)) = (self.mask_adds, mask) {
+            let qi = self.position(i);
+            for (s, &j) in row.iter_mut().zip(&self.keys) {
+                *s += m.at(self.batch, hd, qi, self.position(j));
+            }
+        }
+    }
 }
 
 /// The sequences of a padded `[B, S, ·]` call: every query row; the keys the mask does not
@@ -506,10 +517,9 @@ fn attend(
     let max_q = plans.iter().map(|p| p.nq).max().unwrap_or(0);
     let max_k = plans.iter().map(|p| p.keys.len()).max().unwrap_or(0);
     // Query rows in whole register blocks are read from q and written to the output in place
-    // (when a head is a whole number of kernel columns); the last partial block goes through
-    // zero-padded scratch.
+    // (when a head is a whole number of kernel columns, see `put_head_rows`); the last partial
+    // block goes through zero-padded scratch.
     let dh_pad = dh.div_ceil(JB) * JB;
-    let direct_heads = dh == dh_pad;
     let run = |range: std::ops::Range<usize>| {
         // Per-thread scratch, reused across its (sequence, head) tasks and across calls (taken
         // out of the thread-local for the call, so a nested call would make its own); each
@@ -589,38 +599,22 @@ fn attend(
             }
             for (i, row) in sc.chunks_exact_mut(n_pad).take(sq).enumerate() {
                 let row = &mut row[..n];
-                if let (true, Some(m)) = (plan.mask_adds, mask) {
-                    let qi = plan.position(i);
-                    for (s, &j) in row.iter_mut().zip(keys) {
-                        *s += m.at(plan.batch, hd, qi, plan.position(j));
-                    }
-                }
+                plan.add_mask(mask, hd, i, row);
                 softmax_row(row);
             }
-            // Output rows `rows` (padded to `m_pad`) from their probabilities `p`: in place when
-            // the block is whole and a head is whole kernel columns, else through `o_scratch`.
-            let mut put = |p: &[f32], rows: std::ops::Range<usize>, m_pad: usize| {
-                if direct_heads && rows.len() == m_pad {
-                    // SAFETY: task (sequence, hd) alone writes columns hd·dh..(hd+1)·dh of its
-                    // sequence's rows (`rows` lie within its nq, and sequences own disjoint
-                    // rows), so writers never overlap, and `out` outlives the parallel call.
-                    unsafe {
-                        let o = optr.get().add(o_at + rows.start * h);
-                        attn_values(p, n_pad, v_rows, ldv, o, h, m_pad, n, dh);
-                    }
-                    return;
-                }
-                o_scratch.resize(m_pad * dh_pad, 0.0);
-                // SAFETY: `o_scratch` holds m_pad rows of dh_pad.
+            let out = HeadOut {
+                ptr: optr,
+                at: o_at,
+                ld: h,
+            };
+            let mut put = |p: &[f32], rows: std::ops::Range<usize>, m_block: usize| {
+                // SAFETY: task (sequence, hd) alone writes columns hd·dh..(hd+1)·dh of its
+                // sequence's rows (`rows` lie within its nq, and sequences own disjoint rows),
+                // and `out` outlives the parallel call.
                 unsafe {
-                    let o = o_scratch.as_mut_ptr();
-                    attn_values(p, n_pad, v_rows, ldv, o, dh_pad, m_pad, n, dh_pad);
-                }
-                for (r, i) in rows.enumerate() {
-                    // SAFETY: as above, this task's columns of row i of its sequence.
-                    let dst =
-                        unsafe { std::slice::from_raw_parts_mut(optr.get().add(o_at + i * h), dh) };
-                    dst.copy_from_slice(&o_scratch[r * dh_pad..][..dh]);
+                    put_head_rows(out, rows, m_block, dh, o_scratch, |o, ldo, m| {
+                        attn_values(p, n_pad, v_rows, ldv, o, ldo, m, n, dh_pad)
+                    })
                 }
             };
             put(sc, 0..m_full, m_full);
@@ -807,12 +801,7 @@ unsafe fn head_i8(
         .enumerate()
     {
         let row = &mut row[..n];
-        if let (true, Some(m)) = (plan.mask_adds, mask) {
-            let qi = plan.position(i);
-            for (s, &j) in row.iter_mut().zip(keys) {
-                *s += m.at(plan.batch, hd, qi, plan.position(j));
-            }
-        }
+        plan.add_mask(mask, hd, i, row);
         let sum = softmax_quant_row(row, &mut p[..n]);
         p[n..].fill(0);
         *r = 1.0 / (255.0 * sum);
@@ -826,38 +815,59 @@ unsafe fn head_i8(
         vs,
         n4,
     };
-    if dh == dh_pad {
-        // Whole blocks straight into the output rows, the last partial block through scratch.
-        let m_full = sq / IB * IB;
-        // SAFETY: rows 0..m_full of this head are the caller's (its contract).
-        unsafe { values_i8(&ops, out.ptr.get().add(out.at), out.ld, m_full, dh_pad) };
+    let m_full = sq / IB * IB;
+    let tail = ValueOperands {
+        p8: &p8[m_full * ldp..],
+        rs: &rs[m_full..],
+        ..ops
+    };
+    // SAFETY: rows 0..sq of this head are the caller's (its contract).
+    unsafe {
+        put_head_rows(out, 0..m_full, m_full, dh, &mut s.out, |o, ldo, m| {
+            values_i8(&ops, o, ldo, m, dh_pad)
+        });
         if m_full < sq {
-            let tail = ValueOperands {
-                p8: &p8[m_full * ldp..],
-                rs: &rs[m_full..],
-                ..ops
-            };
-            let o = zeroed(&mut s.out, IB * dh_pad);
-            // SAFETY: `o` holds IB rows of dh_pad.
-            unsafe { values_i8(&tail, o.as_mut_ptr(), dh_pad, IB, dh_pad) };
-            for (r, i) in (m_full..sq).enumerate() {
-                // SAFETY: row i < sq of this head, as the caller guarantees.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(out.ptr.get().add(out.at + i * out.ld), dh)
-                };
-                dst.copy_from_slice(&o[r * dh_pad..][..dh]);
-            }
+            put_head_rows(out, m_full..sq, IB, dh, &mut s.out, |o, ldo, m| {
+                values_i8(&tail, o, ldo, m, dh_pad)
+            });
         }
+    }
+}
+
+/// Output rows `rows` of one head, a block of `m_block` rows of which `rows.len()` are real,
+/// made by `values(dst, ld, m_block)`: straight into the output when the block is whole and a
+/// head is whole kernel columns, else into `scratch` (`m_block` rows of the head padded to
+/// [`JB`]) and copied.
+///
+/// # Safety
+/// `out` must address this head's rows `rows` (`dh` columns each), writable and touched by no
+/// other thread during the call; `values` must write exactly `m_block` rows of the padded head
+/// at the pointer and stride it is given.
+unsafe fn put_head_rows(
+    out: HeadOut,
+    rows: std::ops::Range<usize>,
+    m_block: usize,
+    dh: usize,
+    scratch: &mut Vec<f32>,
+    values: impl FnOnce(*mut f32, usize, usize),
+) {
+    let dh_pad = dh.div_ceil(JB) * JB;
+    if dh == dh_pad && rows.len() == m_block {
+        // SAFETY: the block is the caller's rows, whole.
+        values(
+            unsafe { out.ptr.get().add(out.at + rows.start * out.ld) },
+            out.ld,
+            m_block,
+        );
         return;
     }
-    let o = zeroed(&mut s.out, m_pad * dh_pad);
-    // SAFETY: `o` holds m_pad rows of dh_pad.
-    unsafe { values_i8(&ops, o.as_mut_ptr(), dh_pad, m_pad, dh_pad) };
-    for i in 0..sq {
-        // SAFETY: row i < sq of this head, as the caller guarantees.
+    scratch.resize(m_block * dh_pad, 0.0);
+    values(scratch.as_mut_ptr(), dh_pad, m_block);
+    for (r, i) in rows.enumerate() {
+        // SAFETY: row i of this head, the caller's.
         let dst =
             unsafe { std::slice::from_raw_parts_mut(out.ptr.get().add(out.at + i * out.ld), dh) };
-        dst.copy_from_slice(&o[i * dh_pad..][..dh]);
+        dst.copy_from_slice(&scratch[r * dh_pad..][..dh]);
     }
 }
 
