@@ -287,38 +287,39 @@ pub struct QuantizeReport {
 impl QuantizeReport {
     /// The layers made integer, in graph order.
     pub fn quantized_layers(&self) -> Vec<String> {
-        self.notes
-            .iter()
-            .filter(|n| n.pass == "QuantizeLinears" && n.kind == NoteKind::Fired)
-            .map(|n| n.node.clone())
+        self.nodes("QuantizeLinears", NoteKind::Fired)
+            .map(|(n, _)| n)
             .collect()
     }
 
     /// The layers left in FP32, with the reason.
     pub fn kept_fp32(&self) -> Vec<(String, String)> {
-        self.notes
-            .iter()
-            .filter(|n| n.pass == "QuantizeLinears" && n.kind == NoteKind::Declined)
-            .map(|n| (n.node.clone(), n.message.clone()))
-            .collect()
+        self.nodes("QuantizeLinears", NoteKind::Declined).collect()
     }
 
     /// The attention ops whose products were made int8 (`attention: Int8`), in graph order.
     pub fn attention_int8(&self) -> Vec<String> {
-        self.notes
-            .iter()
-            .filter(|n| n.pass == "QuantizeAttention" && n.kind == NoteKind::Fired)
-            .map(|n| n.node.clone())
+        self.nodes("QuantizeAttention", NoteKind::Fired)
+            .map(|(n, _)| n)
             .collect()
     }
 
     /// The attention ops left in f32 although int8 was asked for, with the reason.
     pub fn attention_kept_fp32(&self) -> Vec<(String, String)> {
+        self.nodes("QuantizeAttention", NoteKind::Declined)
+            .collect()
+    }
+
+    /// `(node, message)` of the notes `pass` made of `kind`, in order.
+    fn nodes(
+        &self,
+        pass: &'static str,
+        kind: NoteKind,
+    ) -> impl Iterator<Item = (String, String)> + '_ {
         self.notes
             .iter()
-            .filter(|n| n.pass == "QuantizeAttention" && n.kind == NoteKind::Declined)
+            .filter(move |n| n.pass == pass && n.kind == kind)
             .map(|n| (n.node.clone(), n.message.clone()))
-            .collect()
     }
 }
 
