@@ -205,8 +205,9 @@ fn main() {
     for &t in &threads_list {
         let p = measure_peak(t);
         println!(
-            "peak {t} thread(s): int8 vpdpbusd {:.1} GOPS, f32 FMA {:.1} GFLOP/s",
+            "peak {t} thread(s): int8 vpdpbusd {:.1} GOPS, AMX tdpbusd {:.1} GOPS, f32 FMA {:.1} GFLOP/s",
             p.vnni_ops_per_s / 1e9,
+            p.amx_ops_per_s / 1e9,
             p.fma_flops_per_s / 1e9
         );
         peaks.push(p);
@@ -229,6 +230,7 @@ fn main() {
                 let p = &mut peaks[ti];
                 p.vnni_ops_per_s = p.vnni_ops_per_s.max(fresh.vnni_ops_per_s);
                 p.fma_flops_per_s = p.fma_flops_per_s.max(fresh.fma_flops_per_s);
+                p.amx_ops_per_s = p.amx_ops_per_s.max(fresh.amx_ops_per_s);
                 let mut rows =
                     hwbench_with(m, n, k, t, p, &int8, &f32k, Duration::from_millis(150));
                 rows.push(requant_row(m, n, k, t, p.vnni_ops_per_s));
@@ -243,7 +245,9 @@ fn main() {
             .iter()
             .find(|p| p.threads == r.threads)
             .expect("peak per thread count");
-        let peak = if r.dtype == "int8" {
+        let peak = if r.kernel == "amx" {
+            p.amx_ops_per_s
+        } else if r.dtype == "int8" {
             p.vnni_ops_per_s
         } else {
             p.fma_flops_per_s
@@ -278,9 +282,10 @@ fn main() {
     }
     for p in &peaks {
         println!(
-            "best peak seen, {} thread(s): int8 {:.1} GOPS, f32 {:.1} GFLOP/s",
+            "best peak seen, {} thread(s): int8 {:.1} GOPS, AMX {:.1} GOPS, f32 {:.1} GFLOP/s",
             p.threads,
             p.vnni_ops_per_s / 1e9,
+            p.amx_ops_per_s / 1e9,
             p.fma_flops_per_s / 1e9
         );
     }
@@ -289,8 +294,8 @@ fn main() {
             .iter()
             .map(|p| {
                 format!(
-                    "{{\"threads\":{},\"vnni_ops_per_s\":{:e},\"fma_flops_per_s\":{:e}}}",
-                    p.threads, p.vnni_ops_per_s, p.fma_flops_per_s
+                    "{{\"threads\":{},\"vnni_ops_per_s\":{:e},\"amx_ops_per_s\":{:e},\"fma_flops_per_s\":{:e}}}",
+                    p.threads, p.vnni_ops_per_s, p.amx_ops_per_s, p.fma_flops_per_s
                 )
             })
             .collect();

@@ -158,6 +158,14 @@ fn peak_and_hwbench() {
     if f.avx2_fma {
         assert!(p.fma_flops_per_s > 1e9, "{p:?}");
     }
+    // The tile unit's peak is measured only where AMX runs, and there it is the int8 peak.
+    if Int8Kernel::Amx.is_supported() {
+        assert!(p.amx_ops_per_s > p.vnni_ops_per_s, "{p:?}");
+        assert_eq!(p.int8_ops_per_s(), p.amx_ops_per_s);
+    } else {
+        assert_eq!(p.amx_ops_per_s, 0.0, "{p:?}");
+        assert_eq!(p.int8_ops_per_s(), p.vnni_ops_per_s);
+    }
     let rows = hwbench_with(
         64,
         96,

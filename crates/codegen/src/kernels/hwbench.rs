@@ -124,8 +124,14 @@ pub fn hwbench_with(
             .expect("supported kernel");
         });
         let gops = ops / s / 1e9;
-        let frac = if peak.vnni_ops_per_s > 0.0 {
-            gops * 1e9 / peak.vnni_ops_per_s
+        // Each kernel against the unit it runs on: AMX's tile peak, else the vpdpbusd peak.
+        let unit_peak = if kern == Int8Kernel::Amx {
+            peak.amx_ops_per_s
+        } else {
+            peak.vnni_ops_per_s
+        };
+        let frac = if unit_peak > 0.0 {
+            gops * 1e9 / unit_peak
         } else {
             0.0
         };

@@ -17,6 +17,17 @@ pub struct Peak {
     pub vnni_ops_per_s: f64,
     /// f32 FLOP/s (FMA = 2) with 512-bit FMA (256-bit on AVX2-only CPUs, scalar otherwise).
     pub fma_flops_per_s: f64,
+    /// int8 multiply-accumulates × 2 per second with AMX `tdpbusd` on register tiles (0 where
+    /// AMX is absent or Linux refuses it).
+    pub amx_ops_per_s: f64,
+}
+
+impl Peak {
+    /// The int8 peak of the fastest int8 unit this CPU has (AMX where usable, else VNNI): what
+    /// the roofline of an int8 GEMM on the picked kernel divides by.
+    pub fn int8_ops_per_s(&self) -> f64 {
+        self.amx_ops_per_s.max(self.vnni_ops_per_s)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -127,6 +138,24 @@ fn pick_loops() -> (Loop, Loop) {
     }
 }
 
+/// Four `tdpbusd` of 16×16×64 MACs, two ops each.
+const AMX_OPS_PER_ITER: f64 = 4.0 * 16.0 * 16.0 * 64.0 * 2.0;
+
+fn amx_loop() -> Option<fn(usize) -> f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::int8::amx::{peak_loop, HwTiles};
+        HwTiles::new().ok()?;
+        Some(|n| {
+            HwTiles::new()
+                .map(|mut t| peak_loop(&mut t, n) as f64)
+                .unwrap_or(0.0)
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
 fn run_loop(threads: usize, ops_per_iter: f64, f: fn(usize) -> f64) -> f64 {
     // Calibrate so one run takes ~30 ms, then take the best of 3 (frequency ramp, noise).
     let mut iters = 1 << 16;
@@ -155,7 +184,7 @@ fn run_loop(threads: usize, ops_per_iter: f64, f: fn(usize) -> f64) -> f64 {
     best
 }
 
-/// Measures the VNNI and FMA peaks of `threads` threads (about 0.3 s).
+/// Measures the VNNI, FMA and (where usable) AMX peaks of `threads` threads (about 0.3 s each).
 ///
 /// ```no_run
 /// let p = codegen::kernels::measure_peak(1);
@@ -168,5 +197,6 @@ pub fn measure_peak(threads: usize) -> Peak {
         threads,
         vnni_ops_per_s: vf.map_or(0.0, |f| run_loop(threads, vo, f)),
         fma_flops_per_s: ff.map_or(0.0, |f| run_loop(threads, fo, f)),
+        amx_ops_per_s: amx_loop().map_or(0.0, |f| run_loop(threads, AMX_OPS_PER_ITER, f)),
     }
 }

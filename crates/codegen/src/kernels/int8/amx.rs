@@ -244,16 +244,16 @@ pub unsafe fn ukernel_body<T: TileUnit>(
         // SAFETY: A rows 0..32 at stride kc, bytes k0..k0+64 < kc; B quads k0/4..k0/4+16 at
         // 128 bytes each, inside the panel (caller contract).
         unsafe {
-            t.load(4, a.add(k0), kc);
-            t.load(5, a.add(16 * kc + k0), kc);
             let bq = b.add(k0 * NR) as *const u8;
+            t.load(4, a.add(k0), kc);
             t.load(6, bq, NR * 4);
+            t.dpbusd(0, 4, 6);
             t.load(7, bq.add(64), NR * 4);
+            t.dpbusd(1, 4, 7);
+            t.load(5, a.add(16 * kc + k0), kc);
+            t.dpbusd(2, 5, 6);
+            t.dpbusd(3, 5, 7);
         }
-        t.dpbusd(0, 4, 6);
-        t.dpbusd(1, 4, 7);
-        t.dpbusd(2, 5, 6);
-        t.dpbusd(3, 5, 7);
         k0 += 64;
     }
     let s = ldc * 4;
@@ -282,6 +282,33 @@ pub unsafe fn ukernel_with<T: TileUnit>(
     // SAFETY: forwarded caller contract; the unit was just configured.
     unsafe { ukernel_body(t, kc4, a, b, c, ldc) };
     t.release();
+}
+
+/// `tdpbusd` throughput with no memory traffic: four independent 16×16 accumulators fed by two
+/// A and two B tiles loaded once, `iters` rounds of four dot products (each 16·16·64 MACs).
+/// Returns a value of the result so the work is not removed. The AMX roofline divides by this.
+#[cfg(target_arch = "x86_64")]
+pub fn peak_loop(tiles: &mut HwTiles, iters: usize) -> i32 {
+    let src = [1u8; 16 * 64];
+    let mut out = [0i32; 16 * 16];
+    tiles.configure(&kernel_config());
+    for t in 0..4 {
+        tiles.zero(t);
+    }
+    for t in 4..8 {
+        // SAFETY: `src` holds the 16 rows × 64 bytes every configured tile reads (stride 64).
+        unsafe { tiles.load(t, src.as_ptr(), 64) };
+    }
+    for _ in 0..iters {
+        tiles.dpbusd(0, 4, 6);
+        tiles.dpbusd(1, 4, 7);
+        tiles.dpbusd(2, 5, 6);
+        tiles.dpbusd(3, 5, 7);
+    }
+    // SAFETY: `out` holds 16 rows of 16 i32 at a 64-byte stride.
+    unsafe { tiles.store(0, out.as_mut_ptr() as *mut u8, 64) };
+    tiles.release();
+    out[0]
 }
 
 /// The hardware kernel.
