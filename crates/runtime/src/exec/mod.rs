@@ -46,6 +46,32 @@ fn take_fitting<T>(pool: &mut Vec<Vec<T>>, len: usize) -> Option<Vec<T>> {
     Some(pool.swap_remove(best))
 }
 
+/// Slots of the f32 and byte pools: the search is linear, so they are bounded.
+const F32_SLOTS: usize = 64;
+const BYTE_SLOTS: usize = 32;
+
+/// Puts `v` in `pool`; a full pool gives up its smallest buffer for a larger `v` (and keeps
+/// itself otherwise). Buffers that come in without being taken back out (a kernel that
+/// allocates its small output itself) would otherwise fill the slots over a few dozen runs,
+/// after which every activation buffer was dropped on recycling and allocated again, in fresh
+/// pages, on the next run: 57 MB of page faults per BERT-base batch of 8.
+fn keep<T>(pool: &mut Vec<Vec<T>>, v: Vec<T>, slots: usize) {
+    if pool.len() < slots {
+        pool.push(v);
+        return;
+    }
+    let smallest = pool
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, b)| b.capacity())
+        .map(|(i, b)| (i, b.capacity()));
+    if let Some((i, cap)) = smallest {
+        if cap < v.capacity() {
+            pool[i] = v;
+        }
+    }
+}
+
 /// Freed buffers kept for reuse (f32, and bytes for u8 and i8 values): an intermediate dies
 /// after its last consumer ran and its vector comes back here, so a steady-state run allocates
 /// (almost) nothing for activations.
@@ -123,18 +149,14 @@ impl Arena {
 
     /// Takes back a byte buffer from [`Arena::bytes_for_overwrite`].
     pub fn recycle_bytes(&mut self, v: Vec<u8>) {
-        if self.bytes.len() < 32 {
-            self.bytes.push(v);
-        }
+        keep(&mut self.bytes, v, BYTE_SLOTS);
     }
 
     /// Takes back the buffer of a value that died.
     pub fn recycle(&mut self, t: TensorValue) {
         match t.into_data() {
             // Tiny buffers are not worth a slot; many would make the search slow.
-            crate::TensorData::F32(v) if v.capacity() >= 256 && self.free.len() < 64 => {
-                self.free.push(v)
-            }
+            crate::TensorData::F32(v) if v.capacity() >= 256 => keep(&mut self.free, v, F32_SLOTS),
             crate::TensorData::U8(v) if v.capacity() >= 256 => self.recycle_bytes(v),
             crate::TensorData::I8(v) if v.capacity() >= 256 => {
                 let mut v = std::mem::ManuallyDrop::new(v);
@@ -387,6 +409,33 @@ macro_rules! map_data {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pool filled with small buffers that nobody takes back still keeps the large ones, so a
+    /// long-running session recycles its activations run after run.
+    #[test]
+    fn a_full_arena_keeps_large_buffers() {
+        let mut arena = Arena::default();
+        for _ in 0..2 * F32_SLOTS {
+            arena.recycle(TensorValue::from_f32(vec![1024], vec![0.0; 1024]).unwrap());
+        }
+        let big = TensorValue::from_f32(vec![1 << 16], vec![0.0; 1 << 16]).unwrap();
+        let ptr = big.as_f32().unwrap().as_ptr();
+        arena.recycle(big);
+        assert_eq!(arena.free.len(), F32_SLOTS);
+        // A full pool does not swap a buffer for a smaller one.
+        arena.recycle(TensorValue::from_f32(vec![300], vec![0.0; 300]).unwrap());
+        assert!(arena.free.iter().all(|v| v.capacity() >= 1024));
+        let taken = arena.f32_for_overwrite(1 << 16);
+        assert_eq!(taken.as_ptr(), ptr);
+        for _ in 0..2 * BYTE_SLOTS {
+            arena.recycle_bytes(vec![0u8; 512]);
+        }
+        let bytes = vec![0u8; 1 << 20];
+        let ptr = bytes.as_ptr();
+        arena.recycle_bytes(bytes);
+        let taken = arena.bytes_for_overwrite(1 << 20);
+        assert_eq!(taken.as_ptr(), ptr);
+    }
 
     #[test]
     fn broadcasting() {
