@@ -311,6 +311,26 @@ pub fn peak_loop(tiles: &mut HwTiles, iters: usize) -> i32 {
     out[0]
 }
 
+/// The hardware kernel body with the C calling convention, for JIT-compiled unit loops: the
+/// GEMM driver configures the tiles on each thread before its units run (`begin`) and releases
+/// them after (`end`), so this is [`ukernel_body`] on the hardware unit and nothing else.
+///
+/// # Safety
+/// As [`ukernel_body`]; AMX usable and the tiles configured with [`kernel_config`] on this
+/// thread.
+#[cfg(target_arch = "x86_64")]
+pub unsafe extern "C" fn ukernel_configured(
+    kc4: usize,
+    a: *const u8,
+    b: *const i8,
+    c: *mut i32,
+    ldc: usize,
+) {
+    let mut t = HwTiles(());
+    // SAFETY: forwarded caller contract.
+    unsafe { ukernel_body(&mut t, kc4, a, b, c, ldc) }
+}
+
 /// The hardware kernel.
 ///
 /// # Safety

@@ -176,9 +176,12 @@ impl MicroKernel for AmxHwKernel {
         }
     }
     unsafe fn run(&self, kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
-        let mut t = amx::HwTiles::new().expect("AMX kernel chosen only where AMX is usable");
-        // SAFETY: forwarded contract; `begin` configured the tiles on this thread.
-        unsafe { amx::ukernel_body(&mut t, kc4, a, b, c, ldc) }
+        // SAFETY: forwarded contract; the kernel is built only where AMX is usable and `begin`
+        // configured the tiles on this thread.
+        unsafe { amx::ukernel_configured(kc4, a, b, c, ldc) }
+    }
+    fn ukernel(&self) -> Option<UKernel> {
+        Some(amx::ukernel_configured)
     }
 }
 
