@@ -12,14 +12,20 @@
 use codegen::kernels::hwbench::time_best;
 use codegen::kernels::hwbench::{hwbench_with, render_json, render_table, KernelBenchResult};
 use codegen::kernels::int8::{gemm_i8, Activations, PackedI8};
-use codegen::kernels::{measure_peak, F32Kernel, Int8Kernel};
+use codegen::kernels::{measure_peak, F32Kernel, Int8Kernel, Peak};
 use codegen::kernels::{pick_int8, Epilogue, EpilogueOp, Output, QType, RowParam};
 use std::time::Duration;
 
 /// The picked int8 kernel with the fused dequant → requant(u8) epilogue: the equivalent of ONNX
 /// QLinearMatMul / a QDQ MatMul, for the onnxruntime comparison.
-fn requant_row(m: usize, n: usize, k: usize, threads: usize, vnni_peak: f64) -> KernelBenchResult {
+fn requant_row(m: usize, n: usize, k: usize, threads: usize, peak: &Peak) -> KernelBenchResult {
     let kern = pick_int8(m, n, k);
+    // Against the peak of the unit the picked kernel runs on.
+    let unit_peak = if kern == Int8Kernel::Amx {
+        peak.amx_ops_per_s
+    } else {
+        peak.vnni_ops_per_s
+    };
     let a: Vec<u8> = (0..m * k).map(|i| (i * 7 % 251) as u8).collect();
     let w: Vec<i8> = (0..n * k).map(|i| (i * 13 % 255) as i8).collect();
     let b = PackedI8::pack_for(kern, &w, k, n, k, true).expect("packing");
@@ -59,7 +65,7 @@ fn requant_row(m: usize, n: usize, k: usize, threads: usize, vnni_peak: f64) -> 
         threads,
         seconds: s,
         gops,
-        fraction_of_peak: gops * 1e9 / vnni_peak,
+        fraction_of_peak: gops * 1e9 / unit_peak,
         picked: false,
     }
 }
@@ -233,7 +239,7 @@ fn main() {
                 p.amx_ops_per_s = p.amx_ops_per_s.max(fresh.amx_ops_per_s);
                 let mut rows =
                     hwbench_with(m, n, k, t, p, &int8, &f32k, Duration::from_millis(150));
-                rows.push(requant_row(m, n, k, t, p.vnni_ops_per_s));
+                rows.push(requant_row(m, n, k, t, p));
                 eprint!("{}", render_table(&rows));
                 all.extend(rows);
             }
@@ -245,7 +251,7 @@ fn main() {
             .iter()
             .find(|p| p.threads == r.threads)
             .expect("peak per thread count");
-        let peak = if r.kernel == "amx" {
+        let peak = if r.kernel.starts_with("amx") {
             p.amx_ops_per_s
         } else if r.dtype == "int8" {
             p.vnni_ops_per_s
