@@ -1,5 +1,5 @@
-//! `encore bench --profile`: the per-kind times and the count of standalone elementwise ops
-//! that epilogue fusion left inside the layers.
+//! `encore bench --profile`: the per-kind times, the count of standalone elementwise ops
+//! that epilogue fusion left inside the layers, and the GEMM work its roofline line rates.
 
 mod common;
 
@@ -55,6 +55,12 @@ fn fusion_leaves_no_standalone_elementwise_op_in_a_layer() {
     // Q, K and V as one GEMM, attention output, FFN1, FFN2 per layer, and the pooler.
     assert_eq!(kind_nodes(&fused, "gemm"), 4 * layers + 1, "{fused}");
     assert!(fused["total_ms"].as_f64().unwrap() > 0.0);
+    // The roofline counts the GEMMs' real work: 32 tokens × (128·384 + 128·128 + 128·512 +
+    // 512·128) per layer (hidden 128, intermediate 512), and the pooler's 2 rows × 128·128.
+    let macs = 32.0 * 196_608.0 * layers as f64 + 2.0 * 128.0 * 128.0;
+    assert_eq!(fused["gemm_macs_per_run"], macs, "{fused}");
+    assert!(fused["gemm_ops_per_s"].as_f64().unwrap() > 0.0, "{fused}");
+    assert_eq!(fused["peak_unit"], "FMA", "{fused}");
 
     // Without fusion the same layers carry their bias, GELU, residual and LayerNorm ops: the
     // counter sees them.
@@ -69,6 +75,9 @@ fn fusion_leaves_no_standalone_elementwise_op_in_a_layer() {
     quantize_random(std::path::Path::new(fp32), &int8);
     let q = profile(int8.to_str().unwrap(), &[]);
     assert_eq!(q["elementwise_per_layer"], 0.0, "{q}");
+    assert_eq!(q["gemm_macs_per_run"], macs, "{q}");
+    let unit = q["peak_unit"].as_str().unwrap();
+    assert!(unit == "AMX tdpbusd" || unit == "vpdpbusd", "{q}");
     assert!(
         q["ops"]
             .as_array()

@@ -140,6 +140,23 @@ pub struct Profile {
     /// Standalone elementwise nodes executed between the first and the last GEMM or
     /// attention of a run (inside the layers), with their op names.
     pub elementwise_in_layers: Vec<(String, &'static str)>,
+    /// Multiply-accumulates of the weight GEMMs per run, and their nodes' milliseconds per run.
+    pub gemm_macs: f64,
+    pub gemm_ms: f64,
+    /// The compute peak the GEMMs are rated against (ops/s) and which unit it is.
+    pub peak: Option<(f64, &'static str)>,
+}
+
+/// The peak of the unit a model's GEMMs run on (measured now, `threads` threads): the AMX tile
+/// unit or `vpdpbusd` for an INT8 model (whichever the int8 kernel picker uses), FMA for FP32.
+fn gemm_peak(quantized: bool, threads: usize) -> (f64, &'static str) {
+    use codegen::kernels::{measure_peak, pick_int8, Int8Kernel};
+    let p = measure_peak(threads);
+    match (quantized, pick_int8(usize::MAX, 768, 768)) {
+        (true, Int8Kernel::Amx) if p.amx_ops_per_s > 0.0 => (p.amx_ops_per_s, "AMX tdpbusd"),
+        (true, _) => (p.vnni_ops_per_s, "vpdpbusd"),
+        (false, _) => (p.fma_flops_per_s, "FMA"),
+    }
 }
 
 impl Profile {
@@ -190,7 +207,23 @@ impl Profile {
                 .filter(|t| t.kind == ir::OpKind::Elementwise)
                 .map(|t| (t.node.clone(), t.op))
                 .collect(),
+            gemm_macs: runs.iter().flatten().map(|t| t.macs as f64).sum::<f64>() / n,
+            gemm_ms: runs
+                .iter()
+                .flatten()
+                .filter(|t| t.macs > 0)
+                .map(|t| t.time.as_secs_f64() * 1e3)
+                .sum::<f64>()
+                / n,
+            peak: None,
         }
+    }
+
+    /// GEMM ops per second over the GEMM nodes' time and over all nodes' time.
+    pub fn gemm_rates(&self) -> (f64, f64) {
+        let ops = 2.0 * self.gemm_macs;
+        let rate = |ms: f64| if ms > 0.0 { ops / (ms / 1e3) } else { 0.0 };
+        (rate(self.gemm_ms), rate(self.total_ms))
     }
 
     /// Standalone elementwise ops per layer (`None` when the model has no attention op).
@@ -227,6 +260,27 @@ impl Profile {
         for (node, op) in self.elementwise_in_layers.iter().take(10) {
             println!("    {op} {node}");
         }
+        if self.gemm_macs > 0.0 {
+            let (in_gemm, whole) = self.gemm_rates();
+            let frac = |r: f64| match self.peak {
+                Some((p, _)) if p > 0.0 => format!(" ({:.1} %)", 100.0 * r / p),
+                _ => String::new(),
+            };
+            println!(
+                "  roofline      {:.2} GMAC of weight GEMMs per run: {:.1} GOPS over their nodes' time{}, {:.1} GOPS over the whole run{}",
+                self.gemm_macs / 1e9,
+                in_gemm / 1e9,
+                frac(in_gemm),
+                whole / 1e9,
+                frac(whole)
+            );
+            if let Some((p, unit)) = self.peak {
+                println!(
+                    "                of the {unit} peak measured now, {:.1} GOPS",
+                    p / 1e9
+                );
+            }
+        }
     }
 
     fn to_json(&self) -> serde_json::Value {
@@ -238,6 +292,12 @@ impl Profile {
             "layers": self.layers,
             "elementwise_per_layer": self.elementwise_per_layer(),
             "elementwise_in_layers": self.elementwise_in_layers.iter().map(|(n, op)| serde_json::json!({"node": n, "op": op})).collect::<Vec<_>>(),
+            "gemm_macs_per_run": self.gemm_macs,
+            "gemm_ms_per_run": self.gemm_ms,
+            "gemm_ops_per_s": self.gemm_rates().0,
+            "run_gemm_ops_per_s": self.gemm_rates().1,
+            "peak_ops_per_s": self.peak.map(|p| p.0),
+            "peak_unit": self.peak.map(|p| p.1),
         })
     }
 }
@@ -348,7 +408,9 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         let runs = (0..args.min_runs.max(1))
             .map(|i| session.run_profiled(&refs[i % refs.len()]).map(|(_, t)| t))
             .collect::<Result<Vec<_>, _>>()?;
-        Some(Profile::from_runs(&runs))
+        let mut p = Profile::from_runs(&runs);
+        p.peak = Some(gemm_peak(model.is_quantized(), args.threads.max(1)));
+        Some(p)
     } else {
         None
     };

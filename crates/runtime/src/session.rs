@@ -93,6 +93,9 @@ pub struct NodeTime {
     /// What kind of work the op does.
     pub kind: ir::OpKind,
     pub time: std::time::Duration,
+    /// Multiply-accumulates of the node's weight GEMM (`linear`, `fused_linear`, `qlinear`:
+    /// tokens × K × N, the tokens this run computed); 0 for other ops.
+    pub macs: u64,
 }
 
 /// A weight in the form its kernel reads, made once per session ([`lower::WeightLayout`]).
@@ -774,13 +777,28 @@ impl Session {
                     obs(&st.node, ins[0].get());
                 }
             }
+            // m·k of a weight GEMM's activation, before the step may take its input.
+            let gemm_mk = (times.is_some()
+                && matches!(
+                    st.op,
+                    Op::Linear | Op::FusedLinear { .. } | Op::QLinear { .. }
+                ))
+            .then(|| ins.first().map_or(0, |a| a.get().len() as u64));
             let outs = self.exec_step(k, st, &mut ins, &mut ctx, seq);
             if let (Some(t), Some(t0)) = (times.as_deref_mut(), t0) {
+                let time = t0.elapsed();
+                let n = outs
+                    .as_ref()
+                    .ok()
+                    .and_then(|o| o.first())
+                    .and_then(|o| o.shape().last().copied())
+                    .unwrap_or(0) as u64;
                 t.push(NodeTime {
                     node: st.node.clone(),
                     op: st.op.name(),
                     kind: st.op.kind(),
-                    time: t0.elapsed(),
+                    time,
+                    macs: gemm_mk.unwrap_or(0) * n,
                 });
             }
             for i in ins.drain(..) {
