@@ -152,11 +152,16 @@ pub struct Profile {
 fn gemm_peak(quantized: bool, threads: usize) -> (f64, &'static str) {
     use codegen::kernels::{measure_peak, pick_int8, Int8Kernel};
     let p = measure_peak(threads);
-    match (quantized, pick_int8(usize::MAX, 768, 768)) {
-        (true, Int8Kernel::Amx) if p.amx_ops_per_s > 0.0 => (p.amx_ops_per_s, "AMX tdpbusd"),
-        (true, _) => (p.vnni_ops_per_s, "vpdpbusd"),
-        (false, _) => (p.fma_flops_per_s, "FMA"),
+    if !quantized {
+        return (p.fma_flops_per_s, "FMA");
     }
+    // What the weights were packed for (`PackedI8::pack` picks for a large M).
+    let kernel = pick_int8(usize::MAX, 768, 768);
+    let unit = match kernel {
+        Int8Kernel::Amx => "AMX tdpbusd",
+        _ => "vpdpbusd",
+    };
+    (p.int8_ops_per_s(kernel), unit)
 }
 
 impl Profile {

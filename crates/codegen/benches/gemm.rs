@@ -20,12 +20,6 @@ use std::time::Duration;
 /// QLinearMatMul / a QDQ MatMul, for the onnxruntime comparison.
 fn requant_row(m: usize, n: usize, k: usize, threads: usize, peak: &Peak) -> KernelBenchResult {
     let kern = pick_int8(m, n, k);
-    // Against the peak of the unit the picked kernel runs on.
-    let unit_peak = if kern == Int8Kernel::Amx {
-        peak.amx_ops_per_s
-    } else {
-        peak.vnni_ops_per_s
-    };
     let a: Vec<u8> = (0..m * k).map(|i| (i * 7 % 251) as u8).collect();
     let w: Vec<i8> = (0..n * k).map(|i| (i * 13 % 255) as i8).collect();
     let b = PackedI8::pack_for(kern, &w, k, n, k, true).expect("packing");
@@ -65,7 +59,7 @@ fn requant_row(m: usize, n: usize, k: usize, threads: usize, peak: &Peak) -> Ker
         threads,
         seconds: s,
         gops,
-        fraction_of_peak: gops * 1e9 / unit_peak,
+        fraction_of_peak: gops * 1e9 / peak.int8_ops_per_s(kern),
         picked: false,
     }
 }
@@ -251,10 +245,10 @@ fn main() {
             .iter()
             .find(|p| p.threads == r.threads)
             .expect("peak per thread count");
-        let peak = if r.kernel.starts_with("amx") {
-            p.amx_ops_per_s
-        } else if r.dtype == "int8" {
-            p.vnni_ops_per_s
+        // The int8 rows are named after their kernel (`amx`, `amx+rq`, ...).
+        let int8_kernel = r.kernel.split('+').next().map(Int8Kernel::parse);
+        let peak = if let (true, Some(Ok(k))) = (r.dtype == "int8", int8_kernel) {
+            p.int8_ops_per_s(k)
         } else {
             p.fma_flops_per_s
         };

@@ -124,12 +124,7 @@ pub fn hwbench_with(
             .expect("supported kernel");
         });
         let gops = ops / s / 1e9;
-        // Each kernel against the unit it runs on: AMX's tile peak, else the vpdpbusd peak.
-        let unit_peak = if kern == Int8Kernel::Amx {
-            peak.amx_ops_per_s
-        } else {
-            peak.vnni_ops_per_s
-        };
+        let unit_peak = peak.int8_ops_per_s(kern);
         let frac = if unit_peak > 0.0 {
             gops * 1e9 / unit_peak
         } else {

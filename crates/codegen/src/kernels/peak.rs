@@ -1,9 +1,10 @@
 //! Measured compute peaks: a `vpdpbusd zmm` loop and an FMA loop with 24 independent
-//! accumulators each (enough to cover latency × throughput on current cores), run on 1..n
-//! threads of the pool. The roofline fractions in `hwbench` and the benchmark divide by these.
+//! accumulators each (enough to cover latency × throughput on current cores), and where AMX
+//! runs a `tdpbusd` loop on register tiles, run on 1..n threads of the pool. The roofline
+//! fractions in `hwbench` and the benchmarks divide by these.
 
 use super::pool::parallel_for;
-use super::select::cpu_features;
+use super::select::{cpu_features, Int8Kernel};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -23,10 +24,20 @@ pub struct Peak {
 }
 
 impl Peak {
-    /// The int8 peak of the fastest int8 unit this CPU has (AMX where usable, else VNNI): what
-    /// the roofline of an int8 GEMM on the picked kernel divides by.
-    pub fn int8_ops_per_s(&self) -> f64 {
-        self.amx_ops_per_s.max(self.vnni_ops_per_s)
+    /// The peak of the unit `kernel` runs on, what the roofline of an int8 GEMM on it divides
+    /// by: the AMX tiles for the AMX kernel, the `vpdpbusd` loop for every other.
+    ///
+    /// ```
+    /// use codegen::kernels::{Int8Kernel, Peak};
+    /// let p = Peak { threads: 1, vnni_ops_per_s: 1e12, fma_flops_per_s: 2e11, amx_ops_per_s: 8e12 };
+    /// assert_eq!(p.int8_ops_per_s(Int8Kernel::Amx), 8e12);
+    /// assert_eq!(p.int8_ops_per_s(Int8Kernel::AvxVnni), 1e12);
+    /// ```
+    pub fn int8_ops_per_s(&self, kernel: Int8Kernel) -> f64 {
+        match kernel {
+            Int8Kernel::Amx => self.amx_ops_per_s,
+            _ => self.vnni_ops_per_s,
+        }
     }
 }
 

@@ -3,8 +3,7 @@
 //! functions of `codegen::kernels::math`, which LLVM vectorises; without this the baseline
 //! target (SSE2, no FMA) would run them one element at a time.
 
-use codegen::kernels::math;
-use codegen::kernels::math::int_byte;
+use codegen::kernels::math::{self, int_byte};
 
 /// Defines `pub(crate) fn $name(args)` that dispatches to the best compiled copy of `$body`.
 macro_rules! multiversion {
