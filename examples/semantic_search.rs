@@ -20,6 +20,10 @@ use runtime::quantize::{calibrate, quantize, CalibrationBatch, QuantizeOptions};
 use runtime::text::{Padding, SentenceEncoder, Tokenizer, TokenizerOptions};
 use runtime::{Error, Model, Session};
 
+/// Tensor rows on cache lines, as an application embedding the runtime should do.
+#[global_allocator]
+static ALLOC: runtime::CacheAligned = runtime::CacheAligned;
+
 /// Calibration paragraphs (from `data/calibration/lee_background.jsonl`, disjoint from the
 /// documents searched) and their length cap in tokens.
 const CALIBRATION_TEXTS: usize = 16;

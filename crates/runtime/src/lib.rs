@@ -21,6 +21,7 @@
 //! # Ok::<(), runtime::Error>(())
 //! ```
 
+mod alloc;
 mod builder;
 mod compiled;
 mod error;
@@ -36,6 +37,7 @@ mod session;
 pub mod text;
 mod value;
 
+pub use alloc::CacheAligned;
 pub use builder::SessionBuilder;
 /// The int8 microkernel families (and, through [`Kernel::f32_counterpart`], the f32 ones), for
 /// [`SessionBuilder::kernel`].
