@@ -5,7 +5,7 @@ mod common;
 use codegen::kernels::int8::{
     gemm_i8_amx_model, gemm_i8_avxvnni_evex_twin, gemm_i8_with, Activations, PackedI8,
 };
-use codegen::kernels::{Epilogue, Int8Kernel, Output};
+use codegen::kernels::{AlignedBuf, Epilogue, Int8Kernel, Output};
 use common::Rng;
 use proptest::prelude::*;
 
@@ -50,6 +50,8 @@ struct Case {
     a_u8: Vec<u8>,
     a_s8: Vec<i8>,
     b: Vec<i8>,
+    /// The u8 activations again, on a cache line (see [`Case::cache_aligned`]).
+    a_aligned: Option<AlignedBuf<u8>>,
 }
 
 impl Case {
@@ -72,7 +74,17 @@ impl Case {
             a_u8,
             a_s8,
             b,
+            a_aligned: None,
         }
+    }
+    /// The case with its u8 activations on a 64-byte boundary (the system allocator of this
+    /// test binary puts a `Vec` 16 bytes past one).
+    fn cache_aligned(mut self) -> Self {
+        let mut buf = AlignedBuf::<u8>::zeroed(self.a_u8.len());
+        buf.copy_from_slice(&self.a_u8);
+        assert_eq!(buf.as_ptr() as usize % 64, 0);
+        self.a_aligned = Some(buf);
+        self
     }
     fn lda(&self) -> usize {
         self.k + self.pad
@@ -81,10 +93,10 @@ impl Case {
         (if self.bt { self.k } else { self.n }) + self.pad
     }
     fn act(&self) -> Activations<'_> {
-        if self.signed {
-            Activations::S8(&self.a_s8)
-        } else {
-            Activations::U8(&self.a_u8)
+        match (&self.a_aligned, self.signed) {
+            (_, true) => Activations::S8(&self.a_s8),
+            (Some(a), false) => Activations::U8(a),
+            (None, false) => Activations::U8(&self.a_u8),
         }
     }
     fn want(&self) -> Vec<i64> {
@@ -239,6 +251,32 @@ fn int8_awkward_shapes_all_kernels() {
         c.check(Runner::AmxTileModel, 2);
         if evex_twin_available("int8_awkward_shapes_all_kernels") {
             c.check(Runner::AvxVnniEvexTwin, 2);
+        }
+    }
+}
+
+/// u8 rows at stride K = a multiple of 64, on a cache line, are the AMX A layout: whole
+/// micro-panels are read in place and only the units holding the last, partial one are packed
+/// (off a cache line everything is packed). Row counts around the 32-row micro-panel and the
+/// 64-row unit, on the tile model and (where present) the hardware.
+#[test]
+fn amx_reads_unpadded_rows_in_place() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
+    let hw = kernels("amx_reads_unpadded_rows_in_place").contains(&Int8Kernel::Amx);
+    for &k in &[64usize, 128, 768] {
+        for &m in &[1usize, 31, 32, 33, 63, 64, 65, 95, 96, 97, 200, 1000] {
+            for &(n, bt) in &[(32usize, true), (70, false)] {
+                let plain = Case::random(m, n, k, false, bt, 0, (m * 7 + n + k) as u64);
+                let aligned = Case::random(m, n, k, false, bt, 0, (m * 5 + n + k) as u64);
+                for c in [plain, aligned.cache_aligned()] {
+                    for t in 1..=2 {
+                        c.check(Runner::AmxTileModel, t);
+                        if hw {
+                            c.check(Runner::Hw(Int8Kernel::Amx), t);
+                        }
+                    }
+                }
+            }
         }
     }
 }

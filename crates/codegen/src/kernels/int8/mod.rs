@@ -1,7 +1,8 @@
 //! INT8 GEMM: `u8 × s8 → i32`, then the fused [`Epilogue`].
 //!
 //! Data path: activations (u8, or s8 shifted by +128) → packed once per call for the kernel's A
-//! layout (all rows, shared by the threads) → microkernel over all of K into an i32 block
+//! layout (all rows, shared by the threads; AMX reads u8 rows on cache lines in place when K
+//! needs no padding) → microkernel over all of K into an i32 block
 //! (`mr × nc`, thread-local) →
 //! epilogue (dequant with column-sum compensation, bias, GELU, residual, LayerNorm, requant,
 //! store) while the block is in L2 → output.
@@ -496,23 +497,58 @@ fn drive(
     // panel block while the block's weights stay in L2, so every unit reads A from the shared
     // packed copy instead of packing its rows again for each panel block. Taken out of the
     // thread-local for this call, as `mid`.
-    let m_panels = m.div_ceil(d.mr);
+    //
+    // u8 rows of a K that needs no padding, at stride K and on a cache line, are already the
+    // AMX layout: units of whole micro-panels read them in place, and only the rows from
+    // `tail_from` on (every unit that holds the last, partial micro-panel starts there or
+    // later, a unit being at most `mc` rows) are copied, zero padded to whole micro-panels.
+    // Rows off a cache line are copied too: split tile rows load at a fraction of the speed.
+    let in_place = d.a_layout == ALayout::RowMajor
+        && xor == 0
+        && lda == b.k
+        && b.k == b.k_pad
+        && (a_bytes.as_ptr() as usize).is_multiple_of(64);
+    let m_full = m / d.mr * d.mr;
+    let tail_from = if in_place {
+        m_full.saturating_sub(blk.mc) / d.mr * d.mr
+    } else {
+        0
+    };
+    let packed_rows = if in_place && m_full == m {
+        0
+    } else {
+        m - tail_from
+    };
+    let packed_panels = packed_rows.div_ceil(d.mr);
     let mut apack = APACK.take().unwrap_or_else(|| AlignedBuf::zeroed(0));
-    apack.ensure(m_panels * d.mr * b.k_pad);
+    apack.ensure(packed_panels * d.mr * b.k_pad);
     {
         let dst = SharedPtr(apack.as_mut_ptr());
-        parallel_chunks(m_panels, threads.min(m_panels), |pans| {
+        parallel_chunks(packed_panels, threads.min(packed_panels), |pans| {
             let len = pans.len() * d.mr * b.k_pad;
             // SAFETY: chunks of micro-panels are disjoint byte ranges of the buffer, which
-            // holds m_panels micro-panels of mr × k_pad bytes.
+            // holds packed_panels micro-panels of mr × k_pad bytes.
             let dst = unsafe {
                 std::slice::from_raw_parts_mut(dst.get().add(pans.start * d.mr * b.k_pad), len)
             };
-            let rows = pans.start * d.mr..(pans.end * d.mr).min(m);
+            let rows = tail_from + pans.start * d.mr..(tail_from + pans.end * d.mr).min(m);
             pack::pack_a(a_bytes, lda, b.k, b.k_pad, rows, d.mr, d.a_layout, xor, dst);
         });
     }
     let a_packed = SharedPtr(apack.as_mut_ptr());
+    let a_direct = SharedPtr(a_bytes.as_ptr() as *mut u8);
+    // Where the A micro-panels of a unit's rows start.
+    let a_rows_of = |rows: &std::ops::Range<usize>| -> *const u8 {
+        if in_place && rows.end <= m_full {
+            // SAFETY: whole micro-panels of rows before m: inside the caller's slice, which
+            // was checked to hold m rows at stride lda = k_pad.
+            unsafe { a_direct.get().add(rows.start * lda) }
+        } else {
+            debug_assert!(rows.start >= tail_from);
+            // SAFETY: the packed copy holds the micro-panels from tail_from on.
+            unsafe { a_packed.get().add((rows.start - tail_from) * b.k_pad) }
+        }
+    };
     let eager = super::pool::eager_steal();
     let shape = unit_shape(&d, &blk, b.k_pad);
     let unit = unit.filter(|u| {
@@ -537,7 +573,7 @@ fn drive(
                                 kern,
                                 unit,
                                 shape,
-                                a_packed.get(),
+                                a_rows_of(&rows),
                                 b,
                                 rows,
                                 pans,
@@ -666,14 +702,14 @@ unsafe extern "C" fn epilogue_chunk_c(env: *mut std::ffi::c_void, ip: usize, p0:
 }
 
 /// Computes one unit: the microkernel over its panels for each micro-panel row of its rows (in
-/// `a_packed`, the packed A of all rows) into the i32 block, then the epilogue to `out`; through
+/// `a_rows`, the A micro-panels of its rows) into the i32 block, then the epilogue to `out`; through
 /// the JIT-compiled nest `unit` when given (same calls, same order), else interpreted.
 #[allow(clippy::too_many_arguments)]
 unsafe fn compute_unit(
     kern: &dyn MicroKernel,
     unit: Option<&crate::jit::CompiledUnit>,
     shape: crate::jit::UnitShape,
-    a_packed: *const u8,
+    a_rows: *const u8,
     b: &PackedI8,
     rows: std::ops::Range<usize>,
     pans: std::ops::Range<usize>,
@@ -688,8 +724,6 @@ unsafe fn compute_unit(
     }
     let (mr, nr, kp) = (shape.mr, shape.nr, shape.k_pad);
     debug_assert_eq!(rows.start % mr, 0, "units start on a micro-panel");
-    // SAFETY: micro-panel rows.start / mr and the following ones are inside the packed A.
-    let a_rows = unsafe { a_packed.add(rows.start * kp) };
     // The A micro-panel (mr × Kp, a few KB) stays in L1 while the B panels of the block stream
     // from L2 in address order; the micro-panel row's accumulator (mr × nc·nr i32) is still in
     // L1 when its epilogue runs.
