@@ -11,9 +11,10 @@
 mod common;
 use codegen::kernels::epilogue::reference_eval;
 use codegen::kernels::int8::{gemm_i8_amx_model, gemm_i8_with, Activations, PackedI8};
-use codegen::kernels::math::{bf16_to_f32, exp, gelu_erf, gelu_tanh};
+use codegen::kernels::math::{bf16_to_f32, exp, gelu_erf, gelu_tanh, quantize_div};
 use codegen::kernels::{
-    gemm_f32, Epilogue, EpilogueOp, Int8Kernel, KernelError, Output, PackedF32, QType, RowParam,
+    gemm_f32, Epilogue, EpilogueOp, ForkOut, Int8Kernel, KernelError, Output, PackedF32, QType,
+    RowParam,
 };
 use common::Rng;
 
@@ -155,6 +156,39 @@ fn validation_errors() {
         run(&Epilogue::none(), Output::U8 { c: &mut q, ldc: 2 }),
         "u8/s8 output needs a final Requant",
         "u8 output without Requant",
+    );
+    let mut fork_bytes = [0u8; 2];
+    let mut one_byte = [0u8; 1];
+    let fork = |out: ForkOut| EpilogueOp::ForkU8 {
+        smooth: None,
+        scale: 1.0,
+        zero_point: 0,
+        out,
+    };
+    let to_two = fork(ForkOut::new(&mut fork_bytes, 2));
+    bad(
+        run(
+            &Epilogue::new(vec![to_two, EpilogueOp::Relu]),
+            Output::F32 { c: &mut c, ldc: 2 },
+        ),
+        "ForkU8 must be last",
+        "ForkU8 before another op",
+    );
+    bad(
+        run(
+            &Epilogue::new(vec![to_two]),
+            Output::U8 { c: &mut q, ldc: 2 },
+        ),
+        "ForkU8 must be last and needs an f32 output",
+        "ForkU8 into a u8 output",
+    );
+    bad(
+        run(
+            &Epilogue::new(vec![fork(ForkOut::new(&mut one_byte, 2))]),
+            Output::F32 { c: &mut c, ldc: 2 },
+        ),
+        "ForkU8 buffer 1 too small",
+        "ForkU8 buffer shorter than the output",
     );
     let rq = EpilogueOp::Requant {
         scale: 1.0,
@@ -480,6 +514,80 @@ fn check_all(kernel: Option<Int8Kernel>, m: usize, n: usize, k: usize, threads: 
                 "{name} [{label}]: {inexact} of {} requantised values off by one",
                 got.len()
             );
+        }
+    }
+}
+
+/// `ForkU8` after a LayerNorm: the f32 output is bit for bit the one without the fork, and the
+/// u8 copy is `quantize_div` of it times the factors, on every kernel (AMX on the tile model),
+/// 1 and 2 threads, a row that one unit holds and one split in two phases (n = 1200 at k = 700:
+/// wider than the weight block that stays in L2).
+#[test]
+fn fork_u8_copies_the_quantized_output() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
+    let mut runs: Vec<(Option<Int8Kernel>, usize, usize, usize)> = Vec::new();
+    for kern in common::coverage::int8("fork_u8_copies_the_quantized_output") {
+        runs.extend([(Some(kern), 37, 70, 64), (Some(kern), 9, 1200, 700)]);
+    }
+    runs.push((None, 37, 70, 100));
+    for (kern, m, n, k) in runs {
+        let mut rng = Rng(0xf0_0000 + (m * n + k) as u64);
+        let a: Vec<u8> = (0..m * k).map(|_| rng.u8()).collect();
+        let w: Vec<i8> = (0..n * k).map(|_| rng.i8()).collect();
+        let ws: Vec<f32> = (0..n).map(|_| (rng.f32().abs() + 0.1) * 1e-3).collect();
+        let bias = rng.vec_f32(n);
+        let gamma: Vec<f32> = (0..n).map(|_| rng.f32() + 1.5).collect();
+        let beta = rng.vec_f32(n);
+        let smooth: Vec<f32> = (0..n).map(|_| rng.f32().abs() + 0.5).collect();
+        let pk = kern.unwrap_or(Int8Kernel::Amx);
+        let b = PackedI8::pack_for(pk, &w, k, n, k, true).unwrap();
+        let base = vec![
+            EpilogueOp::Dequant {
+                a_scale: RowParam::PerTensor(0.02),
+                a_zero: RowParam::PerTensor(3),
+                w_scale: &ws,
+            },
+            EpilogueOp::Bias(&bias),
+            EpilogueOp::LayerNorm {
+                gamma: &gamma,
+                beta: &beta,
+                eps: 1e-5,
+            },
+        ];
+        let (scale, zero_point) = (0.015f32, 117);
+        for threads in [1, 2] {
+            let gemm = |ops: Vec<EpilogueOp<'_>>, c: &mut [f32]| {
+                let (ep, out) = (Epilogue::new(ops), Output::F32 { c, ldc: n });
+                match kern {
+                    Some(kk) => {
+                        gemm_i8_with(kk, m, Activations::U8(&a), k, &b, out, &ep, threads).unwrap()
+                    }
+                    None => gemm_i8_amx_model(m, Activations::U8(&a), k, &b, out, &ep, threads)
+                        .map(|_| ())
+                        .unwrap(),
+                }
+            };
+            let mut plain = vec![0f32; m * n];
+            gemm(base.clone(), &mut plain);
+            for factors in [Some(&smooth[..]), None] {
+                let mut copy = vec![0u8; m * n];
+                let mut forked = vec![0f32; m * n];
+                let mut ops = base.clone();
+                ops.push(EpilogueOp::ForkU8 {
+                    smooth: factors,
+                    scale,
+                    zero_point,
+                    out: ForkOut::new(&mut copy, n),
+                });
+                gemm(ops, &mut forked);
+                let name = kern.map_or("amx(tile model)", |k| k.name());
+                for i in 0..m * n {
+                    assert_eq!(forked[i].to_bits(), plain[i].to_bits(), "{name} f32 [{i}]");
+                    let v = factors.map_or(plain[i], |s| plain[i] * s[i % n]);
+                    let want = quantize_div(v, scale, zero_point as f32, 0.0, 255.0);
+                    assert_eq!(copy[i] as f32, want, "{name} t={threads} copy [{i}]");
+                }
+            }
         }
     }
 }

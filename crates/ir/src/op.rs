@@ -226,7 +226,7 @@ name_table!(PadMode { Constant => "constant", Reflect => "reflect", Edge => "edg
 /// operands takes the next inputs of its node, in order.
 ///
 /// Text form: `bias`, `mul_col`, `gelu_erf`, `gelu_tanh`, `residual`, `layer_norm 1e-12`,
-/// `requant_u8 0.05 128`.
+/// `requant_u8 0.05 128`, `fork_u8 0.05 128`, `fork_u8 0.05 128 smooth`.
 ///
 /// ```
 /// use ir::EpilogueStep;
@@ -252,6 +252,18 @@ pub enum EpilogueStep {
     /// output, moved into its producer so that the f32 value is never written; the op's output
     /// is then `u8` and the reader takes it as already quantized.
     RequantU8 { scale: f32, zero_point: i32 },
+    /// Last step only: the value so far is output 0 (f32) as without the step, and output 1
+    /// (u8) is `clamp(round_half_even(y·s[n] / scale) + zero_point, 0, 255)` (NaN as 0), with
+    /// `s` the operand when `smooth` (f32 `[n]`) and 1 otherwise. The static activation
+    /// quantization (times the SmoothQuant factor) of one linear that reads this output while
+    /// others read the f32 value (a LayerNorm output feeding the next GEMM and a residual),
+    /// moved into the producer: the reader takes output 1 as already quantized and the f32 value
+    /// is not read a second time to quantize it.
+    ForkU8 {
+        scale: f32,
+        zero_point: i32,
+        smooth: bool,
+    },
 }
 
 impl EpilogueStep {
@@ -261,6 +273,23 @@ impl EpilogueStep {
             EpilogueStep::Bias | EpilogueStep::MulCol | EpilogueStep::Residual => 1,
             EpilogueStep::Gelu(_) | EpilogueStep::RequantU8 { .. } => 0,
             EpilogueStep::LayerNorm { .. } => 2,
+            EpilogueStep::ForkU8 { smooth, .. } => usize::from(*smooth),
+        }
+    }
+
+    /// The element types of the outputs of a linear with this epilogue: u8 after a final
+    /// `requant_u8`, f32 and u8 after a final `fork_u8`, else f32.
+    ///
+    /// ```
+    /// use ir::{DType, EpilogueStep};
+    /// let f = EpilogueStep::ForkU8 { scale: 0.5, zero_point: 3, smooth: false };
+    /// assert_eq!(EpilogueStep::output_dtypes(&[EpilogueStep::Bias, f]), vec![DType::F32, DType::U8]);
+    /// assert_eq!(EpilogueStep::output_dtypes(&[EpilogueStep::Bias]), vec![DType::F32]);
+    /// ```
+    pub fn output_dtypes(steps: &[EpilogueStep]) -> Vec<DType> {
+        match steps.last() {
+            Some(EpilogueStep::ForkU8 { .. }) => vec![DType::F32, DType::U8],
+            _ => vec![Self::output_dtype(steps)],
         }
     }
 
@@ -269,8 +298,8 @@ impl EpilogueStep {
         steps.iter().map(|s| s.operands()).sum()
     }
 
-    /// The element type a linear with this epilogue produces: u8 after a final `requant_u8`,
-    /// else f32.
+    /// The element type of a linear's first output with this epilogue: u8 after a final
+    /// `requant_u8`, else f32.
     ///
     /// ```
     /// use ir::{DType, EpilogueStep};
@@ -296,6 +325,17 @@ impl fmt::Display for EpilogueStep {
             EpilogueStep::LayerNorm { epsilon } => write!(f, "layer_norm {epsilon:e}"),
             EpilogueStep::RequantU8 { scale, zero_point } => {
                 write!(f, "requant_u8 {scale:?} {zero_point}")
+            }
+            EpilogueStep::ForkU8 {
+                scale,
+                zero_point,
+                smooth,
+            } => {
+                write!(f, "fork_u8 {scale:?} {zero_point}")?;
+                if *smooth {
+                    f.write_str(" smooth")?;
+                }
+                Ok(())
             }
         }
     }
@@ -323,6 +363,15 @@ impl std::str::FromStr for EpilogueStep {
             "requant_u8" => EpilogueStep::RequantU8 {
                 scale: words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?,
                 zero_point: words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?,
+            },
+            "fork_u8" => EpilogueStep::ForkU8 {
+                scale: words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?,
+                zero_point: words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?,
+                smooth: match words.next() {
+                    None => false,
+                    Some("smooth") => true,
+                    Some(_) => return Err(bad()),
+                },
             },
             _ => return Err(bad()),
         };
@@ -993,6 +1042,9 @@ impl Op {
             Op::Split { num_outputs, .. } => *num_outputs,
             // Every body output but the condition.
             Op::Loop { body, .. } => body.outputs().len().saturating_sub(1),
+            Op::FusedLinear { epilogue } | Op::QLinear { epilogue, .. } => {
+                EpilogueStep::output_dtypes(epilogue).len()
+            }
             _ => 1,
         }
     }

@@ -297,28 +297,44 @@ impl Graph {
                 ty(0)
             ));
         }
-        let out_dtype = EpilogueStep::output_dtype(epilogue);
-        if node.outputs[0].dtype != out_dtype {
+        let out_dtypes = EpilogueStep::output_dtypes(epilogue);
+        let declared: Vec<DType> = node.outputs.iter().map(|t| t.dtype).collect();
+        let same_shapes = node
+            .outputs
+            .iter()
+            .all(|t| t.shape == node.outputs[0].shape);
+        if declared != out_dtypes || !same_shapes {
             return Some(format!(
-                "{}: with epilogue ({}) the output is {out_dtype}, declared {}",
+                "{}: with epilogue ({}) the outputs are {}, all of one shape; declared {}",
                 node.op.name(),
                 epilogue
                     .iter()
                     .map(|s| s.to_string())
                     .collect::<Vec<_>>()
                     .join(", "),
-                node.outputs[0]
+                out_dtypes
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                node.outputs
+                    .iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
-        if let Some(i) = epilogue
-            .iter()
-            .position(|s| matches!(s, EpilogueStep::RequantU8 { .. }))
-        {
+        if let Some(i) = epilogue.iter().position(|s| {
+            matches!(
+                s,
+                EpilogueStep::RequantU8 { .. } | EpilogueStep::ForkU8 { .. }
+            )
+        }) {
             if matches!(node.op, Op::FusedLinear { .. }) {
-                return Some(
-                    "fused_linear: the f32 GEMM writes f32 only; `requant_u8` needs a qlinear"
-                        .to_string(),
-                );
+                return Some(format!(
+                    "fused_linear: the f32 GEMM writes f32 only; `{}` needs a qlinear",
+                    epilogue[i]
+                ));
             }
             if i + 1 != epilogue.len() {
                 return Some(format!(
@@ -375,7 +391,18 @@ impl Graph {
                     }
                 }
                 EpilogueStep::Gelu(_) => {}
-                EpilogueStep::RequantU8 { scale, zero_point } => {
+                EpilogueStep::ForkU8 { smooth: true, .. }
+                    if ty(at).dtype != DType::F32 || !vector_ok(at, n) =>
+                {
+                    return Some(format!(
+                        "epilogue `{step}`: operand {} is not f32[n]",
+                        ty(at)
+                    ));
+                }
+                EpilogueStep::RequantU8 { scale, zero_point }
+                | EpilogueStep::ForkU8 {
+                    scale, zero_point, ..
+                } => {
                     if !(scale.is_finite() && *scale > 0.0 && (0..=255).contains(zero_point)) {
                         return Some(format!(
                             "epilogue `{step}`: the scale must be finite and positive and the zero point in 0..=255"

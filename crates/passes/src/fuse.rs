@@ -601,11 +601,16 @@ fn grow_epilogue(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool,
     Ok(true)
 }
 
-/// A static `QLinear` whose input is the only use of another `QLinear`'s output takes its
-/// activation quantization out of itself and into that producer's epilogue: the producer ends
-/// with `mul_col` (the reader's SmoothQuant factor, when it has one) and `requant_u8` with the
-/// reader's scale and zero point, writes u8, and the reader runs on those bytes. The f32 value
-/// between the two GEMMs is never written, and the bytes are the ones the reader made itself.
+/// A static `QLinear` whose input is another `QLinear`'s output takes its activation
+/// quantization out of itself and into that producer's epilogue, and runs on the bytes the
+/// producer writes, which are the ones it made itself:
+/// - when it is the output's only reader, the producer ends with `mul_col` (the reader's
+///   SmoothQuant factor, when it has one) and `requant_u8` with the reader's scale and zero
+///   point and writes u8 only: the f32 value between the two GEMMs is never written;
+/// - when the f32 value has other readers too (a LayerNorm output read by the next GEMM and as a
+///   residual), the producer ends with `fork_u8` (the same three parameters) and writes the f32
+///   value for them and the bytes beside it: the value is not read back to be quantized. One
+///   producer forks for one reader.
 fn requant_into_producer(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, String> {
     let Op::QLinear {
         act: act @ ActQuant::Static { scale, zero_point },
@@ -622,8 +627,12 @@ fn requant_into_producer(g: &mut Graph, id: NodeId, report: &mut Report) -> Resu
     }
     let name = g.node(id).name.clone();
     let producer = g.node(x.node).name.clone();
-    let mut producer_op = match &g.node(x.node).op {
-        op @ Op::QLinear { .. } => op.clone(),
+    let (producer_act, producer_smooth, mut steps) = match &g.node(x.node).op {
+        Op::QLinear {
+            act,
+            smooth,
+            epilogue,
+        } => (*act, *smooth, epilogue.clone()),
         Op::FusedLinear { .. } => {
             report.declined(
                 FUSE,
@@ -634,28 +643,52 @@ fn requant_into_producer(g: &mut Graph, id: NodeId, report: &mut Report) -> Resu
         }
         _ => return Ok(false),
     };
-    if sole_consumer(g, x) != Some(id) {
+    if g.node(x.node).outputs.len() != 1 {
         report.declined(
             FUSE,
             &name,
-            format!("quantization not moved into `{producer}`: its output has other readers",),
+            format!("quantization not moved into `{producer}`: it already writes bytes"),
         );
         return Ok(false);
     }
+    let fork = sole_consumer(g, x) != Some(id);
     let mut producer_inputs = g.node_inputs(x.node);
-    if let Op::QLinear { epilogue: p, .. } = &mut producer_op {
-        if smooth {
-            p.push(EpilogueStep::MulCol);
-            producer_inputs.push(ins[3]);
-        }
-        p.push(EpilogueStep::RequantU8 { scale, zero_point });
+    if smooth {
+        producer_inputs.push(ins[3]);
     }
-    let mut producer_ty = g.node(x.node).outputs[0].clone();
-    producer_ty.dtype = DType::U8;
+    let f32_ty = g.node(x.node).outputs[0].clone();
+    let u8_ty = TensorType {
+        dtype: DType::U8,
+        ..f32_ty.clone()
+    };
+    let outputs = if fork {
+        steps.push(EpilogueStep::ForkU8 {
+            scale,
+            zero_point,
+            smooth,
+        });
+        vec![f32_ty, u8_ty]
+    } else {
+        if smooth {
+            steps.push(EpilogueStep::MulCol);
+        }
+        steps.push(EpilogueStep::RequantU8 { scale, zero_point });
+        vec![u8_ty]
+    };
+    let producer_op = Op::QLinear {
+        act: producer_act,
+        smooth: producer_smooth,
+        epilogue: steps,
+    };
     let new_producer = g
-        .add_node(producer_op, &producer, &producer_inputs, vec![producer_ty])
+        .add_node(producer_op, &producer, &producer_inputs, outputs)
         .map_err(|e| e.to_string())?;
-    let mut inputs = vec![new_producer.into(), ins[1], ins[2]];
+    if fork {
+        g.replace_uses(x, Outlet::new(new_producer, 0))
+            .map_err(|e| e.to_string())?;
+    }
+    let bytes = Outlet::new(new_producer, usize::from(fork));
+    let mut inputs = vec![bytes, ins[1], ins[2]];
     inputs.extend(&ins[3 + usize::from(smooth)..]);
     let ty = g.node(id).outputs[0].clone();
     let op = Op::QLinear {
@@ -664,10 +697,15 @@ fn requant_into_producer(g: &mut Graph, id: NodeId, report: &mut Report) -> Resu
         epilogue,
     };
     replace_with(g, id.into(), op, &name, &inputs, ty)?;
+    let how = if fork {
+        "`fork_u8` (the f32 value has other readers)"
+    } else {
+        "`requant_u8`"
+    };
     report.fired(
         FUSE,
         &producer,
-        format!("quantization of `{name}` → epilogue `requant_u8`"),
+        format!("quantization of `{name}` → epilogue {how}"),
     );
     Ok(true)
 }

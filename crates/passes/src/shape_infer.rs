@@ -926,13 +926,13 @@ fn infer(
                     Some(out)
                 }
             };
-            let dtype = match op {
+            let dtypes = match op {
                 Op::FusedLinear { epilogue } | Op::QLinear { epilogue, .. } => {
-                    EpilogueStep::output_dtype(epilogue)
+                    EpilogueStep::output_dtypes(epilogue)
                 }
-                _ => DType::F32,
+                _ => vec![DType::F32],
             };
-            one(dtype, s)
+            dtypes.into_iter().flat_map(|d| one(d, s.clone())).collect()
         }
         Op::MatMulInteger => one(
             DType::I32,

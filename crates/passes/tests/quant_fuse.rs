@@ -980,8 +980,53 @@ output \"y\" = %9
     insta::assert_snapshot!(snap);
 }
 
-/// The quantization stays in the reader when the producer's output has another reader, or when
-/// the producer is an f32 GEMM; the report says why.
+/// A static quantized linear whose f32 input has other readers too (an attention output
+/// LayerNorm feeding FFN1 and the residual; here a graph output): its quantization (SmoothQuant
+/// factor, scale, zero point) moves into the producer as `fork_u8`, which writes the f32 value
+/// for the other readers and the bytes for this one. The bytes are the ones the reader made
+/// itself, so every output is equal bit for bit.
+#[test]
+fn fuse_epilogue_fork_into_producer() {
+    let text = "\
+%0 = input[name=\"x\"] : f32[B,4]
+%1 = const[value=i8[4,3]{127, -64, 3, -127, 20, 90, 45, -100, -7, 0, 127, 60}] : i8[4,3]  # attn_out/weight_s8
+%2 = const[value=f32[3]{0.01, 0.02, 0.015}] : f32[3]  # attn_out/weight_scale
+%3 = const[value=f32[3]{0.5, -0.25, 1.0}] : f32[3]  # attn_out/bias
+%4 = const[value=f32[3]{1.5, 0.75, 1.0}] : f32[3]  # attn_out/gamma
+%5 = const[value=f32[3]{0.1, 0.0, -0.2}] : f32[3]  # attn_out/beta
+%6 = qlinear[act=\"static\", a_scale=0.02, a_zero=120, smooth=false, epilogue=(bias, layer_norm 1e-5)](%0, %1, %2, %3, %4, %5) : f32[B,3]  # attn_out
+%7 = const[value=i8[3,2]{100, -3, 7, -127, 64, 9}] : i8[3,2]  # ffn1/weight_s8
+%8 = const[value=f32[2]{0.03, 0.01}] : f32[2]  # ffn1/weight_scale
+%9 = const[value=f32[3]{2.0, 0.5, 1.25}] : f32[3]  # ffn1/inv_smooth
+%10 = const[value=f32[2]{0.1, 0.2}] : f32[2]  # ffn1/bias
+%11 = qlinear[act=\"static\", a_scale=0.01, a_zero=7, smooth=true, epilogue=(bias)](%6, %7, %8, %9, %10) : f32[B,2]  # ffn1
+output \"ln\" = %6
+output \"y\" = %11
+";
+    let (snap, changed, before, after, report) = one_pass(&FuseEpilogue, text);
+    assert!(changed);
+    let t = print(&after);
+    assert!(
+        t.contains("epilogue=(bias, layer_norm 1e-5, fork_u8 0.01 7 smooth)]")
+            && t.contains(" : (f32[B,3], u8[B,3])  # attn_out"),
+        "{t}"
+    );
+    let ffn1 = t.lines().find(|l| l.ends_with("# ffn1")).expect("ffn1");
+    assert!(
+        ffn1.contains("a_scale=0.01, a_zero=7, smooth=false, epilogue=(bias)]")
+            && ffn1.contains(".1, "),
+        "{t}"
+    );
+    assert!(has_note(&report, NoteKind::Fired, "attn_out", "fork_u8"));
+    for seed in [31, 32, 33] {
+        let f = feeds(&before, seed, None);
+        assert_eq!(run(&before, &f), run(&after, &f), "seed {seed}\n{t}");
+    }
+    insta::assert_snapshot!(snap);
+}
+
+/// The quantization stays in the reader when the producer already writes bytes for another
+/// reader (one fork per producer), or when the producer is an f32 GEMM; the report says why.
 #[test]
 fn fuse_epilogue_requant_declines() {
     let text = "\
@@ -995,22 +1040,19 @@ fn fuse_epilogue_requant_declines() {
 %7 = const[value=f32[4,3]{1, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1}] : f32[4,3]  # c/weight
 %8 = fused_linear[epilogue=()](%0, %7) : f32[B,3]  # c
 %9 = qlinear[act=\"static\", a_scale=0.01, a_zero=7, smooth=false, epilogue=()](%8, %4, %5) : f32[B,2]  # d
+%10 = qlinear[act=\"static\", a_scale=0.03, a_zero=9, smooth=false, epilogue=()](%3, %4, %5) : f32[B,2]  # e
 output \"a\" = %3
 output \"b\" = %6
 output \"d\" = %9
+output \"e\" = %10
 ";
-    let (snap, changed, _, after, report) = one_pass(&FuseEpilogue, text);
-    assert!(!changed, "{}", print(&after));
-    assert!(
-        has_note(
-            &report,
-            NoteKind::Declined,
-            "b",
-            "its output has other readers"
-        ),
-        "{}",
-        notes(&report)
-    );
+    let (snap, changed, before, after, report) = one_pass(&FuseEpilogue, text);
+    assert!(changed, "one of b and e takes the fork");
+    let forked = ["b", "e"]
+        .iter()
+        .filter(|r| has_note(&report, NoteKind::Declined, r, "already writes bytes"))
+        .count();
+    assert_eq!(forked, 1, "{}", notes(&report));
     assert!(
         has_note(
             &report,
@@ -1021,6 +1063,10 @@ output \"d\" = %9
         "{}",
         notes(&report)
     );
+    for seed in [41, 42] {
+        let f = feeds(&before, seed, None);
+        assert_eq!(run(&before, &f), run(&after, &f), "seed {seed}");
+    }
     insta::assert_snapshot!(snap);
 }
 

@@ -1057,7 +1057,7 @@ impl Session {
                     unreachable!("qlinear weights are packed at compile time")
                 };
                 let first = 3 + usize::from(*smooth);
-                one(fused::qlinear(
+                Ok(fused::qlinear(
                     r(0),
                     w,
                     r(2),

@@ -105,6 +105,19 @@ pub enum EpilogueOp<'a> {
         /// Variance epsilon.
         eps: f32,
     },
+    /// Last op, f32 output: `y` is stored as it is, and `clamp(round_half_even(y·s[n] / scale) +
+    /// zero_point, 0, 255)` (NaN as 0, `s` = 1 without `smooth`) is stored as u8 to `out` as
+    /// well: the quantized copy the next GEMM reads (see [`EpilogueOp::Requant`] for the formula).
+    ForkU8 {
+        /// Per-column factor applied to the copy only (a SmoothQuant factor), `n` values.
+        smooth: Option<&'a [f32]>,
+        /// Scale of the copy.
+        scale: f32,
+        /// Zero point of the copy.
+        zero_point: i32,
+        /// Where the copy goes.
+        out: ForkOut,
+    },
     /// Last op: `y = clamp(round_half_even(y / scale) + zero_point, qmin, qmax)`, NaN as 0 (ONNX
     /// `QuantizeLinear`'s formula, with its IEEE division, so that a quantization moved into a
     /// producer's epilogue gives the bytes the standalone one gave); the output must be of type
@@ -117,6 +130,38 @@ pub enum EpilogueOp<'a> {
         /// Output type.
         ty: QType,
     },
+}
+
+/// The u8 buffer of [`EpilogueOp::ForkU8`]: `rows` rows of at least `n` bytes at stride `ld`,
+/// written by the GEMM (each thread its own elements).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C)]
+pub struct ForkOut {
+    ptr: *mut u8,
+    len: usize,
+    ld: usize,
+}
+
+// SAFETY: the GEMM drivers write disjoint elements from each thread, as for the main output.
+unsafe impl Send for ForkOut {}
+// SAFETY: as above.
+unsafe impl Sync for ForkOut {}
+
+impl ForkOut {
+    /// The copy goes to `buf`, rows at stride `ld`; `buf` must stay untouched until the GEMM
+    /// returns (the borrow ends here, the GEMM writes through the pointer).
+    ///
+    /// ```
+    /// let mut bytes = vec![0u8; 6];
+    /// let out = codegen::kernels::ForkOut::new(&mut bytes, 3);
+    /// ```
+    pub fn new(buf: &mut [u8], ld: usize) -> Self {
+        Self {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            ld,
+        }
+    }
 }
 
 /// An epilogue program. `Epilogue::none()` just stores.
@@ -329,6 +374,20 @@ impl<'a> Epilogue<'a> {
                 }
                 EpilogueOp::LayerNorm { gamma, beta, .. } if gamma.len() < n || beta.len() < n => {
                     return bad("LayerNorm gamma/beta shorter than n".into());
+                }
+                EpilogueOp::ForkU8 { smooth, out: f, .. } => {
+                    if !last || !matches!(out, Output::F32 { .. }) {
+                        return bad("ForkU8 must be last and needs an f32 output".into());
+                    }
+                    if smooth.is_some_and(|s| s.len() < n) {
+                        return bad("ForkU8 factors shorter than n".into());
+                    }
+                    if m > 0 && n > 0 && (f.ld < n || f.len < (m - 1) * f.ld + n) {
+                        return bad(format!(
+                            "ForkU8 buffer {} too small for {m}x{n} with ld {}",
+                            f.len, f.ld
+                        ));
+                    }
                 }
                 EpilogueOp::Requant { ty, .. } => {
                     let ok = matches!(
@@ -552,6 +611,26 @@ fn apply_op(op: &EpilogueOp<'_>, r: usize, c0: usize, y: &mut [f32]) {
                 *v = (*v * inv).mul_add(*g, *b);
             }
         }
+        EpilogueOp::ForkU8 {
+            smooth,
+            scale,
+            zero_point,
+            out,
+        } => {
+            let zp = zero_point as f32;
+            // SAFETY: validated to hold the problem's rows at stride `out.ld`; the caller owns
+            // elements (r, c0..c0 + w) of the output, and so of its copy.
+            let o = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(r * out.ld + c0), w) };
+            let q = |v: f32| int_byte(math::quantize_div(v, scale, zp, 0.0, 255.0));
+            match smooth {
+                Some(s) => o
+                    .iter_mut()
+                    .zip(y.iter())
+                    .zip(&s[c0..c0 + w])
+                    .for_each(|((o, v), s)| *o = q(v * s)),
+                None => o.iter_mut().zip(y.iter()).for_each(|(o, v)| *o = q(*v)),
+            }
+        }
         EpilogueOp::Requant {
             scale,
             zero_point,
@@ -559,11 +638,8 @@ fn apply_op(op: &EpilogueOp<'_>, r: usize, c0: usize, y: &mut [f32]) {
         } => {
             let (lo, hi) = ty.range();
             let zp = zero_point as f32;
-            y.iter_mut().for_each(|v| {
-                let q = (*v / scale).round_ties_even();
-                let q = if q.is_nan() { 0.0 } else { q };
-                *v = (q + zp).clamp(lo, hi)
-            });
+            y.iter_mut()
+                .for_each(|v| *v = math::quantize_div(*v, scale, zp, lo, hi));
         }
     }
 }
@@ -661,6 +737,8 @@ pub fn reference_eval(
                 let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n;
                 (y - mean) / (var + eps as f64).sqrt() * gamma[col] as f64 + beta[col] as f64
             }
+            // The f32 value is the output; the u8 copy is checked against `quantize_div`.
+            EpilogueOp::ForkU8 { .. } => y,
             EpilogueOp::Requant {
                 scale,
                 zero_point,

@@ -37,6 +37,23 @@ pub fn int_byte(v: f32) -> u8 {
     (v + 12_582_912.0).to_bits() as u8
 }
 
+/// `clamp(round_half_even(v / scale) + zero_point, lo, hi)`, NaN as 0: ONNX `QuantizeLinear`'s
+/// formula with its IEEE division (so that a quantization moved into a GEMM epilogue gives the
+/// bytes the standalone one gave).
+///
+/// ```
+/// use codegen::kernels::math::quantize_div;
+/// assert_eq!(quantize_div(2.5, 1.0, 10.0, 0.0, 255.0), 12.0);
+/// assert_eq!(quantize_div(f32::NAN, 0.1, 3.0, 0.0, 255.0), 3.0);
+/// assert_eq!(quantize_div(-1e9, 0.1, 3.0, 0.0, 255.0), 0.0);
+/// ```
+#[inline(always)]
+pub fn quantize_div(v: f32, scale: f32, zero_point: f32, lo: f32, hi: f32) -> f32 {
+    let q = (v / scale).round_ties_even();
+    let q = if q.is_nan() { 0.0 } else { q };
+    (q + zero_point).clamp(lo, hi)
+}
+
 /// `exp(a + b)` where `a` is exact and may be large and `b` is small (|b| ≲ 2); the reduction
 /// subtracts `n·ln2` from `a` before adding `b`, so the rounding of `a + b` does not leak into
 /// the result. Returns 0 below about -87.3 and +inf above 88.7.

@@ -537,12 +537,17 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
                 }
             }
             let first = 3 + usize::from(*smooth);
-            apply_epilogue(&mut y, n, epilogue, &ins[first..])?;
+            let fork = apply_epilogue(&mut y, n, epilogue, &ins[first..])?;
             if EpilogueStep::output_dtype(epilogue) == DType::U8 {
                 let bytes = y.iter().map(|&v| v as u8).collect();
                 return Ok(vec![Tensor::from_vec(out.clone(), bytes)]);
             }
-            f(y)
+            let mut outs = f(y)?;
+            if let Some(copy) = fork {
+                let bytes = copy.iter().map(|&v| v as u8).collect();
+                outs.push(Tensor::from_vec(out.clone(), bytes));
+            }
+            Ok(outs)
         }
         Op::QMatMul => {
             let (a, b) = (ins[0].shape(), ins[3].shape());
@@ -597,13 +602,20 @@ fn u8_range_qparams(x: &[f32]) -> (f32, i64) {
     )
 }
 
-/// Applies the epilogue `steps` to `y` (rows of `n`), reading each step's operands in order.
+/// Applies the epilogue `steps` to `y` (rows of `n`), reading each step's operands in order;
+/// returns the u8 values of a final `fork_u8`.
 fn apply_epilogue(
     y: &mut [f32],
     n: usize,
     steps: &[EpilogueStep],
     operands: &[&Tensor],
-) -> Result<(), String> {
+) -> Result<Option<Vec<f32>>, String> {
+    let requant = |v: f32, scale: f32, zero_point: i32| {
+        let q = (v / scale).round_ties_even();
+        let q = if q.is_nan() { 0.0 } else { q };
+        (q + zero_point as f32).clamp(0.0, 255.0)
+    };
+    let mut fork = None;
     let mut next = operands.iter();
     let mut take = || {
         next.next()
@@ -640,18 +652,31 @@ fn apply_epilogue(
                 }
             }
             EpilogueStep::RequantU8 { scale, zero_point } => {
-                y.iter_mut().for_each(|v| {
-                    let q = (*v / scale).round_ties_even();
-                    let q = if q.is_nan() { 0.0 } else { q };
-                    *v = (q + *zero_point as f32).clamp(0.0, 255.0);
-                });
+                y.iter_mut()
+                    .for_each(|v| *v = requant(*v, *scale, *zero_point));
+            }
+            EpilogueStep::ForkU8 {
+                scale,
+                zero_point,
+                smooth,
+            } => {
+                let s = if *smooth { Some(take()?) } else { None };
+                let copy = y
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| {
+                        let v = s.as_ref().map_or(v, |s| v * s[i % n]);
+                        requant(v, *scale, *zero_point)
+                    })
+                    .collect();
+                fork = Some(copy);
             }
         }
     }
     if next.next().is_some() {
         return Err("epilogue operands left over".into());
     }
-    Ok(())
+    Ok(fork)
 }
 
 /// For a per-axis (or per-tensor, `len == 1`) parameter: the parameter index of flat element `i`.

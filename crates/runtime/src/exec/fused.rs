@@ -1,7 +1,7 @@
 //! The fused linears the `fuse` pipeline makes: `fused_linear` (f32 GEMM) and `qlinear` (u8×s8
 //! GEMM), each with its epilogue program run by the kernel on every output tile, and `qmatmul`.
 
-use codegen::kernels::{Activations, Epilogue, EpilogueOp, Output, QType, RowParam};
+use codegen::kernels::{Activations, Epilogue, EpilogueOp, ForkOut, Output, QType, RowParam};
 use ir::{ActQuant, EpilogueStep, GeluApprox};
 
 use super::nn::{f32_of, linear_rows};
@@ -10,7 +10,9 @@ use crate::gemm::{gemm_packed_program, PackedWeight, PackedWeightI8};
 use crate::value::TensorValue;
 use crate::Error;
 
-/// The kernel epilogue program of `steps`, reading their operands from `operands` in order.
+/// The kernel epilogue program of `steps`, reading their operands from `operands` in order;
+/// a final `fork_u8` writes its copy to `fork`.
+#[allow(clippy::too_many_arguments)]
 fn program<'a>(
     steps: &[EpilogueStep],
     operands: &'a [Input<'_>],
@@ -19,6 +21,7 @@ fn program<'a>(
     node: &str,
     op: &'static str,
     ops: &mut Vec<EpilogueOp<'a>>,
+    fork: Option<ForkOut>,
 ) -> Result<(), Error> {
     let mut at = 0;
     let vector = |i: usize, what: &str| -> Result<&'a [f32], Error> {
@@ -65,6 +68,21 @@ fn program<'a>(
                 zero_point: *zero_point,
                 ty: QType::U8,
             }),
+            EpilogueStep::ForkU8 {
+                scale,
+                zero_point,
+                smooth,
+            } => ops.push(EpilogueOp::ForkU8 {
+                smooth: if *smooth {
+                    Some(vector(at, "fork_u8 factors")?)
+                } else {
+                    None
+                },
+                scale: *scale,
+                zero_point: *zero_point,
+                out: fork
+                    .ok_or_else(|| Error::op(node, op, "`fork_u8` needs a second (u8) output"))?,
+            }),
         }
         at += step.operands();
     }
@@ -84,7 +102,7 @@ pub(crate) fn fused_linear(
     let xv = f32_of(x, node, op)?;
     let (m, shape) = linear_rows(x, w.k(), w.n(), node, op)?;
     let mut ops = Vec::with_capacity(steps.len());
-    program(steps, operands, w.n(), &shape, node, op, &mut ops)?;
+    program(steps, operands, w.n(), &shape, node, op, &mut ops, None)?;
     let mut out = ctx.arena.f32_for_overwrite(m * w.n());
     gemm_packed_program(ctx, m, xv, w.k(), w, &mut out, &Epilogue::new(ops));
     Ok(TensorValue::raw(shape, out))
@@ -323,8 +341,8 @@ pub(crate) fn quantize_rows_here(
 
 /// `qlinear(x, w, w_scale, inv_smooth?, operands…)`: activation quantization, one u8×s8 GEMM,
 /// dequantization and the epilogue in the kernel. `x` is f32, or u8 already quantized with the
-/// static parameters of `act` (its producer's epilogue ended in `requant_u8`); the output is u8
-/// when this epilogue ends in `requant_u8`.
+/// static parameters of `act` (its producer's epilogue ended in `requant_u8` or `fork_u8`); the
+/// output is u8 when this epilogue ends in `requant_u8`, f32 and its u8 copy after `fork_u8`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qlinear(
     x: &TensorValue,
@@ -336,7 +354,7 @@ pub(crate) fn qlinear(
     operands: &[Input<'_>],
     ctx: &mut Ctx<'_>,
     node: &str,
-) -> Result<TensorValue, Error> {
+) -> Result<Vec<TensorValue>, Error> {
     let op = "qlinear";
     let (k, n) = (w.k(), w.n());
     let (m, shape) = linear_rows(x, k, n, node, op)?;
@@ -400,7 +418,10 @@ pub(crate) fn qlinear(
         a_zero,
         w_scale: ws,
     });
-    program(steps, operands, n, &shape, node, op, &mut ops)?;
+    let mut fork_bytes = matches!(steps.last(), Some(EpilogueStep::ForkU8 { .. }))
+        .then(|| ctx.arena.bytes_for_overwrite(m * n));
+    let fork = fork_bytes.as_mut().map(|b| ForkOut::new(b, n));
+    program(steps, operands, n, &shape, node, op, &mut ops, fork)?;
     let threads = ctx.gemm_threads(m * n * k);
     let epilogue = Epilogue::new(ops);
     let run = |out: Output<'_>| {
@@ -418,20 +439,24 @@ pub(crate) fn qlinear(
             c: &mut out,
             ldc: n,
         })?;
-        TensorValue::from_u8(shape, out)?
+        TensorValue::from_u8(shape.clone(), out)?
     } else {
         let mut out = ctx.arena.f32_for_overwrite(m * n);
         run(Output::F32 {
             c: &mut out,
             ldc: n,
         })?;
-        TensorValue::raw(shape, out)
+        TensorValue::raw(shape.clone(), out)
     };
     drop(epilogue);
     if let Some(q) = quantized {
         ctx.arena.recycle_bytes(q.data);
     }
-    Ok(result)
+    let mut results = vec![result];
+    if let Some(bytes) = fork_bytes {
+        results.push(TensorValue::from_u8(shape, bytes)?);
+    }
+    Ok(results)
 }
 
 #[cfg(test)]
