@@ -262,7 +262,9 @@ unsafe impl Sync for OutPtr {}
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Src {
     I32(*const i32, usize),
-    F32(*const f32, usize),
+    /// f32 rows the program runs on in place (scratch, or the output itself): no copy in, and
+    /// none out when they are the output.
+    F32(*mut f32, usize),
 }
 
 /// Per-block context for int8 sources.
@@ -412,7 +414,8 @@ impl<'a> Epilogue<'a> {
 /// Runs `ops` on the block `rows × cols` from `src` to `out`. `tmp` is scratch (grown as needed).
 ///
 /// # Safety
-/// `src` must address `rows.len()` rows of `cols.len()` readable elements; `out` must address
+/// `src` must address `rows.len()` rows of `cols.len()` readable elements (f32 ones writable
+/// too, and touched by no one else during the call); `out` must address
 /// the absolute elements `rows × cols` writable and not concurrently accessed elsewhere; the
 /// program must have been validated for a problem that contains this block; `LayerNorm` ops
 /// require `cols` to be the full row.
@@ -487,9 +490,13 @@ unsafe fn run_block_generic(
 ) {
     let w = cols.len();
     let c0 = cols.start;
-    let y = &mut tmp[..w];
     for (i, r) in rows.enumerate() {
         let mut ops = ops;
+        let y: &mut [f32] = match src {
+            // SAFETY: the caller guarantees `w` f32 at row i of the block, ours to modify.
+            Src::F32(p, ld) => unsafe { std::slice::from_raw_parts_mut(p.add(i * ld), w) },
+            Src::I32(..) => &mut tmp[..w],
+        };
         match src {
             Src::I32(p, ld) => {
                 // SAFETY: caller guarantees `w` readable i32 at row i of the block.
@@ -572,16 +579,18 @@ unsafe fn run_block_generic(
                     }
                 }
             }
-            Src::F32(p, ld) => {
-                // SAFETY: caller guarantees `w` readable f32 at row i of the block.
-                let s = unsafe { std::slice::from_raw_parts(p.add(i * ld), w) };
-                y.copy_from_slice(s);
-            }
+            Src::F32(..) => {}
         }
         for op in ops {
             apply_op(op, r, c0, y);
         }
-        // SAFETY: caller guarantees the output block is writable and exclusive to us.
+        if let OutPtr::F32(o, ld) = out {
+            if o.wrapping_add(r * ld + c0) == y.as_mut_ptr() {
+                continue;
+            }
+        }
+        // SAFETY: caller guarantees the output block is writable and exclusive to us, and it
+        // is not the row `y` (checked just above for the in-place case).
         unsafe { store_row(out, r, c0, y) };
     }
 }
