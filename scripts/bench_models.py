@@ -27,8 +27,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_PY = REPO / ".venv-int8-bench" / "bin" / "python"
-ENGINES = ["encore-fp32", "encore-int8", "encore-int8-static", "ort-fp32", "ort-int8-dynamic",
-           "openvino-int8-nncf"]
+ENGINES = ["encore-fp32", "encore-int8", "encore-int8-static", "encore-int8-static-attn", "ort-fp32",
+           "ort-int8-dynamic", "openvino-int8-nncf"]
 RUNS = [("s128", 128, "1,8,32"), ("s384", 384, "1")]
 
 
@@ -66,7 +66,7 @@ def load_rows(out: Path, presets: list[str]) -> tuple[list[dict], dict | None]:
 
 
 def best_int8(r: dict) -> float | None:
-    v = [r["seq_per_s"].get(e) for e in ("encore-int8", "encore-int8-static")]
+    v = [r["seq_per_s"].get(e) for e in ("encore-int8", "encore-int8-static", "encore-int8-static-attn")]
     v = [x for x in v if x]
     return max(v) if v else None
 
