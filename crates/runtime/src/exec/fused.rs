@@ -108,11 +108,12 @@ pub(crate) fn fused_linear(
     Ok(TensorValue::raw(shape, out))
 }
 
-/// `round_half_even(x / scale) + zero_point`, saturated to u8 (NaN counts as 0: → zero point).
+/// `round_half_even(x / scale) + zero_point`, saturated to u8 (NaN counts as 0: → zero point):
+/// the kernels' [`codegen::kernels::math::quantize_div`], so that a quantization moved into a
+/// producer's epilogue (`requant_u8`, `fork_u8`) gives these bytes.
 #[inline]
 fn quantize_u8(x: f32, scale: f32, zp: f32) -> u8 {
-    let x = if x.is_nan() { 0.0 } else { x };
-    ((x / scale).round_ties_even() + zp).clamp(0.0, 255.0) as u8
+    codegen::kernels::math::quantize_div(x, scale, zp, 0.0, 255.0) as u8
 }
 
 /// The activations of a `qlinear`, quantized: u8 data with per-row or per-tensor parameters.
@@ -421,6 +422,7 @@ pub(crate) fn qlinear(
     let mut fork_bytes = matches!(steps.last(), Some(EpilogueStep::ForkU8 { .. }))
         .then(|| ctx.arena.bytes_for_overwrite(m * n));
     let fork = fork_bytes.as_mut().map(|b| ForkOut::new(b, n));
+    let fork_shape = fork.map(|_| shape.clone());
     program(steps, operands, n, &shape, node, op, &mut ops, fork)?;
     let threads = ctx.gemm_threads(m * n * k);
     let epilogue = Epilogue::new(ops);
@@ -439,21 +441,21 @@ pub(crate) fn qlinear(
             c: &mut out,
             ldc: n,
         })?;
-        TensorValue::from_u8(shape.clone(), out)?
+        TensorValue::from_u8(shape, out)?
     } else {
         let mut out = ctx.arena.f32_for_overwrite(m * n);
         run(Output::F32 {
             c: &mut out,
             ldc: n,
         })?;
-        TensorValue::raw(shape.clone(), out)
+        TensorValue::raw(shape, out)
     };
     drop(epilogue);
     if let Some(q) = quantized {
         ctx.arena.recycle_bytes(q.data);
     }
     let mut results = vec![result];
-    if let Some(bytes) = fork_bytes {
+    if let (Some(bytes), Some(shape)) = (fork_bytes, fork_shape) {
         results.push(TensorValue::from_u8(shape, bytes)?);
     }
     Ok(results)
