@@ -11,10 +11,10 @@
 mod common;
 use codegen::kernels::epilogue::reference_eval;
 use codegen::kernels::int8::{gemm_i8_amx_model, gemm_i8_with, Activations, PackedI8};
-use codegen::kernels::math::{bf16_to_f32, exp, gelu_erf, gelu_tanh, quantize_div};
+use codegen::kernels::math::{bf16_to_f32, exp, gelu_erf, gelu_tanh, quantize_div, quantize_sym};
 use codegen::kernels::{
-    gemm_f32, Epilogue, EpilogueOp, ForkOut, Int8Kernel, KernelError, Output, PackedF32, QType,
-    RowParam,
+    gemm_f32, Epilogue, EpilogueOp, ForkOut, HeadsOut, Int8Kernel, KernelError, Output, PackedF32,
+    QType, RowParam,
 };
 use common::Rng;
 
@@ -590,6 +590,181 @@ fn fork_u8_copies_the_quantized_output() {
             }
         }
     }
+}
+
+/// `Output::Heads` against an f32 output of the same program: each head of q and k is exactly
+/// `quantize_sym` of the f32 values (q shifted by 128), its scale beside it, and v is the f32
+/// values; on every kernel and the tile model, one and two threads, with heads whose width is
+/// not a multiple of the kernels' panel (8, 48: the drivers keep whole heads in every block) and
+/// units stolen by the other thread.
+#[test]
+fn heads_output_quantizes_whole_heads() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
+    let mut runs: Vec<(Option<Int8Kernel>, usize, usize, usize, usize)> = Vec::new();
+    for kern in common::coverage::int8("heads_output_quantizes_whole_heads") {
+        runs.extend([
+            (Some(kern), 37, 24, 8, 64),
+            (Some(kern), 9, 480, 48, 700),
+            (Some(kern), 130, 768, 64, 96),
+        ]);
+    }
+    runs.extend([(None, 37, 24, 8, 64), (None, 20, 480, 48, 100)]);
+    for steal in [false, true] {
+        let _steal = steal.then(common::EagerSteal::on);
+        for &(kern, m, hidden, dh, k) in &runs {
+            check_heads(kern, m, hidden, dh, k, steal);
+        }
+    }
+}
+
+fn check_heads(
+    kern: Option<Int8Kernel>,
+    m: usize,
+    hidden: usize,
+    dh: usize,
+    k: usize,
+    steal: bool,
+) {
+    let n = 3 * hidden;
+    let heads = hidden / dh;
+    let mut rng = Rng(0x4ead_0000 + (m * n + k) as u64);
+    let a: Vec<u8> = (0..m * k).map(|_| rng.u8()).collect();
+    let w: Vec<i8> = (0..n * k).map(|_| rng.i8()).collect();
+    let ws: Vec<f32> = (0..n).map(|_| (rng.f32().abs() + 0.1) * 1e-3).collect();
+    let bias = rng.vec_f32(n);
+    let pk = kern.unwrap_or(Int8Kernel::Amx);
+    let b = PackedI8::pack_for(pk, &w, k, n, k, true).unwrap();
+    let ep = Epilogue::new(vec![
+        EpilogueOp::Dequant {
+            a_scale: RowParam::PerTensor(0.02),
+            a_zero: RowParam::PerTensor(3),
+            w_scale: &ws,
+        },
+        EpilogueOp::Bias(&bias),
+    ]);
+    let name = kern.map_or("amx(tile model)", |k| k.name());
+    for threads in [1, 2] {
+        let gemm = |out: Output<'_>| match kern {
+            Some(kk) => gemm_i8_with(kk, m, Activations::U8(&a), k, &b, out, &ep, threads).unwrap(),
+            None => gemm_i8_amx_model(m, Activations::U8(&a), k, &b, out, &ep, threads)
+                .map(|_| ())
+                .unwrap(),
+        };
+        let mut plain = vec![0f32; m * n];
+        gemm(Output::F32 {
+            c: &mut plain,
+            ldc: n,
+        });
+        // Strides wider than the rows, so that a write past a row shows.
+        let (ldb, lds, ldv) = (2 * hidden + 3, 2 * heads + 1, hidden + 5);
+        let mut bytes = vec![0xa5u8; m * ldb];
+        let mut scales = vec![f32::NAN; m * lds];
+        let mut v = vec![f32::NAN; m * ldv];
+        gemm(Output::Heads(HeadsOut {
+            bytes: &mut bytes,
+            ld_bytes: ldb,
+            scales: &mut scales,
+            ld_scales: lds,
+            v: &mut v,
+            ld_v: ldv,
+            hidden,
+            head_dim: dh,
+        }));
+        let at = format!("{name} m={m} h={hidden} dh={dh} t={threads} steal={steal}");
+        for r in 0..m {
+            let row = &plain[r * n..(r + 1) * n];
+            for (h, head) in row[..2 * hidden].chunks_exact(dh).enumerate() {
+                let mut want = vec![0u8; dh];
+                let scale = quantize_sym(head, &mut want, if h < heads { 128 } else { 0 });
+                assert_eq!(
+                    &bytes[r * ldb + h * dh..][..dh],
+                    &want[..],
+                    "{at}: bytes of head {h} row {r}"
+                );
+                assert_eq!(
+                    scales[r * lds + h].to_bits(),
+                    scale.to_bits(),
+                    "{at}: scale {h} row {r}"
+                );
+            }
+            for c in 0..hidden {
+                assert_eq!(
+                    v[r * ldv + c].to_bits(),
+                    row[2 * hidden + c].to_bits(),
+                    "{at}: v[{r}, {c}]"
+                );
+            }
+            assert!(
+                bytes[r * ldb + 2 * hidden..][..3]
+                    .iter()
+                    .all(|&x| x == 0xa5),
+                "{at}: bytes past row {r}"
+            );
+            assert!(
+                scales[r * lds + 2 * heads].is_nan(),
+                "{at}: scales past row {r}"
+            );
+            assert!(
+                v[r * ldv + hidden..][..5].iter().all(|x| x.is_nan()),
+                "{at}: v past row {r}"
+            );
+        }
+    }
+}
+
+#[test]
+fn heads_output_rejects_what_it_cannot_hold() {
+    let (m, k, hidden, dh) = (4, 16, 24, 8);
+    let n = 3 * hidden;
+    let w = vec![1i8; n * k];
+    let b = PackedI8::pack(&w, k, n, true).unwrap();
+    let a = vec![1u8; m * k];
+    let ep = Epilogue::none();
+    let run = |hidden: usize, dh: usize, bytes_len: usize| {
+        let (mut bytes, mut scales, mut v) =
+            (vec![0u8; bytes_len], vec![0f32; m * 6], vec![0f32; m * 24]);
+        codegen::kernels::gemm_i8(
+            m,
+            Activations::U8(&a),
+            k,
+            &b,
+            Output::Heads(HeadsOut {
+                bytes: &mut bytes,
+                ld_bytes: 48,
+                scales: &mut scales,
+                ld_scales: 6,
+                v: &mut v,
+                ld_v: 24,
+                hidden,
+                head_dim: dh,
+            }),
+            &ep,
+            1,
+        )
+    };
+    assert!(run(hidden, dh, m * 48).is_ok());
+    for (hidden, dh, len, what) in [
+        (20, 8, m * 48, "columns"),
+        (hidden, 7, m * 48, "whole heads"),
+        (hidden, dh, m * 48 - 1, "bytes"),
+    ] {
+        let e = run(hidden, dh, len).unwrap_err().to_string();
+        assert!(e.contains("heads output"), "{what}: {e}");
+    }
+    let mut bytes = vec![0u8; m * 48];
+    let (mut s, mut v) = (vec![0f32; m * 6], vec![0f32; m * 24]);
+    let heads = Output::Heads(HeadsOut {
+        bytes: &mut bytes,
+        ld_bytes: 48,
+        scales: &mut s,
+        ld_scales: 6,
+        v: &mut v,
+        ld_v: 24,
+        hidden,
+        head_dim: dh,
+    });
+    let e = Epilogue::none().validate(m, n, &heads, false).unwrap_err();
+    assert!(e.to_string().contains("only the int8 GEMM"), "{e}");
 }
 
 #[test]

@@ -20,8 +20,9 @@ pub use dtype::DType;
 pub use einsum::{einsum_plan, EinsumPlan};
 pub use graph::{Graph, Node, NodeId, Outlet, Wire};
 pub use op::{
-    u8_qparams, ActQuant, AttnProducts, Attr, BinaryOp, EpilogueStep, GeluApprox, LoopParts, Op,
-    OpKind, PadMode, ReduceOp, ScatterReduction, UnaryOp, INLINE_LIMIT, PACKED_TOKENS,
+    qkv_pieces, u8_qparams, ActQuant, AttnProducts, Attr, BinaryOp, EpilogueStep, GeluApprox,
+    LoopParts, Op, OpKind, PadMode, ReduceOp, ScatterReduction, UnaryOp, INLINE_LIMIT,
+    PACKED_TOKENS,
 };
 pub use shape::{fixed_shape, is_symbol, Dim, Shape, TensorType};
 pub use tensor::{byte_size, Element, Tensor};

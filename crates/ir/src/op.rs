@@ -226,7 +226,7 @@ name_table!(PadMode { Constant => "constant", Reflect => "reflect", Edge => "edg
 /// operands takes the next inputs of its node, in order.
 ///
 /// Text form: `bias`, `mul_col`, `gelu_erf`, `gelu_tanh`, `residual`, `layer_norm 1e-12`,
-/// `requant_u8 0.05 128`, `fork_u8 0.05 128`, `fork_u8 0.05 128 smooth`.
+/// `requant_u8 0.05 128`, `fork_u8 0.05 128`, `fork_u8 0.05 128 smooth`, `quant_heads 12`.
 ///
 /// ```
 /// use ir::EpilogueStep;
@@ -264,6 +264,15 @@ pub enum EpilogueStep {
         zero_point: i32,
         smooth: bool,
     },
+    /// Last step only, on a `3h`-wide output whose columns are the q, k and v of `heads`-head
+    /// attention with 8-bit products (the merged QKV projection feeding it): each head of q and
+    /// of k is quantized as that attention multiplies it (symmetric, ±127, one scale per token
+    /// and head: `codegen::kernels::math::quantize_sym`), v stays f32. Three outputs: the bytes
+    /// (`u8[…, 2h]`: q's heads shifted by 128, then k's as s8 bits), the scales (`f32[…,
+    /// 2·heads]`: q's, then k's) and v (`f32[…, h]`). Attention then reads 4.7 KB per BERT-base
+    /// token instead of 9.2 and quantizes nothing of q and k itself; its results are the same
+    /// bits.
+    QuantHeads { heads: usize },
 }
 
 impl EpilogueStep {
@@ -274,6 +283,28 @@ impl EpilogueStep {
             EpilogueStep::Gelu(_) | EpilogueStep::RequantU8 { .. } => 0,
             EpilogueStep::LayerNorm { .. } => 2,
             EpilogueStep::ForkU8 { smooth, .. } => usize::from(*smooth),
+            EpilogueStep::QuantHeads { .. } => 0,
+        }
+    }
+
+    /// The last-axis widths of the outputs of a linear with `n` output columns and this
+    /// epilogue: `[2n/3, 2·heads, n/3]` after a final `quant_heads`, else `n` for each output.
+    /// `None` when `n` is not three widths of whole heads.
+    ///
+    /// ```
+    /// use ir::EpilogueStep;
+    /// let q = EpilogueStep::QuantHeads { heads: 12 };
+    /// assert_eq!(EpilogueStep::output_widths(&[EpilogueStep::Bias, q], 2304), Some(vec![1536, 24, 768]));
+    /// assert_eq!(EpilogueStep::output_widths(&[EpilogueStep::Bias], 768), Some(vec![768]));
+    /// assert_eq!(EpilogueStep::output_widths(&[q], 2300), None);
+    /// ```
+    pub fn output_widths(steps: &[EpilogueStep], n: usize) -> Option<Vec<usize>> {
+        match steps.last() {
+            Some(EpilogueStep::QuantHeads { heads }) => {
+                let h = n / 3;
+                (n.is_multiple_of(3) && *heads > 0 && h.is_multiple_of(*heads)).then(|| vec![2 * h, 2 * heads, h])
+            }
+            _ => Some(vec![n; Self::output_dtypes(steps).len()]),
         }
     }
 
@@ -289,6 +320,7 @@ impl EpilogueStep {
     pub fn output_dtypes(steps: &[EpilogueStep]) -> Vec<DType> {
         match steps.last() {
             Some(EpilogueStep::ForkU8 { .. }) => vec![DType::F32, DType::U8],
+            Some(EpilogueStep::QuantHeads { .. }) => vec![DType::U8, DType::F32, DType::F32],
             _ => vec![Self::output_dtype(steps)],
         }
     }
@@ -337,6 +369,7 @@ impl fmt::Display for EpilogueStep {
                 }
                 Ok(())
             }
+            EpilogueStep::QuantHeads { heads } => write!(f, "quant_heads {heads}"),
         }
     }
 }
@@ -373,12 +406,35 @@ impl std::str::FromStr for EpilogueStep {
                     Some(_) => return Err(bad()),
                 },
             },
+            "quant_heads" => EpilogueStep::QuantHeads {
+                heads: words
+                    .next()
+                    .and_then(|w| w.parse().ok())
+                    .filter(|&h| h > 0)
+                    .ok_or_else(bad)?,
+            },
             _ => return Err(bad()),
         };
         if words.next().is_some() {
             return Err(bad());
         }
         Ok(step)
+    }
+}
+
+/// How many of the first inputs of an `attention_qkv` or `attention_packed` carry q, k and v,
+/// given the element type of the first: 1 (an f32 `[…, 3H]`), or 3 when it is u8 (the bytes,
+/// scales and v of a [`EpilogueStep::QuantHeads`] epilogue). The mask inputs follow them.
+///
+/// ```
+/// assert_eq!(ir::qkv_pieces(ir::DType::F32), 1);
+/// assert_eq!(ir::qkv_pieces(ir::DType::U8), 3);
+/// ```
+pub fn qkv_pieces(first: DType) -> usize {
+    if first == DType::U8 {
+        3
+    } else {
+        1
     }
 }
 
@@ -675,9 +731,13 @@ pub enum Op {
     },
     /// `(qkv, mask_bias?)`: [`Op::Attention`] on one `[B, S, 3H]` tensor whose columns are q,
     /// then k, then v (what one GEMM makes of the three projections of a token); `[B, S, H]` out.
+    /// With 8-bit products, `qkv` may instead be the three outputs of a QKV linear whose
+    /// epilogue ends in [`EpilogueStep::QuantHeads`] (`u8[B, S, 2H]`, `f32[B, S, 2·heads]`,
+    /// `f32[B, S, H]`): q and k come quantized (see [`qkv_pieces`]).
     ///
     /// ```text
     /// %9 = attention_qkv[num_heads=12, scale=0.125](%8, %3) : f32[B,S,768]
+    /// %9 = attention_qkv[num_heads=12, scale=0.125, products="int8"](%8.0, %8.1, %8.2, %3) : f32[B,S,768]
     /// ```
     AttentionQkv {
         num_heads: usize,
@@ -691,9 +751,12 @@ pub enum Op {
     /// padded keys (at most −10⁴ there), so that the result equals the padded op's at every
     /// real token. `[1, T, H]` out.
     ///
+    /// `qkv` may be the three outputs of a `quant_heads` epilogue, as for [`Op::AttentionQkv`].
+    ///
     /// ```text
     /// %9 = attention_packed[num_heads=12, scale=0.125](%8, %1, %3) : f32[1,packed_tokens,768]
     /// %9 = attention_packed[num_heads=12, scale=0.125, products="int8"](%8, %1, %3) : f32[1,packed_tokens,768]
+    /// %9 = attention_packed[num_heads=12, scale=0.125, products="int8"](%8.0, %8.1, %8.2, %1, %3) : f32[1,packed_tokens,768]
     /// ```
     AttentionPacked {
         num_heads: usize,
@@ -1015,8 +1078,9 @@ impl Op {
             Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => (2, 3),
             Op::MatMulInteger => (2, 4),
             Op::Attention { .. } => (3, 4),
-            Op::AttentionQkv { .. } => (1, 2),
-            Op::AttentionPacked { .. } => (2, 3),
+            // One qkv input, or the three of a `quant_heads` epilogue (see `qkv_pieces`).
+            Op::AttentionQkv { .. } => (1, 4),
+            Op::AttentionPacked { .. } => (2, 5),
             Op::PackRows | Op::UnpackRows => (2, 2),
             Op::FusedLinear { epilogue } => {
                 let n = 2 + EpilogueStep::count_operands(epilogue);

@@ -2,7 +2,9 @@
 
 use std::collections::HashSet;
 
-use crate::{ActQuant, DType, EpilogueStep, Graph, IrError, LoopParts, NodeId, Op, TensorType};
+use crate::{
+    ActQuant, AttnProducts, DType, EpilogueStep, Graph, IrError, LoopParts, NodeId, Op, TensorType,
+};
 
 impl Graph {
     /// Checks that the graph is well formed: acyclic; every node's inputs are contiguous, in
@@ -147,6 +149,54 @@ impl Graph {
             Op::Cast { to } | Op::QuantizeLinear { to, .. } if out.dtype != *to => {
                 Some(format!("{} to {to} declared as {out}", node.op.name()))
             }
+            Op::AttentionQkv {
+                num_heads,
+                products,
+                ..
+            }
+            | Op::AttentionPacked {
+                num_heads,
+                products,
+                ..
+            } if input(0)?.dtype == DType::U8 => {
+                let name = node.op.name();
+                let masks = if matches!(node.op, Op::AttentionQkv { .. }) {
+                    0..=1
+                } else {
+                    1..=2
+                };
+                let (bytes, scales, v) = (input(0)?, input(1), input(2));
+                let (Some(scales), Some(v)) = (scales, v) else {
+                    return Some(format!("{name}: u8 q and k need their scales and v beside them"));
+                };
+                if *products != AttnProducts::Int8 || !masks.contains(&(ins.len() - 3)) {
+                    return Some(format!(
+                        "{name}: quantized heads are read by 8-bit products only, followed by the mask inputs"
+                    ));
+                }
+                if scales.dtype != DType::F32 || v.dtype != DType::F32 || v.dtype != out.dtype {
+                    return Some(format!(
+                        "{name}: scales and v must be f32 like the output: {scales}, {v}, {out}"
+                    ));
+                }
+                let width = |t: &TensorType| t.shape.as_ref()?.last()?.as_fixed();
+                if let (Some(b), Some(s), Some(h)) = (width(bytes), width(scales), width(v)) {
+                    if *num_heads == 0 || b != 2 * h || s != 2 * num_heads || h % num_heads != 0 {
+                        return Some(format!(
+                            "{name}: {bytes}, {scales}, {v} are not the quantized q and k and the v of {num_heads} heads"
+                        ));
+                    }
+                }
+                None
+            }
+            Op::AttentionPacked { .. } if ins.len() > 3 => Some(format!(
+                "attention_packed: an f32 qkv is followed by the mask and its bias only, got {} inputs",
+                ins.len()
+            )),
+            Op::AttentionQkv { .. } if ins.len() > 2 => Some(format!(
+                "attention_qkv: an f32 qkv is followed by the mask bias only, got {} inputs",
+                ins.len()
+            )),
             Op::AttentionQkv { num_heads, .. } => {
                 let qkv = input(0)?;
                 let width = qkv.shape.as_ref()?.last()?.as_fixed();
@@ -299,13 +349,30 @@ impl Graph {
         }
         let out_dtypes = EpilogueStep::output_dtypes(epilogue);
         let declared: Vec<DType> = node.outputs.iter().map(|t| t.dtype).collect();
+        // One shape but for the last axis, whose widths the epilogue says (when n is known).
+        let n = fixed(1).map(|s| s[1]);
+        let widths = n.map(|n| EpilogueStep::output_widths(epilogue, n));
+        let lead = |t: &TensorType| {
+            t.shape
+                .as_ref()
+                .map(|s| s[..s.len().saturating_sub(1)].to_vec())
+        };
         let same_shapes = node
             .outputs
             .iter()
-            .all(|t| t.shape == node.outputs[0].shape);
+            .all(|t| lead(t) == lead(&node.outputs[0]) && t.rank() == node.outputs[0].rank())
+            && match widths {
+                Some(Some(w)) => node.outputs.iter().zip(&w).all(|(t, &w)| {
+                    t.shape
+                        .as_ref()
+                        .is_none_or(|s| s.last().and_then(|d| d.as_fixed()).is_none_or(|d| d == w))
+                }),
+                Some(None) => false,
+                None => true,
+            };
         if declared != out_dtypes || !same_shapes {
             return Some(format!(
-                "{}: with epilogue ({}) the outputs are {}, all of one shape; declared {}",
+                "{}: with epilogue ({}) the outputs are {}, of one shape but the last axis (its widths as the epilogue says); declared {}",
                 node.op.name(),
                 epilogue
                     .iter()
@@ -327,7 +394,9 @@ impl Graph {
         if let Some(i) = epilogue.iter().position(|s| {
             matches!(
                 s,
-                EpilogueStep::RequantU8 { .. } | EpilogueStep::ForkU8 { .. }
+                EpilogueStep::RequantU8 { .. }
+                    | EpilogueStep::ForkU8 { .. }
+                    | EpilogueStep::QuantHeads { .. }
             )
         }) {
             if matches!(node.op, Op::FusedLinear { .. }) {
@@ -351,7 +420,6 @@ impl Graph {
                 ty(1)
             ));
         }
-        let n = fixed(1).map(|s| s[1]);
         let vector_ok = |i: usize, len: Option<usize>| match (fixed(i), len) {
             (Some(s), Some(l)) => s.len() == 1 && (s[0] == l || s[0] == 1),
             _ => true,
@@ -390,7 +458,7 @@ impl Graph {
                         ));
                     }
                 }
-                EpilogueStep::Gelu(_) => {}
+                EpilogueStep::Gelu(_) | EpilogueStep::QuantHeads { .. } => {}
                 EpilogueStep::ForkU8 { smooth: true, .. }
                     if ty(at).dtype != DType::F32 || !vector_ok(at, n) =>
                 {

@@ -455,3 +455,66 @@ fn deeply_nested_blocks_are_an_error_not_a_stack_overflow() {
     let e = text::parse(&text, None).unwrap_err().to_string();
     assert!(e.contains("nest more than"), "{e}");
 }
+
+/// `quant_heads` and the split q, k, v of attention: a graph that uses them right verifies and
+/// round-trips; each misuse is refused, naming what is wrong.
+#[test]
+fn verifier_checks_quantized_heads() {
+    let good = "\
+%0 = input[name=\"x\"] : f32[B,S,4]
+%1 = input[name=\"m\"] : f32[B,1,1,S]
+%2 = const[value=i8[4,12]{}] : i8[4,12]
+%3 = const[value=f32[12]{}] : f32[12]
+%4 = qlinear[act=\"token\", smooth=false, epilogue=(quant_heads 2)](%0, %2, %3) : (u8[B,S,8], f32[B,S,4], f32[B,S,4])
+%5 = attention_qkv[num_heads=2, scale=0.5, products=\"int8\"](%4, %4.1, %4.2, %1) : f32[B,S,4]
+output \"y\" = %5
+";
+    let zeros = |n: usize, z: &str| vec![z; n].join(", ");
+    let good = good
+        .replacen("i8[4,12]{}", &format!("i8[4,12]{{{}}}", zeros(48, "0")), 1)
+        .replacen("f32[12]{}", &format!("f32[12]{{{}}}", zeros(12, "0.0")), 1);
+    let g = text::parse(&good, None).unwrap();
+    g.verify().unwrap();
+    assert_eq!(text::print(&g).unwrap(), good);
+    for (from, to, reason) in [
+        (
+            "epilogue=(quant_heads 2)](%0, %2, %3) : (u8[B,S,8], f32[B,S,4], f32[B,S,4])\n%5 = attention_qkv[num_heads=2, scale=0.5, products=\"int8\"](%4, %4.1, %4.2, %1)",
+            "epilogue=(quant_heads 2, gelu_erf)](%0, %2, %3) : f32[B,S,12]\n%5 = attention_qkv[num_heads=2, scale=0.5, products=\"int8\"](%4, %1)",
+            "must be the last epilogue step",
+        ),
+        (
+            "(u8[B,S,8], f32[B,S,4], f32[B,S,4])",
+            "(u8[B,S,12], f32[B,S,4], f32[B,S,4])",
+            "the outputs are u8, f32, f32",
+        ),
+        (
+            "epilogue=(quant_heads 2)",
+            "epilogue=(quant_heads 5)",
+            "the outputs are u8, f32, f32",
+        ),
+        (
+            "products=\"int8\"](%4",
+            "products=\"f32\"](%4",
+            "read by 8-bit products only",
+        ),
+        (
+            "(%4, %4.1, %4.2, %1)",
+            "(%4, %4.1, %4.2, %1, %1)",
+            "takes 1 to 4 inputs",
+        ),
+        ("(%4, %4.1, %4.2, %1)", "(%4, %4.1)", "need their scales and v"),
+        (
+            "num_heads=2, scale",
+            "num_heads=4, scale",
+            "are not the quantized q and k and the v of 4 heads",
+        ),
+    ] {
+        assert!(good.contains(from), "{from}");
+        let text = good.replacen(from, to, 1);
+        let e = match text::parse(&text, None) {
+            Ok(g) => g.verify().expect_err(to).to_string(),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(reason), "{to}: {e}");
+    }
+}

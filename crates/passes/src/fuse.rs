@@ -14,7 +14,10 @@
 //! by a constant per-column vector, a residual `Add`, and a `LayerNorm` over the last axis.
 //! A rule that sees a candidate but cannot take it says why in the report.
 
-use ir::{ActQuant, BinaryOp, DType, EpilogueStep, Graph, NodeId, Op, Outlet, Tensor, TensorType};
+use ir::{
+    ActQuant, AttnProducts, BinaryOp, DType, EpilogueStep, Graph, NodeId, Op, Outlet, Tensor,
+    TensorType,
+};
 
 use crate::rewrite::{replace_with, sole_consumer, visit_to_fixpoint};
 use crate::{Pass, PassContext, PassError, Report};
@@ -427,7 +430,8 @@ impl Pass for FuseEpilogue {
         let b = apply(graph, FUSE, &mut ctx.report, grow_epilogue)?;
         let c = apply(graph, FUSE, &mut ctx.report, merge_qkv)?;
         let d = apply(graph, FUSE, &mut ctx.report, requant_into_producer)?;
-        Ok(a || b || c || d)
+        let e = apply(graph, FUSE, &mut ctx.report, quantize_heads)?;
+        Ok(a || b || c || d || e)
     }
 }
 
@@ -481,6 +485,10 @@ fn grow_epilogue(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool,
         Op::FusedLinear { epilogue } | Op::QLinear { epilogue, .. } => epilogue.clone(),
         _ => return Ok(false),
     };
+    // Nothing follows a step that writes bytes.
+    if g.node(id).outputs[0].dtype != DType::F32 {
+        return Ok(false);
+    }
     let name = g.node(id).name.clone();
     let out: Outlet = id.into();
     let Some(n) = width(g, id) else {
@@ -900,6 +908,98 @@ fn merge_qkv(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, Str
         FUSE,
         &name,
         format!("{} → one GEMM `{merged_name}`", names.join(", ")),
+    );
+    Ok(true)
+}
+
+/// An `AttentionQkv` with 8-bit products takes the quantization of q and k out of itself and
+/// into the epilogue of the QKV `QLinear` it alone reads: the producer ends with `quant_heads`
+/// and writes each head of q and k as the bytes and scale attention would have made of it, and
+/// v as f32; attention reads those three outputs. Half the bytes between the two ops, and the
+/// same results (one quantization function, on the same f32 values).
+fn quantize_heads(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, String> {
+    let Op::AttentionQkv {
+        num_heads,
+        scale,
+        products: products @ AttnProducts::Int8,
+    } = g.node(id).op
+    else {
+        return Ok(false);
+    };
+    let ins = g.node_inputs(id);
+    let qkv = ins[0];
+    if g.outlet_type(qkv).dtype != DType::F32 {
+        return Ok(false);
+    }
+    let name = g.node(id).name.clone();
+    let producer = g.node(qkv.node).name.clone();
+    let decline = |report: &mut Report, why: String| {
+        report.declined(
+            FUSE,
+            &name,
+            format!("q and k not quantized in `{producer}`: {why}"),
+        );
+        Ok(false)
+    };
+    let (act, smooth, mut steps) = match &g.node(qkv.node).op {
+        Op::QLinear {
+            act,
+            smooth,
+            epilogue,
+        } => (*act, *smooth, epilogue.clone()),
+        Op::FusedLinear { .. } => return decline(report, "the f32 GEMM writes f32 only".into()),
+        _ => return Ok(false),
+    };
+    if g.node(qkv.node).outputs.len() != 1 || sole_consumer(g, qkv) != Some(id) {
+        return decline(report, "its output has other readers".into());
+    }
+    let n = width(g, qkv.node);
+    let Some(widths) = n.and_then(|n| {
+        EpilogueStep::output_widths(&[EpilogueStep::QuantHeads { heads: num_heads }], n)
+    }) else {
+        return decline(
+            report,
+            format!("its {n:?} columns are not q, k and v of {num_heads} whole heads"),
+        );
+    };
+    steps.push(EpilogueStep::QuantHeads { heads: num_heads });
+    let f32_ty = g.outlet_type(qkv).clone();
+    let outputs: Vec<TensorType> = EpilogueStep::output_dtypes(&steps)
+        .into_iter()
+        .zip(widths)
+        .map(|(dtype, w)| {
+            let mut t = TensorType {
+                dtype,
+                ..f32_ty.clone()
+            };
+            if let Some(last) = t.shape.as_mut().and_then(|s| s.last_mut()) {
+                *last = ir::Dim::fixed(w);
+            }
+            t
+        })
+        .collect();
+    let producer_op = Op::QLinear {
+        act,
+        smooth,
+        epilogue: steps,
+    };
+    let producer_inputs = g.node_inputs(qkv.node);
+    let new_producer = g
+        .add_node(producer_op, &producer, &producer_inputs, outputs)
+        .map_err(|e| e.to_string())?;
+    let mut inputs: Vec<Outlet> = (0..3).map(|i| Outlet::new(new_producer, i)).collect();
+    inputs.extend(ins.get(1));
+    let ty = g.node(id).outputs[0].clone();
+    let op = Op::AttentionQkv {
+        num_heads,
+        scale,
+        products,
+    };
+    replace_with(g, id.into(), op, &name, &inputs, ty)?;
+    report.fired(
+        FUSE,
+        &producer,
+        format!("q and k of `{name}` quantized per head → epilogue `quant_heads {num_heads}`"),
     );
     Ok(true)
 }

@@ -108,7 +108,7 @@ impl Pass for PackTokens {
 /// the attention's rows.
 fn mask_input(g: &Graph, a: NodeId) -> Result<Outlet, String> {
     let ins = g.node_inputs(a);
-    let Some(&bias) = ins.get(1) else {
+    let Some(&bias) = ins.get(ir::qkv_pieces(g.outlet_type(ins[0]).dtype)) else {
         return Err("no attention mask (every token is real)".into());
     };
     let mut sources = BTreeSet::new();
@@ -341,11 +341,13 @@ fn rewrite(
     // Values entering the region: packed once each.
     let mut packed: HashMap<Outlet, Outlet> = HashMap::new();
     for &id in region {
-        let is_attention = matches!(g.node(id).op, Op::AttentionQkv { .. });
+        // The mask bias of an attention (after its q, k, v inputs) is read per key, not packed.
+        let bias_slot = matches!(g.node(id).op, Op::AttentionQkv { .. })
+            .then(|| ir::qkv_pieces(g.outlet_type(g.node_inputs(id)[0]).dtype));
         for (slot, o) in g.node_inputs(id).into_iter().enumerate() {
             if region.contains(&o.node)
                 || !per_token(g.outlet_type(o), lead)
-                || (is_attention && slot == 1)
+                || bias_slot == Some(slot)
             {
                 continue;
             }
@@ -412,8 +414,10 @@ fn rewrite(
             continue;
         };
         let ins = g.node_inputs(id);
-        let mut inputs = vec![ins[0], mask];
-        inputs.extend(ins.get(1));
+        let pieces = ir::qkv_pieces(g.outlet_type(ins[0]).dtype);
+        let mut inputs = ins[..pieces].to_vec();
+        inputs.push(mask);
+        inputs.extend(ins.get(pieces));
         let node = g.node(id);
         let (name, ty) = (node.name.clone(), node.outputs[0].clone());
         crate::rewrite::replace_with(

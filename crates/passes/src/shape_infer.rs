@@ -926,13 +926,27 @@ fn infer(
                     Some(out)
                 }
             };
-            let dtypes = match op {
-                Op::FusedLinear { epilogue } | Op::QLinear { epilogue, .. } => {
-                    EpilogueStep::output_dtypes(epilogue)
-                }
-                _ => vec![DType::F32],
+            let epilogue: &[EpilogueStep] = match op {
+                Op::FusedLinear { epilogue } | Op::QLinear { epilogue, .. } => epilogue,
+                _ => &[],
             };
-            dtypes.into_iter().flat_map(|d| one(d, s.clone())).collect()
+            let dtypes = EpilogueStep::output_dtypes(epilogue);
+            // The last axis of each output, when the epilogue gives them other widths than n.
+            let widths = match s.as_ref().and_then(|s| s.last()?.as_fixed()) {
+                Some(n) => Some(EpilogueStep::output_widths(epilogue, n).ok_or_else(|| {
+                    format!("{}: {n} columns do not suit its epilogue", op.name())
+                })?),
+                None => None,
+            };
+            let mut outs = Vec::new();
+            for (i, d) in dtypes.into_iter().enumerate() {
+                let mut shape = s.clone();
+                if let (Some(sh), Some(w)) = (shape.as_mut(), widths.as_ref()) {
+                    *sh.last_mut().expect("rank >= 1") = Dim::fixed(w[i]);
+                }
+                outs.extend(one(d, shape));
+            }
+            outs
         }
         Op::MatMulInteger => one(
             DType::I32,
@@ -1016,6 +1030,28 @@ fn infer(
                 }
             };
             one(dtype(0), s)
+        }
+        Op::AttentionQkv { num_heads, .. } | Op::AttentionPacked { num_heads, .. }
+            if dtype(0) == DType::U8 =>
+        {
+            // q and k quantized by a `quant_heads` epilogue: the output is v's type.
+            if ins.len() < 3 {
+                return Err(format!(
+                    "{}: u8 q and k need their scales and v beside them",
+                    op.name()
+                ));
+            }
+            let s = shapes.map(|ss| ss[2].to_vec());
+            if let Some(s) = &s {
+                let h = s.last().and_then(|d| d.as_fixed());
+                if s.len() != 3 || *num_heads == 0 || h.is_some_and(|h| h % num_heads != 0) {
+                    return Err(format!(
+                        "{}: v must be [B, S, H] in whole heads of {num_heads}",
+                        op.name()
+                    ));
+                }
+            }
+            one(dtype(2), s)
         }
         Op::AttentionQkv { num_heads, .. } | Op::AttentionPacked { num_heads, .. } => {
             let s = match &shapes {

@@ -1353,3 +1353,107 @@ fn quantize_attention_marks_attention_ops() {
         "keep-fp32"
     ));
 }
+
+/// An int8-products attention reading a QKV `qlinear` alone takes q and k quantized per head
+/// from its epilogue (`quant_heads`, three outputs), and packing keeps the split form, with the
+/// mask bias after the three. An f32 QKV GEMM, or a QKV output with another reader, keeps the
+/// quantization in attention, and the report says why. (The numeric check, bit-equal results
+/// on the real kernels, is `runtime/tests/qkv_merge.rs` and `padding_free.rs`: this crate's
+/// interpreter has no attention_qkv.)
+#[test]
+fn fuse_epilogue_quantizes_heads_for_int8_attention() {
+    let layer = |qkv: &str, extra_output: &str| {
+        format!(
+            "%0 = input[name=\"x\"] : f32[B,S,4]\n\
+             %1 = input[name=\"mask\"] : i64[B,S]\n\
+             %2 = const[value=i8[4,12]{{{}}}] : i8[4,12]  # qkv/weight_s8\n\
+             %3 = {}  # qkv/weight_scale\n\
+             %4 = {}  # qkv/bias\n\
+             %5 = {qkv} : f32[B,S,12]  # qkv\n\
+             %9 = unsqueeze[axes=[1, 2]](%1) : i64[B,1,1,S]  # mask/unsqueeze\n\
+             %10 = cast[to=f32](%9) : f32[B,1,1,S]  # mask/cast\n\
+             %11 = const[value=f32[]{{-10000.0}}] : f32[]  # mask/big\n\
+             %12 = mul(%10, %11) : f32[B,1,1,S]  # mask/bias\n\
+             %13 = attention_qkv[num_heads=2, scale=0.5, products=\"int8\"](%5, %12) : f32[B,S,4]  # attn\n\
+             output \"y\" = %13\n{extra_output}",
+            (0..48)
+                .map(|i: i32| (i * 37 % 255 - 127).to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            f32_const(&[12], &weights(1, 12, 3).iter().map(|w| w.abs() * 0.01 + 0.001).collect::<Vec<_>>()),
+            f32_const(&[12], &weights(1, 12, 4)),
+        )
+    };
+    let qlinear = "qlinear[act=\"token\", smooth=false, epilogue=(bias)](%0, %2, %3, %4)";
+    let mut g = typed(&layer(qlinear, ""));
+    let before = print(&g);
+    let mut ctx = PassContext::default();
+    assert!(step(&FuseEpilogue, &mut g, &mut ctx));
+    let fused = print(&g);
+    assert!(
+        fused.contains("epilogue=(bias, quant_heads 2)](%0, %2, %3, %4) : (u8[B,S,8], f32[B,S,4], f32[B,S,4])  # qkv"),
+        "{fused}"
+    );
+    let attn = fused.lines().find(|l| l.ends_with("# attn")).expect("attn");
+    assert!(attn.contains(".1, %") && attn.contains(".2, %"), "{fused}");
+    assert!(has_note(
+        &ctx.report,
+        NoteKind::Fired,
+        "qkv",
+        "quant_heads 2"
+    ));
+    assert!(!step(&FuseEpilogue, &mut g, &mut ctx), "a fixpoint");
+    assert!(step(&PackTokens, &mut g, &mut ctx));
+    let packed = print(&g);
+    let attn = packed
+        .lines()
+        .find(|l| l.ends_with("# attn"))
+        .expect("attn");
+    assert!(
+        attn.contains("attention_packed[num_heads=2, scale=0.5, products=\"int8\"](%")
+            && attn.contains(".2, %1, %"),
+        "{packed}"
+    );
+    assert!(
+        packed.contains(
+            ": (u8[1,packed_tokens,8], f32[1,packed_tokens,4], f32[1,packed_tokens,4])  # qkv"
+        ),
+        "{packed}"
+    );
+    assert_eq!(print(&parse(&packed)), packed, "the text form round-trips");
+    insta::assert_snapshot!(snapshot(
+        &before,
+        &[("FuseEpilogue", fused), ("PackTokens", packed)],
+        &ctx.report
+    ));
+
+    let f32_qkv = "fused_linear[epilogue=(bias)](%0, %6, %4)";
+    let text = layer(f32_qkv, "").replace(
+        "%5 = fused",
+        &format!(
+            "%6 = {}  # qkv/weight\n%5 = fused",
+            f32_const(&[4, 12], &weights(4, 12, 5))
+        ),
+    );
+    let (_, _, _, after, report) = one_pass(&FuseEpilogue, &text);
+    assert!(!print(&after).contains("quant_heads"));
+    assert!(
+        has_note(
+            &report,
+            NoteKind::Declined,
+            "attn",
+            "the f32 GEMM writes f32 only"
+        ),
+        "{}",
+        notes(&report)
+    );
+
+    let (_, _, _, after, report) =
+        one_pass(&FuseEpilogue, &layer(qlinear, "output \"qkv\" = %5\n"));
+    assert!(!print(&after).contains("quant_heads"));
+    assert!(
+        has_note(&report, NoteKind::Declined, "attn", "other readers"),
+        "{}",
+        notes(&report)
+    );
+}

@@ -1108,9 +1108,10 @@ impl Session {
                 scale,
                 products,
             } => {
-                let mask = ins.get(1).map(|i| i.get());
+                let (qkv, at) = attention::QkvInput::of(ins, node)?;
+                let mask = ins.get(at).map(|i| i.get());
                 one(attention::attention_qkv(
-                    r(0),
+                    qkv,
                     mask,
                     attention::Heads {
                         num_heads: *num_heads,
@@ -1126,10 +1127,14 @@ impl Session {
                 scale,
                 products,
             } => {
-                let bias = ins.get(2).map(|i| i.get());
+                let (qkv, at) = attention::QkvInput::of(ins, node)?;
+                let mask = ins
+                    .get(at)
+                    .ok_or_else(|| Error::op(node, "attention_packed", "no mask input"))?;
+                let bias = ins.get(at + 1).map(|i| i.get());
                 one(attention::attention_packed(
-                    r(0),
-                    r(1),
+                    qkv,
+                    mask.get(),
                     bias,
                     attention::Heads {
                         num_heads: *num_heads,

@@ -137,6 +137,17 @@ fn int8_minilm_packed_equals_padded_at_real_tokens() {
         .collect();
     let fixed = quantize_static(&fp32, &batches);
     check("minilm-l6 int8 static", &fixed);
+    // 8-bit attention products: q and k come quantized per head from the QKV GEMM's
+    // `quant_heads` epilogue, into packed and padded attention alike.
+    let int8_attention = QuantizeOptions {
+        attention: ir::AttnProducts::Int8,
+        ..QuantizeOptions::default()
+    };
+    let (heads, _) = quantize(&fp32, None, &int8_attention).unwrap();
+    let session = Session::builder(&heads).build().unwrap();
+    let text = ir::text::print(session.graph()).unwrap();
+    assert!(text.contains("quant_heads 12)"), "no quant_heads:\n{text}");
+    check("minilm-l6 int8 dynamic, int8 attention", &heads);
 }
 
 /// Packed attention leaves the padded keys out, which is exact only when the mask bias hides

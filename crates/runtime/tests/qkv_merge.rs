@@ -2,7 +2,9 @@
 //! pipeline into one GEMM feeding `attention_qkv`. The merged GEMM computes each column as the
 //! separate one did (the same quantized bytes and exact i32 sums, or the same f32 FMA chain over
 //! k), and attention reads the same values at other strides, so a model runs bit for bit the
-//! same with and without the merge: quantized per token, quantized static, and f32.
+//! same with and without the merge: quantized per token, quantized static, and f32. With 8-bit
+//! attention products the merged GEMM also quantizes q and k per head in its epilogue
+//! (`quant_heads`), with the function attention used on the same values: still the same bits.
 
 mod common;
 
@@ -12,7 +14,7 @@ use runtime::{Model, TensorValue};
 const HEADS: usize = 2;
 
 /// `x → (q, k, v projections) → attention(mask) → y`, projections of kind `kind`.
-fn graph(kind: &str, k: usize, h: usize) -> String {
+fn graph(kind: &str, k: usize, h: usize, int8_attention: bool) -> String {
     let mut text = format!(
         "%0 = input[name=\"x\"] : f32[B,S,{k}]\n%1 = input[name=\"m\"] : f32[B,1,1,S]\n\
          %2 = {}  # smooth\n",
@@ -61,16 +63,27 @@ fn graph(kind: &str, k: usize, h: usize) -> String {
         id += 4;
     }
     text += &format!(
-        "%{id} = attention[num_heads={HEADS}, scale=0.125](%{}, %{}, %{}, %1) : f32[B,S,{h}]  # att\n\
+        "%{id} = attention[num_heads={HEADS}, scale=0.125{}](%{}, %{}, %{}, %1) : f32[B,S,{h}]  # att\n\
          output \"y\" = %{id}\n",
-        outs[0], outs[1], outs[2]
+        if int8_attention {
+            ", products=\"int8\""
+        } else {
+            ""
+        },
+        outs[0],
+        outs[1],
+        outs[2]
     );
     text
 }
 
 fn check(kind: &str) {
+    check_with(kind, false);
+}
+
+fn check_with(kind: &str, int8_attention: bool) {
     for (k, h, b, seq) in [(48, 64, 3, 21), (40, 96, 2, 8)] {
-        let g = ir::text::parse(&graph(kind, k, h), None).unwrap();
+        let g = ir::text::parse(&graph(kind, k, h, int8_attention), None).unwrap();
         let model = Model::from_graph(g).unwrap();
         let lens = [seq, seq / 2, 1];
         let mask: Vec<f32> = (0..b * seq)
@@ -92,26 +105,40 @@ fn check(kind: &str) {
                 TensorValue::from_f32(vec![b, 1, 1, seq], mask).unwrap(),
             ),
         ];
-        let (plain, plain_text) = run_fused_or_not(&model, false, 2, &feeds);
-        let (merged, merged_text) = run_fused_or_not(&model, true, 2, &feeds);
-        assert!(!plain_text.contains("attention_qkv"), "{plain_text}");
-        assert!(
-            merged_text.contains("attention_qkv[")
-                && merged_text.contains(&format!(": f32[B,S,{}]  # att_QKV", 3 * h)),
-            "q, k, v were not merged:\n{merged_text}"
-        );
-        let differ = plain
-            .iter()
-            .zip(&merged)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        assert_eq!(
-            differ,
-            0,
-            "{kind}, k {k}, h {h}: {differ} of {} differ",
-            plain.len()
-        );
+        for threads in [1, 2] {
+            let (plain, plain_text) = run_fused_or_not(&model, false, threads, &feeds);
+            let (merged, merged_text) = run_fused_or_not(&model, true, threads, &feeds);
+            assert!(!plain_text.contains("attention_qkv"), "{plain_text}");
+            let qkv_out = if int8_attention && kind != "f32" {
+                format!(
+                    "quant_heads {HEADS})](%0, %3, %4, %2, %5) : (u8[B,S,{}], f32[B,S,{}], f32[B,S,{h}])  # att_QKV",
+                    2 * h,
+                    2 * HEADS
+                )
+            } else {
+                format!(": f32[B,S,{}]  # att_QKV", 3 * h)
+            };
+            assert!(
+                merged_text.contains("attention_qkv[") && merged_text.contains(&qkv_out),
+                "q, k, v were not merged into `{qkv_out}`:\n{merged_text}"
+            );
+            compare(&plain, &merged, kind, k, h);
+        }
     }
+}
+
+fn compare(plain: &[f32], merged: &[f32], kind: &str, k: usize, h: usize) {
+    let differ = plain
+        .iter()
+        .zip(merged)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(
+        differ,
+        0,
+        "{kind}, k {k}, h {h}: {differ} of {} differ",
+        plain.len()
+    );
 }
 
 #[test]
@@ -127,4 +154,12 @@ fn merged_qkv_is_bit_exact_static() {
 #[test]
 fn merged_qkv_is_bit_exact_f32() {
     check("f32");
+}
+
+#[test]
+fn merged_qkv_with_quantized_heads_is_bit_exact() {
+    check_with("token", true);
+    check_with("static", true);
+    // An f32 QKV GEMM writes f32 only: int8 attention quantizes q and k itself.
+    check_with("f32", true);
 }

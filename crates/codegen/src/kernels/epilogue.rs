@@ -218,6 +218,29 @@ pub enum Output<'a> {
         /// Row stride.
         ldc: usize,
     },
+    /// The QKV projection of 8-bit attention (int8 GEMM only, `n = 3h`, columns q, k, v, each
+    /// `h` wide in heads of `head_dim`): each head of q and of k is quantized as attention
+    /// multiplies it ([`math::quantize_sym`], q as u8 shifted by 128, k as s8 bits) and v is
+    /// stored as f32. Half the bytes of an f32 output, and attention reads q and k ready.
+    Heads(HeadsOut<'a>),
+}
+
+/// The three destinations of [`Output::Heads`], for an `m × 3h` GEMM.
+#[derive(Debug)]
+pub struct HeadsOut<'a> {
+    /// `m` rows of `2h` bytes at stride `ld_bytes`: q's heads (u8, +128), then k's (s8 bits).
+    pub bytes: &'a mut [u8],
+    pub ld_bytes: usize,
+    /// `m` rows of `2h / head_dim` scales at stride `ld_scales`: q's heads, then k's.
+    pub scales: &'a mut [f32],
+    pub ld_scales: usize,
+    /// `m` rows of v (`h` f32) at stride `ld_v`.
+    pub v: &'a mut [f32],
+    pub ld_v: usize,
+    /// `h`: the width of each of q, k and v (the GEMM has `3h` columns).
+    pub hidden: usize,
+    /// Columns per head; divides `h`.
+    pub head_dim: usize,
 }
 
 impl Output<'_> {
@@ -228,6 +251,17 @@ impl Output<'_> {
             Output::U8 { c, ldc } => (c.len(), *ldc),
             Output::S8 { c, ldc } => (c.len(), *ldc),
             Output::I32 { c, ldc } => (c.len(), *ldc),
+            // Checked by `validate` on its own terms.
+            Output::Heads(_) => (0, 0),
+        }
+    }
+
+    /// The column granularity the drivers must keep: every epilogue call covers whole heads of
+    /// an [`Output::Heads`] (their quantization needs the head's maximum); 1 otherwise.
+    pub(crate) fn col_granularity(&self) -> usize {
+        match self {
+            Output::Heads(h) => h.head_dim,
+            _ => 1,
         }
     }
 
@@ -238,8 +272,31 @@ impl Output<'_> {
             Output::U8 { c, ldc } => OutPtr::U8(c.as_mut_ptr(), *ldc),
             Output::S8 { c, ldc } => OutPtr::S8(c.as_mut_ptr(), *ldc),
             Output::I32 { c, ldc } => OutPtr::I32(c.as_mut_ptr(), *ldc),
+            Output::Heads(h) => OutPtr::Heads(HeadsPtr {
+                bytes: h.bytes.as_mut_ptr(),
+                ld_bytes: h.ld_bytes,
+                scales: h.scales.as_mut_ptr(),
+                ld_scales: h.ld_scales,
+                v: h.v.as_mut_ptr(),
+                ld_v: h.ld_v,
+                hidden: h.hidden,
+                head_dim: h.head_dim,
+            }),
         }
     }
+}
+
+/// [`HeadsOut`] as raw pointers (absolute row addressing).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeadsPtr {
+    bytes: *mut u8,
+    ld_bytes: usize,
+    scales: *mut f32,
+    ld_scales: usize,
+    v: *mut f32,
+    ld_v: usize,
+    hidden: usize,
+    head_dim: usize,
 }
 
 /// Raw output pointer (absolute row/column addressing) shared by the worker threads, which
@@ -251,6 +308,7 @@ pub(crate) enum OutPtr {
     U8(*mut u8, usize),
     S8(*mut i8, usize),
     I32(*mut i32, usize),
+    Heads(HeadsPtr),
 }
 // SAFETY: the drivers hand each thread a disjoint set of output elements.
 unsafe impl Send for OutPtr {}
@@ -333,8 +391,15 @@ impl<'a> Epilogue<'a> {
         int8: bool,
     ) -> Result<(), KernelError> {
         let bad = |s: String| Err(KernelError::BadEpilogue(s));
+        if let Output::Heads(h) = out {
+            validate_heads(h, m, n, int8)?;
+        }
         let (len, ldc) = out.len_ld();
-        if m > 0 && n > 0 && (ldc < n || len < (m - 1) * ldc + n) {
+        if !matches!(out, Output::Heads(_))
+            && m > 0
+            && n > 0
+            && (ldc < n || len < (m - 1) * ldc + n)
+        {
             return Err(KernelError::BadArgs(format!(
                 "output buffer {len} too small for {m}x{n} with ldc {ldc}"
             )));
@@ -409,6 +474,46 @@ impl<'a> Epilogue<'a> {
         }
         Ok(())
     }
+}
+
+/// Checks an [`Output::Heads`] against an `m × n` GEMM.
+fn validate_heads(h: &HeadsOut<'_>, m: usize, n: usize, int8: bool) -> Result<(), KernelError> {
+    let bad = |s: String| Err(KernelError::BadArgs(format!("heads output: {s}")));
+    if !int8 {
+        return bad("only the int8 GEMM quantizes heads".into());
+    }
+    let hidden = h.hidden;
+    if n != 3 * hidden || h.head_dim == 0 || !hidden.is_multiple_of(h.head_dim) {
+        return bad(format!(
+            "{n} columns are not q, k and v of whole heads of {}",
+            h.head_dim
+        ));
+    }
+    let heads2 = 2 * hidden / h.head_dim;
+    let fits = |len: usize, ld: usize, w: usize| m == 0 || (ld >= w && len >= (m - 1) * ld + w);
+    if !fits(h.bytes.len(), h.ld_bytes, 2 * hidden) {
+        return bad(format!(
+            "{} bytes at stride {} do not hold {m} rows of {}",
+            h.bytes.len(),
+            h.ld_bytes,
+            2 * hidden
+        ));
+    }
+    if !fits(h.scales.len(), h.ld_scales, heads2) {
+        return bad(format!(
+            "{} scales at stride {} do not hold {m} rows of {heads2}",
+            h.scales.len(),
+            h.ld_scales
+        ));
+    }
+    if !fits(h.v.len(), h.ld_v, hidden) {
+        return bad(format!(
+            "{} values of v at stride {} do not hold {m} rows of {hidden}",
+            h.v.len(),
+            h.ld_v
+        ));
+    }
+    Ok(())
 }
 
 /// Runs `ops` on the block `rows × cols` from `src` to `out`. `tmp` is scratch (grown as needed).
@@ -531,6 +636,17 @@ unsafe fn run_block_generic(
                             // SAFETY: the caller guarantees the output block is writable and
                             // exclusive to us.
                             Some(unsafe { std::slice::from_raw_parts_mut(o.add(r * ldc + c0), w) })
+                        }
+                        // Columns of v only: f32 as they are, straight into v.
+                        OutPtr::Heads(h) if rest.is_empty() && c0 >= 2 * h.hidden => {
+                            // SAFETY: as above: row r, columns c0.. of v (checked to hold the
+                            // problem), this caller's.
+                            Some(unsafe {
+                                std::slice::from_raw_parts_mut(
+                                    h.v.add(r * h.ld_v + c0 - 2 * h.hidden),
+                                    w,
+                                )
+                            })
                         }
                         _ => None,
                     };
@@ -700,6 +816,37 @@ unsafe fn store_row(out: OutPtr, r: usize, c0: usize, y: &[f32]) {
             // SAFETY: the caller guarantees the w elements at (r, c0) are writable and ours.
             let o = unsafe { std::slice::from_raw_parts_mut(p.add(r * ld + c0), w) };
             o.iter_mut().zip(y).for_each(|(o, v)| *o = *v as i32);
+        }
+        // SAFETY: forwarded caller contract.
+        OutPtr::Heads(h) => unsafe { store_heads(h, r, c0, y) },
+    }
+}
+
+/// Row `r`, columns `c0..c0 + y.len()` (whole heads: the drivers keep the granularity of
+/// [`Output::col_granularity`]) of an [`Output::Heads`]: heads of q and k quantized, v copied.
+///
+/// # Safety
+/// As [`store_row`]: the heads of these columns in row `r` of the three destinations (which
+/// `validate_heads` checked hold the problem) are the caller's.
+#[inline(always)]
+unsafe fn store_heads(h: HeadsPtr, r: usize, c0: usize, y: &[f32]) {
+    let (dh, hidden) = (h.head_dim, h.hidden);
+    debug_assert!(c0.is_multiple_of(dh) && y.len().is_multiple_of(dh));
+    for (i, head) in y.chunks_exact(dh).enumerate() {
+        let c = c0 + i * dh;
+        if c < 2 * hidden {
+            let offset = if c < hidden { 128 } else { 0 };
+            // SAFETY: head c/dh of row r: inside the checked destinations, the caller's.
+            unsafe {
+                let bytes = std::slice::from_raw_parts_mut(h.bytes.add(r * h.ld_bytes + c), dh);
+                *h.scales.add(r * h.ld_scales + c / dh) = math::quantize_sym(head, bytes, offset);
+            }
+        } else {
+            // SAFETY: as above, in v.
+            let v =
+                unsafe { std::slice::from_raw_parts_mut(h.v.add(r * h.ld_v + c - 2 * hidden), dh) };
+            // Element by element: a `memmove` call per head cost more than the copy.
+            v.iter_mut().zip(head).for_each(|(v, x)| *v = *x);
         }
     }
 }

@@ -98,6 +98,55 @@ pub fn exp(x: f32) -> f32 {
     exp_sum(x, 0.0)
 }
 
+/// The largest `|x|` of `v` (NaN ignored; 0 for an empty slice), in 16 independent lanes
+/// folded by [`fold_lanes`]: vectorisable, and the same result on every CPU.
+///
+/// ```
+/// assert_eq!(codegen::kernels::math::abs_max(&[1.0, -3.5, 2.0]), 3.5);
+/// ```
+#[inline(always)]
+pub fn abs_max(v: &[f32]) -> f32 {
+    let max = |a: f32, b: f32| if b > a { b } else { a };
+    let mut acc = [0.0f32; 16];
+    let mut chunks = v.chunks_exact(16);
+    for c in &mut chunks {
+        for l in 0..16 {
+            acc[l] = max(acc[l], c[l].abs());
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a = max(*a, x.abs());
+    }
+    fold_lanes(acc, max)
+}
+
+/// Symmetric 8-bit quantization of one row: `dst[i] = clamp(round_half_even(src[i]·127/amax),
+/// ±127) + offset` as a byte (s8 bits for offset 0, u8 shifted by 128 for offset 128), `amax`
+/// the row's [`abs_max`]. Returns the scale `amax/127` (0 for a row of zeros, whose bytes are
+/// then all `offset`). NaN quantizes to 0. What int8 attention makes of a head of a query or a
+/// key, in the QKV GEMM's epilogue and in the attention op alike.
+///
+/// ```
+/// let mut q = [0u8; 3];
+/// let s = codegen::kernels::math::quantize_sym(&[1.0, -2.0, 0.5], &mut q, 0);
+/// assert_eq!((s, q), (2.0 / 127.0, [64, (-127i8) as u8, 32]));
+/// ```
+#[inline(always)]
+pub fn quantize_sym(src: &[f32], dst: &mut [u8], offset: u8) -> f32 {
+    let amax = abs_max(src);
+    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    for (d, &x) in dst.iter_mut().zip(src) {
+        let q = (x * inv).round_ties_even();
+        let q = if q.is_nan() {
+            0.0
+        } else {
+            q.clamp(-127.0, 127.0)
+        };
+        *d = int_byte(q).wrapping_add(offset);
+    }
+    amax / 127.0
+}
+
 /// Below this, |gelu(x)| < 2.6e-8 and [`gelu_erf`] returns -0.
 pub const GELU_ERF_FLUSH: f32 = -5.75;
 

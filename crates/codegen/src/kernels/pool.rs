@@ -292,6 +292,28 @@ pub fn split_range(total: usize, parts: usize, t: usize) -> std::ops::Range<usiz
     start..start + len
 }
 
+/// Panels of `nr` columns per group when every block boundary must fall on a multiple of
+/// `cols` columns: `lcm(cols, nr) / nr` (1 for `cols` 1).
+pub(crate) fn panel_granularity(cols: usize, nr: usize) -> usize {
+    let (mut a, mut b) = (cols.max(1), nr.max(1));
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    cols.max(1) / a
+}
+
+/// Part `t` of `parts` of `panels` panels, in whole groups of `g` (the last group may be
+/// short, and parts may be empty when there are fewer groups than parts).
+pub(crate) fn split_panels(
+    panels: usize,
+    parts: usize,
+    t: usize,
+    g: usize,
+) -> std::ops::Range<usize> {
+    let r = split_range(panels.div_ceil(g), parts, t);
+    (r.start * g).min(panels)..(r.end * g).min(panels)
+}
+
 /// How a GEMM with a packed weight shares its output among threads.
 ///
 /// Weight-stationary: with [`GemmSplit::Columns`], thread `t` computes the same columns (and so
@@ -339,6 +361,7 @@ pub(crate) fn plan_split(
     threads: usize,
     row_epilogue: bool,
     nc_panels: usize,
+    granularity: usize,
 ) -> GemmSplit {
     let panels = n.div_ceil(nr);
     let threads = threads.max(1);
@@ -346,7 +369,7 @@ pub(crate) fn plan_split(
         GemmSplit::Columns(
             (0..threads)
                 .map(|t| {
-                    let p = split_range(panels, threads, t);
+                    let p = split_panels(panels, threads, t, granularity);
                     (p.start * nr).min(n)..(p.end * nr).min(n)
                 })
                 .collect(),
@@ -371,20 +394,28 @@ pub(crate) struct PartWork {
 }
 
 impl PartWork {
-    /// `mc_max` rows (rounded to a multiple of `mr`) by `nc_panels` panels per unit.
+    /// `mc_max` rows (rounded to a multiple of `mr`) by `nc_panels` panels per unit, panel
+    /// blocks in whole groups of `g` panels from `pans.start` (which the caller puts on a group).
     pub(crate) fn new(
         rows: std::ops::Range<usize>,
         pans: std::ops::Range<usize>,
         mr: usize,
         mc_max: usize,
         nc_panels: usize,
+        g: usize,
     ) -> Self {
         let mc = mc_max.min(rows.len().div_ceil(mr) * mr).max(mr);
         let units_m = rows.len().div_ceil(mc);
         // Panel blocks of near-equal width (8 panels with at most 7 per block: 4 + 4, not
         // 7 + 1), so that no unit is a sliver that costs a pass over A for little work.
-        let units_n = pans.len().div_ceil(nc_panels.max(1));
-        let nc_panels = pans.len().div_ceil(units_n.max(1)).max(1);
+        let g = g.max(1);
+        let nc_max = (nc_panels / g * g).max(g);
+        let units_n = pans.len().div_ceil(nc_max);
+        let nc_panels = pans
+            .len()
+            .div_ceil(units_n.max(1))
+            .max(1)
+            .next_multiple_of(g);
         let total = (units_m * units_n) as u64;
         assert!(total < 1 << 32, "too many work units");
         Self {

@@ -424,9 +424,14 @@ pub fn lower(graph: &Graph, opts: LowerOptions) -> Result<Program, LowerError> {
         };
         let weight = weight_of_node.get(&id).copied();
         let split = weight.and_then(|(_, w)| match weights[w].layout {
-            WeightLayout::I8 { kernel, k, n: nn } => {
-                Some(plan_split_i8(kernel, k, nn, has_row_step(&n.op), threads))
-            }
+            WeightLayout::I8 { kernel, k, n: nn } => Some(plan_split_i8(
+                kernel,
+                k,
+                nn,
+                has_row_step(&n.op),
+                head_columns(&n.op, nn),
+                threads,
+            )),
             WeightLayout::F32 { kernel, n: nn, .. } => Some(plan_split_f32(kernel, nn, threads)),
             WeightLayout::Table { .. } => None,
         });
@@ -568,6 +573,18 @@ fn has_row_step(op: &Op) -> bool {
             .iter()
             .any(|s| matches!(s, EpilogueStep::LayerNorm { .. })),
         _ => false,
+    }
+}
+
+/// The columns every epilogue call must hold whole: a head's width when the epilogue ends in
+/// `quant_heads` (of an `n`-column linear), else 1.
+fn head_columns(op: &Op, n: usize) -> usize {
+    match op {
+        Op::QLinear { epilogue, .. } => match epilogue.last() {
+            Some(EpilogueStep::QuantHeads { heads }) => (n / 3 / heads).max(1),
+            _ => 1,
+        },
+        _ => 1,
     }
 }
 

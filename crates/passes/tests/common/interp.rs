@@ -538,6 +538,9 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
             }
             let first = 3 + usize::from(*smooth);
             let fork = apply_epilogue(&mut y, n, epilogue, &ins[first..])?;
+            if let Some(EpilogueStep::QuantHeads { heads }) = epilogue.last() {
+                return Ok(quant_heads(&y, &out, n, *heads));
+            }
             if EpilogueStep::output_dtype(epilogue) == DType::U8 {
                 let bytes = y.iter().map(|&v| v as u8).collect();
                 return Ok(vec![Tensor::from_vec(out.clone(), bytes)]);
@@ -583,6 +586,42 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
             None => Err("not supported by the test interpreter".into()),
         },
     }
+}
+
+/// The three outputs of a `quant_heads` epilogue on `y` (rows of `n = 3h`), written out here:
+/// each head of q and k as `round_half_even(x·127/amax)` (+128 for q, s8 bits for k) with its
+/// scale `amax/127`, then v.
+fn quant_heads(y: &[f32], out: &[usize], n: usize, heads: usize) -> Vec<Tensor> {
+    let (h, m) = (n / 3, y.len() / n);
+    let dh = h / heads;
+    let (mut bytes, mut scales, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    for row in y.chunks(n) {
+        for (i, head) in row[..2 * h].chunks(dh).enumerate() {
+            let amax = head.iter().fold(0.0f32, |a, x| a.max(x.abs()));
+            let offset = if i < heads { 128 } else { 0 };
+            bytes.extend(head.iter().map(|&x| {
+                let q = if amax > 0.0 {
+                    (x * (127.0 / amax)).round_ties_even()
+                } else {
+                    0.0
+                };
+                (q.clamp(-127.0, 127.0) as i32 + offset) as u8
+            }));
+            scales.push(amax / 127.0);
+        }
+        v.extend_from_slice(&row[2 * h..]);
+    }
+    let shape = |w: usize| {
+        let mut s = out.to_vec();
+        *s.last_mut().expect("rank >= 1") = w;
+        debug_assert_eq!(s.iter().product::<usize>(), m * w);
+        s
+    };
+    vec![
+        Tensor::from_vec(shape(2 * h), bytes),
+        Tensor::from_vec(shape(2 * heads), scales),
+        Tensor::from_vec(shape(h), v),
+    ]
 }
 
 /// The u8 quantization of a range, widened to hold 0: `scale = (hi − lo)/255`,
@@ -671,6 +710,8 @@ fn apply_epilogue(
                     .collect();
                 fork = Some(copy);
             }
+            // The outputs, made by `quant_heads` after the steps.
+            EpilogueStep::QuantHeads { .. } => {}
         }
     }
     if next.next().is_some() {

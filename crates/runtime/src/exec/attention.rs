@@ -57,6 +57,134 @@ struct Rows<'a> {
     offset: usize,
 }
 
+/// What an `attention_qkv` or `attention_packed` reads q, k and v from: one f32 tensor holding
+/// the three side by side in each row, or the three outputs of a `quant_heads` epilogue.
+#[derive(Clone, Copy)]
+pub(crate) enum QkvInput<'a> {
+    F32(&'a TensorValue),
+    /// `bytes` (`[…, 2H]` u8: q's heads +128, then k's as s8), `scales` (`[…, 2·heads]`), `v`
+    /// (`[…, H]` f32), row for row.
+    HeadsI8 {
+        bytes: &'a TensorValue,
+        scales: &'a TensorValue,
+        v: &'a TensorValue,
+    },
+}
+
+impl<'a> QkvInput<'a> {
+    /// The q, k, v inputs at the front of `ins` ([`ir::qkv_pieces`] of them) and the index of
+    /// the first input after them.
+    pub(crate) fn of(ins: &'a [super::Input<'_>], node: &str) -> Result<(Self, usize), Error> {
+        let first = ins
+            .first()
+            .ok_or_else(|| Error::op(node, "attention", "no qkv input"))?
+            .get();
+        match ir::qkv_pieces(first.dtype()) {
+            3 if ins.len() >= 3 => Ok((
+                QkvInput::HeadsI8 {
+                    bytes: first,
+                    scales: ins[1].get(),
+                    v: ins[2].get(),
+                },
+                3,
+            )),
+            3 => Err(Error::op(
+                node,
+                "attention",
+                "u8 q and k need their scales and v beside them",
+            )),
+            _ => Ok((QkvInput::F32(first), 1)),
+        }
+    }
+
+    /// The rows of q, k and v, checked to be `[lead…, ·]` of `rows` rows with the widths of
+    /// `num_heads` heads, and the hidden size `H`; quantized heads only with 8-bit products.
+    fn source(
+        self,
+        lead: &[usize],
+        heads: Heads,
+        err: &dyn Fn(String) -> Error,
+    ) -> Result<(Source<'a>, usize), Error> {
+        let shaped = |t: &TensorValue, what: &str| -> Result<usize, Error> {
+            match t.shape().split_last() {
+                Some((&w, l)) if l == lead => Ok(w),
+                _ => Err(err(format!(
+                    "{what} must be {lead:?} followed by one axis, got {:?}",
+                    t.shape()
+                ))),
+            }
+        };
+        match self {
+            QkvInput::F32(qkv) => {
+                let data = qkv
+                    .as_f32()
+                    .ok_or_else(|| err(format!("qkv must be f32, got {}", qkv.dtype())))?;
+                let w = shaped(qkv, "qkv")?;
+                if !w.is_multiple_of(3) {
+                    return Err(err(format!("qkv must be [.., 3H], got {:?}", qkv.shape())));
+                }
+                let h = w / 3;
+                check_heads(h, heads.num_heads, err)?;
+                Ok((Source::F32(split_qkv(data, h)), h))
+            }
+            QkvInput::HeadsI8 { bytes, scales, v } => {
+                if heads.products != AttnProducts::Int8 {
+                    return Err(err(
+                        "quantized q and k are read by 8-bit products only".into()
+                    ));
+                }
+                let (Some(b), Some(sc), Some(vd)) = (bytes.as_u8(), scales.as_f32(), v.as_f32())
+                else {
+                    return Err(err(format!(
+                        "quantized heads must be u8 bytes, f32 scales and f32 v, got {}, {}, {}",
+                        bytes.dtype(),
+                        scales.dtype(),
+                        v.dtype()
+                    )));
+                };
+                let h = shaped(v, "v")?;
+                check_heads(h, heads.num_heads, err)?;
+                if shaped(bytes, "the bytes of q and k")? != 2 * h
+                    || shaped(scales, "the scales of q and k")? != 2 * heads.num_heads
+                {
+                    return Err(err(format!(
+                        "bytes {:?} and scales {:?} are not q and k of {} heads beside v {:?}",
+                        bytes.shape(),
+                        scales.shape(),
+                        heads.num_heads,
+                        v.shape()
+                    )));
+                }
+                Ok((
+                    Source::HeadsI8 {
+                        bytes: b,
+                        scales: sc,
+                        v: Rows {
+                            data: vd,
+                            ld: h,
+                            offset: 0,
+                        },
+                    },
+                    h,
+                ))
+            }
+        }
+    }
+}
+
+/// Where [`attend`] reads q, k and v.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    F32([Rows<'a>; 3]),
+    /// q and k quantized per (row, head) by the QKV GEMM: row `r` of `bytes` holds q's heads then
+    /// k's (`2H`), row `r` of `scales` their scales (`2·heads`).
+    HeadsI8 {
+        bytes: &'a [u8],
+        scales: &'a [f32],
+        v: Rows<'a>,
+    },
+}
+
 /// `softmax(q·kᵀ·scale + mask_bias)·v` per (batch, head), heads merged back into `[B, S, H]`.
 ///
 /// When the mask is the same for every head and query (the usual `[B, 1, 1, S]` padding bias),
@@ -98,7 +226,7 @@ pub(crate) fn attention(
         offset: 0,
     };
     padded(
-        [rows(qv), rows(kv), rows(vv)],
+        Source::F32([rows(qv), rows(kv), rows(vv)]),
         [b, sq, sk, h],
         mask,
         heads,
@@ -107,26 +235,29 @@ pub(crate) fn attention(
     )
 }
 
-/// [`attention`] on one `[B, S, 3H]` tensor holding q, k and v side by side in each row.
+/// [`attention`] on one `[B, S, 3H]` tensor holding q, k and v side by side in each row (or
+/// on the quantized heads of a `quant_heads` epilogue).
 pub(crate) fn attention_qkv(
-    qkv: &TensorValue,
+    qkv: QkvInput<'_>,
     mask: Option<&TensorValue>,
     heads: Heads,
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
     let err = |m: String| Error::op(node, "attention_qkv", m);
-    let data = qkv
-        .as_f32()
-        .ok_or_else(|| err(format!("qkv must be f32, got {}", qkv.dtype())))?;
-    if qkv.rank() != 3 || !qkv.shape()[2].is_multiple_of(3) {
+    let first = match qkv {
+        QkvInput::F32(t) => t,
+        QkvInput::HeadsI8 { v, .. } => v,
+    };
+    if first.rank() != 3 {
         return Err(err(format!(
-            "qkv must be [B, S, 3H], got {:?}",
-            qkv.shape()
+            "q, k and v must be [B, S, ·], got {:?}",
+            first.shape()
         )));
     }
-    let (b, s, h) = (qkv.shape()[0], qkv.shape()[1], qkv.shape()[2] / 3);
-    padded(split_qkv(data, h), [b, s, s, h], mask, heads, ctx, node)
+    let (b, s) = (first.shape()[0], first.shape()[1]);
+    let (src, h) = qkv.source(&[b, s], heads, &err)?;
+    padded(src, [b, s, s, h], mask, heads, ctx, node)
 }
 
 /// q, k and v of rows holding the three side by side, each `h` wide.
@@ -150,7 +281,7 @@ fn check_heads(h: usize, num_heads: usize, err: &dyn Fn(String) -> Error) -> Res
 
 /// [`attend`] on `[B, S, ·]` rows: `dims` = `[batch, queries, keys, hidden]`; `[B, S_q, H]` out.
 fn padded(
-    qkv: [Rows<'_>; 3],
+    qkv: Source<'_>,
     [b, sq, sk, h]: [usize; 4],
     mask: Option<&TensorValue>,
     heads: Heads,
@@ -271,21 +402,33 @@ unsafe fn transpose16_avx512(tile: &[[f32; 16]; 16], out: *mut f32, ld: usize) {
     }
 }
 
-/// Asks for the cache lines of `row` to be loaded (a hint; nothing on other architectures).
+/// Asks for every cache line of `row` (a head's few lines of q, k or v) to be brought to L1.
 #[inline(always)]
-fn prefetch(row: &[f32]) {
+fn prefetch<T>(row: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for line in row.chunks(16) {
+    for offset in (0..std::mem::size_of_val(row)).step_by(64) {
         // SAFETY: a prefetch of an address inside a live slice; it reads nothing.
         unsafe {
             std::arch::x86_64::_mm_prefetch(
-                line.as_ptr() as *const i8,
+                (row.as_ptr() as *const i8).add(offset),
                 std::arch::x86_64::_MM_HINT_T0,
             )
         };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = row;
+}
+
+/// `dst.copy_from_slice(src)` in 64-byte pieces the compiler copies inline (a head's 64 bytes
+/// are one vector move; a `memmove` call per row cost more than the copy).
+#[inline(always)]
+fn copy_bytes(dst: &mut [u8], src: &[u8]) {
+    let mut d = dst.chunks_exact_mut(64);
+    let mut s = src.chunks_exact(64);
+    for (d, s) in (&mut d).zip(&mut s) {
+        d.copy_from_slice(s);
+    }
+    d.into_remainder().copy_from_slice(s.remainder());
 }
 
 /// `dst.copy_from_slice(src)` in 16-float pieces the compiler copies inline: a head's rows are
@@ -416,7 +559,7 @@ const HIDDEN: f32 = -1.0e4;
 /// [`attention_qkv`] on packed real tokens (`[1, T, 3H]`, see `pack_rows`): each sequence of
 /// `mask` attends over its own rows.
 pub(crate) fn attention_packed(
-    qkv: &TensorValue,
+    qkv: QkvInput<'_>,
     mask: &TensorValue,
     bias: Option<&TensorValue>,
     heads: Heads,
@@ -426,21 +569,8 @@ pub(crate) fn attention_packed(
     let num_heads = heads.num_heads;
     let err = |m: String| Error::op(node, "attention_packed", m);
     let map = RowMap::from_mask(mask, node, "attention_packed")?;
-    let data = qkv
-        .as_f32()
-        .ok_or_else(|| err(format!("qkv must be f32, got {}", qkv.dtype())))?;
-    if qkv.rank() != 3
-        || qkv.shape()[..2] != [1, map.rows.len()]
-        || !qkv.shape()[2].is_multiple_of(3)
-    {
-        return Err(err(format!(
-            "qkv must be [1, {}, 3H] (one row per real token of the mask), got {:?}",
-            map.rows.len(),
-            qkv.shape()
-        )));
-    }
-    let h = qkv.shape()[2] / 3;
-    check_heads(h, num_heads, &err)?;
+    // One row per real token of the mask.
+    let (src, h) = qkv.source(&[1, map.rows.len()], heads, &err)?;
     let view = MaskView::new(bias, [map.batch, num_heads, map.seq, map.seq], &err)?;
     let mut plans = Vec::with_capacity(map.batch);
     for bi in 0..map.batch {
@@ -476,21 +606,14 @@ pub(crate) fn attention_packed(
             mask_adds,
         });
     }
-    let out = attend(
-        split_qkv(data, h),
-        [map.rows.len(), h],
-        &plans,
-        view,
-        heads,
-        ctx,
-    );
+    let out = attend(src, [map.rows.len(), h], &plans, view, heads, ctx);
     Ok(TensorValue::raw(vec![1, map.rows.len(), h], out))
 }
 
 /// The attention of q, k, v rows, sequence by sequence as `plans` say: `out_rows` rows of `h`
 /// (`num_heads` divide `h`: checked by the callers).
 fn attend(
-    [q, k, v]: [Rows<'_>; 3],
+    src: Source<'_>,
     [out_rows, h]: [usize; 2],
     plans: &[SeqPlan],
     mask: Option<MaskView<'_>>,
@@ -552,9 +675,12 @@ fn attend(
                 };
                 // SAFETY: task (sequence, hd) alone writes columns hd·dh..(hd+1)·dh of its
                 // sequence's rows, and `out` outlives the parallel call.
-                unsafe { head_i8([q, k, v], plan, hd, dh, mask, scale, out, &mut i8_scratch) };
+                unsafe { head_i8(src, plan, hd, dh, mask, scale, out, &mut i8_scratch) };
                 continue;
             }
+            let Source::F32([q, k, v]) = src else {
+                unreachable!("`QkvInput::source` gives quantized heads to 8-bit products only")
+            };
             let m_full = sq / IB * IB;
             let keys = &plan.keys;
             let n = keys.len();
@@ -671,7 +797,7 @@ struct HeadOut {
 /// touched by no other thread during the call.
 #[allow(clippy::too_many_arguments)]
 unsafe fn head_i8(
-    [q, k, v]: [Rows<'_>; 3],
+    src: Source<'_>,
     plan: &SeqPlan,
     hd: usize,
     dh: usize,
@@ -694,13 +820,32 @@ unsafe fn head_i8(
     let q8 = grown(&mut s.q8, m_pad * ldq);
     q8.fill(128);
     let qs = zeroed(&mut s.qs, m_pad);
-    // Rows of q, k and v are a head's few cache lines every 3H floats, just written by the QKV
-    // GEMM and mostly out of L2: each is asked for `AHEAD` rows before it is read, or every row
-    // would wait on L3.
+    // Rows of q, k and v are a head's few cache lines every 3H floats (or 2H bytes), just
+    // written by the QKV GEMM and mostly out of L2: each is asked for `AHEAD` rows before it
+    // is read, or every row would wait on L3.
     const AHEAD: usize = 8;
-    let q_at = |i: usize| (plan.q0 + i) * q.ld + q.offset + col;
+    // The bytes of head `hd` of q (`which` 0) or k (1) at row `row`, and their scale.
+    let heads = |which: usize, row: usize| match src {
+        Source::HeadsI8 { bytes, scales, v } => {
+            let (h, nh) = (v.ld, v.ld / dh);
+            let at = row * 2 * h + which * h + col;
+            Some((&bytes[at..at + dh], scales[row * 2 * nh + which * nh + hd]))
+        }
+        Source::F32(_) => None,
+    };
+    let prefetch_head = |which: usize, row: usize| match src {
+        Source::F32(rows) => {
+            let x = rows[which];
+            let at = row * x.ld + x.offset + col;
+            prefetch(&x.data[at..at + dh]);
+        }
+        Source::HeadsI8 { bytes, v, .. } => {
+            let at = row * 2 * v.ld + which * v.ld + col;
+            prefetch(&bytes[at..at + dh]);
+        }
+    };
     for i in 0..AHEAD.min(sq) {
-        prefetch(&q.data[q_at(i)..q_at(i) + dh]);
+        prefetch_head(0, plan.q0 + i);
     }
     for (i, (qr, qs)) in q8
         .chunks_exact_mut(ldq)
@@ -709,9 +854,19 @@ unsafe fn head_i8(
         .enumerate()
     {
         if i + AHEAD < sq {
-            prefetch(&q.data[q_at(i + AHEAD)..q_at(i + AHEAD) + dh]);
+            prefetch_head(0, plan.q0 + i + AHEAD);
         }
-        *qs = quantize_sym_row(&q.data[q_at(i)..q_at(i) + dh], &mut qr[..dh], 128);
+        *qs = match (src, heads(0, plan.q0 + i)) {
+            (_, Some((bytes, scale))) => {
+                copy_bytes(&mut qr[..dh], bytes);
+                scale
+            }
+            (Source::F32([q, ..]), None) => {
+                let at = (plan.q0 + i) * q.ld + q.offset + col;
+                quantize_sym_row(&q.data[at..at + dh], &mut qr[..dh], 128)
+            }
+            (Source::HeadsI8 { .. }, None) => unreachable!("quantized heads have bytes"),
+        };
     }
 
     // kᵀ in 4-deep slices; keys past the real ones stay zero.
@@ -722,21 +877,39 @@ unsafe fn head_i8(
     let kcomp = zeroed(&mut s.kcomp, n_pad);
     let ks = zeroed(&mut s.ks, n_pad);
     let row8 = zeroed(&mut s.row8, ldq);
-    let k_at = |r: usize| (plan.k0 + keys[r]) * k.ld + k.offset + col;
-    for r in 0..AHEAD.min(n) {
-        prefetch(&k.data[k_at(r)..k_at(r) + dh]);
+    for &key in keys.iter().take(AHEAD) {
+        prefetch_head(1, plan.k0 + key);
     }
     for r in 0..n {
         if r + AHEAD < n {
-            prefetch(&k.data[k_at(r + AHEAD)..k_at(r + AHEAD) + dh]);
+            prefetch_head(1, plan.k0 + keys[r + AHEAD]);
         }
-        let at = k_at(r);
-        ks[r] = quantize_sym_row(&k.data[at..at + dh], &mut row8[..dh], 0) * scale;
-        kcomp[r] = 128 * row8.iter().map(|&b| i32::from(b as i8)).sum::<i32>();
-        for (d4, w) in row8.chunks_exact(4).enumerate() {
+        let row = plan.k0 + keys[r];
+        // The key's bytes: the producer's when it quantized the heads, else made here (a
+        // head whose width is not a multiple of 4 ends in zero bytes either way).
+        let (k8, k_scale) = match (src, heads(1, row)) {
+            (_, Some((bytes, k_scale))) if dh == ldq => (bytes, k_scale),
+            (_, Some((bytes, k_scale))) => {
+                row8[..dh].copy_from_slice(bytes);
+                (&row8[..], k_scale)
+            }
+            (Source::F32([_, k, _]), None) => {
+                let at = row * k.ld + k.offset + col;
+                let k_scale = quantize_sym_row(&k.data[at..at + dh], &mut row8[..dh], 0);
+                (&row8[..], k_scale)
+            }
+            (Source::HeadsI8 { .. }, None) => unreachable!("quantized heads have bytes"),
+        };
+        ks[r] = k_scale * scale;
+        kcomp[r] = 128 * k8.iter().map(|&b| i32::from(b as i8)).sum::<i32>();
+        for (d4, w) in k8.chunks_exact(4).enumerate() {
             kt[d4 * n_pad + r] = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
         }
     }
+    let v = match src {
+        Source::F32([_, _, v]) => v,
+        Source::HeadsI8 { v, .. } => v,
+    };
 
     // v: per-column scales over this sequence's keys, then 4 keys per word.
     let vmax = zeroed(&mut s.vmax, dh_pad);

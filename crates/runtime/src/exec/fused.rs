@@ -1,7 +1,9 @@
 //! The fused linears the `fuse` pipeline makes: `fused_linear` (f32 GEMM) and `qlinear` (u8×s8
 //! GEMM), each with its epilogue program run by the kernel on every output tile, and `qmatmul`.
 
-use codegen::kernels::{Activations, Epilogue, EpilogueOp, ForkOut, Output, QType, RowParam};
+use codegen::kernels::{
+    Activations, Epilogue, EpilogueOp, ForkOut, HeadsOut, Output, QType, RowParam,
+};
 use ir::{ActQuant, EpilogueStep, GeluApprox};
 
 use super::nn::{f32_of, linear_rows};
@@ -83,6 +85,8 @@ fn program<'a>(
                 out: fork
                     .ok_or_else(|| Error::op(node, op, "`fork_u8` needs a second (u8) output"))?,
             }),
+            // Not an op of the program: the GEMM's output kind (`Output::Heads`, see `qlinear`).
+            EpilogueStep::QuantHeads { .. } => {}
         }
         at += step.operands();
     }
@@ -435,6 +439,43 @@ pub(crate) fn qlinear(
         }
         .map_err(|e| Error::op(node, op, e.to_string()))
     };
+    if let Some(&EpilogueStep::QuantHeads { heads }) = steps.last() {
+        let hidden = n / 3;
+        if n % 3 != 0 || heads == 0 || hidden % heads != 0 {
+            return Err(Error::op(
+                node,
+                op,
+                format!("`quant_heads {heads}` needs q, k and v of whole heads, not {n} columns"),
+            ));
+        }
+        let mut bytes = ctx.arena.bytes_for_overwrite(m * 2 * hidden);
+        let mut scales = ctx.arena.f32_for_overwrite(m * 2 * heads);
+        let mut v = ctx.arena.f32_for_overwrite(m * hidden);
+        run(Output::Heads(HeadsOut {
+            bytes: &mut bytes,
+            ld_bytes: 2 * hidden,
+            scales: &mut scales,
+            ld_scales: 2 * heads,
+            v: &mut v,
+            ld_v: hidden,
+            hidden,
+            head_dim: hidden / heads,
+        }))?;
+        drop(epilogue);
+        if let Some(q) = quantized {
+            ctx.arena.recycle_bytes(q.data);
+        }
+        let with_width = |w: usize| {
+            let mut s = shape.clone();
+            *s.last_mut().expect("linear output has rank >= 1") = w;
+            s
+        };
+        return Ok(vec![
+            TensorValue::from_u8(with_width(2 * hidden), bytes)?,
+            TensorValue::raw(with_width(2 * heads), scales),
+            TensorValue::raw(with_width(hidden), v),
+        ]);
+    }
     let result = if EpilogueStep::output_dtype(steps) == ir::DType::U8 {
         let mut out = ctx.arena.bytes_for_overwrite(m * n);
         run(Output::U8 {

@@ -113,37 +113,11 @@ multiversion! {
     }
 }
 
-#[inline(always)]
-fn lane_abs_max(v: &[f32]) -> f32 {
-    let max = |a: f32, b: f32| if b > a { b } else { a };
-    let mut acc = [0.0f32; JB];
-    let mut chunks = v.chunks_exact(JB);
-    for c in &mut chunks {
-        for l in 0..JB {
-            acc[l] = max(acc[l], c[l].abs());
-        }
-    }
-    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
-        *a = max(*a, x.abs());
-    }
-    math::fold_lanes(acc, max)
-}
-
 multiversion! {
-    /// `dst[i] = round(src[i]·127/amax) + offset` (wrapping), `amax` the largest `|src[i]|`:
-    /// symmetric 8-bit quantization of one row (`offset` 0: s8 bits; 128: the same values as
-    /// u8 shifted by 128). Returns the scale `amax/127` (0 for a row of zeros, whose bytes are
-    /// then all `offset`). NaN quantizes to 0 like any other runtime's saturating cast would
-    /// not; callers only pass finite activations.
+    /// [`math::quantize_sym`] (symmetric 8-bit quantization of one row, returning its scale)
+    /// compiled for this CPU: the same bytes as the QKV GEMM's `quant_heads` epilogue makes.
     fn quantize_sym_row(src: &[f32], dst: &mut [u8], offset: u8) -> f32 {
-        let amax = lane_abs_max(src);
-        let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-        for (d, &x) in dst.iter_mut().zip(src) {
-            let q = (x * inv).round_ties_even();
-            let q = if q.is_nan() { 0.0 } else { q.clamp(-127.0, 127.0) };
-            *d = int_byte(q).wrapping_add(offset);
-        }
-        amax / 127.0
+        math::quantize_sym(src, dst, offset)
     }
 }
 

@@ -177,6 +177,7 @@ pub fn plan_split_f32(kernel: F32Kernel, n: usize, threads: usize) -> GemmSplit 
         threads,
         false,
         blocking(ki.mr, ki.nr, 4).nc_panels,
+        1,
     )
 }
 
@@ -289,7 +290,7 @@ fn drive(
                 let r = split_range(m.div_ceil(mr), parts, t);
                 (r.start * mr..(r.end * mr).min(m), 0..panels)
             };
-            PartWork::new(rows, pans, mr, blk.mc, blk.nc_panels)
+            PartWork::new(rows, pans, mr, blk.mc, blk.nc_panels, 1)
         })
         .collect();
     let eager = super::pool::eager_steal();

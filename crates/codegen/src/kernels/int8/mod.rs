@@ -28,8 +28,8 @@ use super::buf::{AlignedBuf, SharedPtr};
 use super::epilogue::{run_block, Epilogue, EpilogueOp, Int8Ctx, OutPtr, Output, Src};
 use super::error::KernelError;
 use super::pool::{
-    effective_threads, parallel_chunks, parallel_for, plan_split, split_range, splits_columns,
-    GemmSplit, PartWork,
+    effective_threads, panel_granularity, parallel_chunks, parallel_for, plan_split, split_panels,
+    split_range, splits_columns, GemmSplit, PartWork,
 };
 use super::select::{cache_sizes, Int8Kernel};
 use std::cell::RefCell;
@@ -387,13 +387,15 @@ fn blocking(d: &KernelDesc, k_pad: usize) -> Blocking {
 }
 
 /// How [`gemm_i8`] shares an `n`-column GEMM with a `k`-deep weight packed for `kernel` among
-/// `threads` workers, given whether its epilogue has a row-wide step (LayerNorm). Problems too
+/// `threads` workers, given whether its epilogue has a row-wide step (LayerNorm) and the column
+/// granularity its output needs (a head's width for [`Output::Heads`], else 1). Problems too
 /// small to be worth a second thread run on one, whatever the plan.
 pub fn plan_split_i8(
     kernel: Int8Kernel,
     k: usize,
     n: usize,
     row_epilogue: bool,
+    col_granularity: usize,
     threads: usize,
 ) -> GemmSplit {
     let d = desc(kernel);
@@ -404,6 +406,7 @@ pub fn plan_split_i8(
         threads,
         row_epilogue,
         blocking(&d, k_pad).nc_panels,
+        panel_granularity(col_granularity, d.nr),
     )
 }
 
@@ -452,6 +455,8 @@ fn drive(
     let ops = ep.ops();
     let split = ep.row_split();
     let row_ops = split < ops.len();
+    // Every block boundary on a whole group of panels when the output needs whole heads.
+    let g = panel_granularity(out.col_granularity(), d.nr);
     // Threads share N (each keeps its own weight panels) unless the epilogue needs whole rows
     // and one unit can hold a whole row: then they share M and the row epilogue (LayerNorm)
     // runs in the same pass.
@@ -481,7 +486,7 @@ fn drive(
     };
     let part_of = |t: usize| {
         if split_n {
-            (0..m, split_range(panels, parts, t))
+            (0..m, split_panels(panels, parts, t, g))
         } else {
             let r = split_range(m.div_ceil(d.mr), parts, t);
             (r.start * d.mr..(r.end * d.mr).min(m), 0..panels)
@@ -490,7 +495,7 @@ fn drive(
     let works: Vec<PartWork> = (0..parts)
         .map(|t| {
             let (rows, pans) = part_of(t);
-            PartWork::new(rows, pans, d.mr, blk.mc, blk.nc_panels)
+            PartWork::new(rows, pans, d.mr, blk.mc, blk.nc_panels, g)
         })
         .collect();
     // A is packed once, all rows, before the units run: a thread sweeps the rows of its
@@ -582,6 +587,7 @@ fn drive(
                                 tile_out,
                                 acc,
                                 tmp,
+                                g,
                             )
                         }
                     };
@@ -718,6 +724,7 @@ unsafe fn compute_unit(
     out: OutPtr,
     acc: &mut AlignedBuf<i32>,
     tmp: &mut Vec<f32>,
+    g: usize,
 ) {
     if rows.is_empty() || pans.is_empty() {
         return;
@@ -733,11 +740,13 @@ unsafe fn compute_unit(
     let whole_rows = ops
         .iter()
         .any(|o| matches!(o, EpilogueOp::LayerNorm { .. }));
+    // Chunks of whole panel groups (`g`, see the driver), so that every boundary stays on one.
     let chunk = if whole_rows {
         pans.len()
     } else {
-        ((cache_sizes().l1d / 3) / (mr * nr * 4)).max(1)
-    };
+        ((cache_sizes().l1d / 3) / (mr * nr * 4)) / g * g
+    }
+    .max(g);
     // One pointer for the microkernel's writes and the epilogue's reads.
     let acc = acc.as_mut_ptr();
     let mut env = UnitEnv {
