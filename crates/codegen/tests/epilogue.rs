@@ -785,3 +785,72 @@ fn every_epilogue_op_through_every_kernel() {
         check_all(Some(kern), 1100, 300, 40, 2);
     }
 }
+
+/// A per-tensor `Dequant` runs folded (per-column `zp·colsum` and `a_scale·w_scale` made once
+/// per call): the same bits as the general per-row form with every row's parameters equal, on
+/// every kernel and the tile model, u8 and s8 activations, per-column and per-tensor weight
+/// scales, with and without a bias.
+#[test]
+fn per_tensor_dequant_folds_to_the_same_bits() {
+    codegen::kernels::pool::set_min_parallel_macs(0);
+    let mut kernels: Vec<Option<Int8Kernel>> =
+        common::coverage::int8("per_tensor_dequant_folds_to_the_same_bits")
+            .into_iter()
+            .map(Some)
+            .collect();
+    kernels.push(None);
+    let (m, n, k) = (29, 70, 52);
+    let mut rng = Rng(0xf01d);
+    let a: Vec<u8> = (0..m * k).map(|_| rng.u8()).collect();
+    let a_s8: Vec<i8> = a.iter().map(|&x| x as i8).collect();
+    let w: Vec<i8> = (0..n * k).map(|_| rng.i8()).collect();
+    let ws: Vec<f32> = (0..n).map(|_| (rng.f32().abs() + 0.1) * 1e-3).collect();
+    let bias = rng.vec_f32(n);
+    for kern in kernels {
+        let b = PackedI8::pack_for(kern.unwrap_or(Int8Kernel::Amx), &w, k, n, k, true).unwrap();
+        for (signed, w_scale, with_bias) in [
+            (false, &ws[..], true),
+            (true, &ws[..], false),
+            (false, &ws[..1], false),
+            (true, &ws[..1], true),
+        ] {
+            let run = |a_scale: RowParam<'_, f32>, a_zero: RowParam<'_, i32>| {
+                let mut ops = vec![EpilogueOp::Dequant {
+                    a_scale,
+                    a_zero,
+                    w_scale,
+                }];
+                if with_bias {
+                    ops.push(EpilogueOp::Bias(&bias));
+                }
+                let ep = Epilogue::new(ops);
+                let mut c = vec![0f32; m * n];
+                let acts = if signed {
+                    Activations::S8(&a_s8)
+                } else {
+                    Activations::U8(&a)
+                };
+                let out = Output::F32 { c: &mut c, ldc: n };
+                match kern {
+                    Some(kk) => gemm_i8_with(kk, m, acts, k, &b, out, &ep, 2).unwrap(),
+                    None => gemm_i8_amx_model(m, acts, k, &b, out, &ep, 2)
+                        .map(|_| ())
+                        .unwrap(),
+                }
+                c
+            };
+            let (scales, zeros) = (vec![0.013f32; m], vec![-9i32; m]);
+            let folded = run(RowParam::PerTensor(0.013), RowParam::PerTensor(-9));
+            let general = run(RowParam::PerRow(&scales), RowParam::PerRow(&zeros));
+            let name = kern.map_or("amx(tile model)", |k| k.name());
+            for (i, (x, y)) in folded.iter().zip(&general).enumerate() {
+                assert_eq!(
+                    x.to_bits(),
+                    y.to_bits(),
+                    "{name} signed={signed} w_scales={} bias={with_bias} [{i}]",
+                    w_scale.len()
+                );
+            }
+        }
+    }
+}

@@ -302,7 +302,8 @@ impl EpilogueStep {
         match steps.last() {
             Some(EpilogueStep::QuantHeads { heads }) => {
                 let h = n / 3;
-                (n.is_multiple_of(3) && *heads > 0 && h.is_multiple_of(*heads)).then(|| vec![2 * h, 2 * heads, h])
+                (n.is_multiple_of(3) && *heads > 0 && h.is_multiple_of(*heads))
+                    .then(|| vec![2 * h, 2 * heads, h])
             }
             _ => Some(vec![n; Self::output_dtypes(steps).len()]),
         }

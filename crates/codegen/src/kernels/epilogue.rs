@@ -332,6 +332,51 @@ pub(crate) struct Int8Ctx<'c> {
     pub colsum: &'c [i32],
     /// 128 when the activations were s8 (shifted to u8 inside the kernel), else 0.
     pub shift: i32,
+    /// The per-column constants of a `Dequant` with per-tensor activation parameters, made
+    /// once per GEMM call (see [`FoldedDequant::fold`]).
+    pub folded: Option<FoldedDequant<'c>>,
+}
+
+/// A `Dequant` whose activation scale and zero point are per tensor (static quantization),
+/// folded into two per-column vectors: `comp[n] = (shift + a_zero)·colsum[n]` and `scale[n] =
+/// a_scale·w_scale[n]`, so that a value is `(acc − comp[n]) as f32 · scale[n]`: the same
+/// integers and the same f32 products as the general form, without its per-element integer
+/// multiply and scale product.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FoldedDequant<'c> {
+    pub comp: &'c [i32],
+    pub scale: &'c [f32],
+}
+
+impl<'c> FoldedDequant<'c> {
+    /// Folds the first op of `ops` into `comp` and `scale` (cleared and refilled, `n` columns)
+    /// when it is a per-tensor `Dequant`; `None` otherwise.
+    pub(crate) fn fold(
+        ops: &[EpilogueOp<'_>],
+        colsum: &[i32],
+        shift: i32,
+        n: usize,
+        (comp, scale): (&'c mut Vec<i32>, &'c mut Vec<f32>),
+    ) -> Option<Self> {
+        let Some(EpilogueOp::Dequant {
+            a_scale: RowParam::PerTensor(s),
+            a_zero: RowParam::PerTensor(z),
+            w_scale,
+        }) = ops.first()
+        else {
+            return None;
+        };
+        let zp = shift + z;
+        comp.clear();
+        comp.extend(colsum[..n].iter().map(|&c| zp.wrapping_mul(c)));
+        scale.clear();
+        if w_scale.len() == 1 {
+            scale.resize(n, s * w_scale[0]);
+        } else {
+            scale.extend(w_scale[..n].iter().map(|&w| s * w));
+        }
+        Some(Self { comp, scale })
+    }
 }
 
 impl<'a> Epilogue<'a> {
@@ -657,31 +702,53 @@ unsafe fn run_block_generic(
                     };
                     let deq =
                         |a: i32, c: i32, s: f32| (a.wrapping_sub(zp.wrapping_mul(c))) as f32 * s;
-                    match (w_scale.len() == 1, bias) {
-                        (true, None) => {
-                            let s = s * w_scale[0];
-                            for ((y, &a), &c) in dst.iter_mut().zip(acc).zip(cs) {
-                                *y = deq(a, c, s);
+                    if let Some(f) = ctx.folded {
+                        let (comp, scale) = (&f.comp[c0..c0 + w], &f.scale[c0..c0 + w]);
+                        let deq = |a: i32, c: i32, s: f32| a.wrapping_sub(c) as f32 * s;
+                        match bias {
+                            Some(b) => {
+                                for ((((y, &a), &c), &s), &b) in
+                                    dst.iter_mut().zip(acc).zip(comp).zip(scale).zip(b)
+                                {
+                                    *y = deq(a, c, s) + b;
+                                }
+                            }
+                            None => {
+                                for (((y, &a), &c), &s) in
+                                    dst.iter_mut().zip(acc).zip(comp).zip(scale)
+                                {
+                                    *y = deq(a, c, s);
+                                }
                             }
                         }
-                        (true, Some(b)) => {
-                            let s = s * w_scale[0];
-                            for (((y, &a), &c), &b) in dst.iter_mut().zip(acc).zip(cs).zip(b) {
-                                *y = deq(a, c, s) + b;
+                    } else {
+                        match (w_scale.len() == 1, bias) {
+                            (true, None) => {
+                                let s = s * w_scale[0];
+                                for ((y, &a), &c) in dst.iter_mut().zip(acc).zip(cs) {
+                                    *y = deq(a, c, s);
+                                }
                             }
-                        }
-                        (false, None) => {
-                            let ws = &w_scale[c0..c0 + w];
-                            for (((y, &a), &c), &ws) in dst.iter_mut().zip(acc).zip(cs).zip(ws) {
-                                *y = deq(a, c, s * ws);
+                            (true, Some(b)) => {
+                                let s = s * w_scale[0];
+                                for (((y, &a), &c), &b) in dst.iter_mut().zip(acc).zip(cs).zip(b) {
+                                    *y = deq(a, c, s) + b;
+                                }
                             }
-                        }
-                        (false, Some(b)) => {
-                            let ws = &w_scale[c0..c0 + w];
-                            for ((((y, &a), &c), &ws), &b) in
-                                dst.iter_mut().zip(acc).zip(cs).zip(ws).zip(b)
-                            {
-                                *y = deq(a, c, s * ws) + b;
+                            (false, None) => {
+                                let ws = &w_scale[c0..c0 + w];
+                                for (((y, &a), &c), &ws) in dst.iter_mut().zip(acc).zip(cs).zip(ws)
+                                {
+                                    *y = deq(a, c, s * ws);
+                                }
+                            }
+                            (false, Some(b)) => {
+                                let ws = &w_scale[c0..c0 + w];
+                                for ((((y, &a), &c), &ws), &b) in
+                                    dst.iter_mut().zip(acc).zip(cs).zip(ws).zip(b)
+                                {
+                                    *y = deq(a, c, s * ws) + b;
+                                }
                             }
                         }
                     }

@@ -25,7 +25,9 @@ pub mod tile_model;
 pub use pack::PackedI8;
 
 use super::buf::{AlignedBuf, SharedPtr};
-use super::epilogue::{run_block, Epilogue, EpilogueOp, Int8Ctx, OutPtr, Output, Src};
+use super::epilogue::{
+    run_block, Epilogue, EpilogueOp, FoldedDequant, Int8Ctx, OutPtr, Output, Src,
+};
 use super::error::KernelError;
 use super::pool::{
     effective_threads, panel_granularity, parallel_chunks, parallel_for, plan_split, split_panels,
@@ -365,6 +367,8 @@ thread_local! {
     static EPI_TMP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The caller's f32 intermediate of a two-phase epilogue (kept between calls).
     static MID: RefCell<Option<AlignedBuf<f32>>> = const { RefCell::new(None) };
+    /// The caller's folded `Dequant` vectors (kept between calls).
+    static FOLDED: RefCell<(Vec<i32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -480,9 +484,12 @@ fn drive(
         Some(mid) => (&ops[..split], OutPtr::F32(mid.as_mut_ptr(), n)),
         None => (ops, final_out),
     };
+    // Taken out of the thread-local for this call, as `mid`.
+    let (mut comp, mut scale) = FOLDED.take();
     let ctx = Int8Ctx {
         colsum: &b.colsum,
         shift,
+        folded: FoldedDequant::fold(ops, &b.colsum, shift, n, (&mut comp, &mut scale)),
     };
     let part_of = |t: usize| {
         if split_n {
@@ -640,6 +647,7 @@ fn drive(
     if mid.is_some() {
         MID.set(mid);
     }
+    FOLDED.set((comp, scale));
     Ok(unit.is_some())
 }
 
