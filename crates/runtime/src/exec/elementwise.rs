@@ -102,19 +102,60 @@ fn pow_f32(x: f32, y: f32) -> f32 {
     }
 }
 
-fn f32_fn(op: BinaryOp) -> Option<fn(f32, f32) -> f32> {
-    Some(match op {
-        BinaryOp::Add => |x, y| x + y,
-        BinaryOp::Sub => |x, y| x - y,
-        BinaryOp::Mul => |x, y| x * y,
-        BinaryOp::Div => |x, y| x / y,
-        BinaryOp::Pow => pow_f32,
-        // Rust's `%` on floats is C's fmod: the sign of the dividend.
-        BinaryOp::Fmod => |x, y| x % y,
-        BinaryOp::Max => |x: f32, y: f32| if x.is_nan() || x >= y { x } else { y },
-        BinaryOp::Min => |x: f32, y: f32| if x.is_nan() || x <= y { x } else { y },
-        _ => return None,
-    })
+/// `$call` with `$f` bound to the f32 function of `op` (a closure of its own type, so that each
+/// loop is compiled for its op and the function inlined: through a function pointer, an
+/// embedding sum cost a call per element), or `$none` when `op` has no f32 function.
+macro_rules! with_f32_fn {
+    ($op:expr, |$f:ident| $call:expr, $none:expr) => {
+        match $op {
+            BinaryOp::Add => {
+                let $f = |x: f32, y: f32| x + y;
+                $call
+            }
+            BinaryOp::Sub => {
+                let $f = |x: f32, y: f32| x - y;
+                $call
+            }
+            BinaryOp::Mul => {
+                let $f = |x: f32, y: f32| x * y;
+                $call
+            }
+            BinaryOp::Div => {
+                let $f = |x: f32, y: f32| x / y;
+                $call
+            }
+            BinaryOp::Pow => {
+                let $f = pow_f32;
+                $call
+            }
+            // Rust's `%` on floats is C's fmod: the sign of the dividend.
+            BinaryOp::Fmod => {
+                let $f = |x: f32, y: f32| x % y;
+                $call
+            }
+            BinaryOp::Max => {
+                let $f = |x: f32, y: f32| if x.is_nan() || x >= y { x } else { y };
+                $call
+            }
+            BinaryOp::Min => {
+                let $f = |x: f32, y: f32| if x.is_nan() || x <= y { x } else { y };
+                $call
+            }
+            _ => $none,
+        }
+    };
+}
+
+/// Whether `op` has an f32 function (see [`with_f32_fn`]).
+fn has_f32_fn(op: BinaryOp) -> bool {
+    with_f32_fn!(
+        op,
+        |f| {
+            let _ = f;
+            true
+        },
+        false
+    )
 }
 
 macro_rules! int_arith {
@@ -222,29 +263,35 @@ pub(crate) fn binary(
     );
     let is_logic = matches!(op, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor);
     // In place on an owned f32 operand that already has the output shape.
-    if let Some(f) = f32_fn(op) {
-        if a.get().dtype() == DType::F32 {
-            if a.is_owned() && ash == out_shape {
-                let mut acc = take_owned(a);
-                let bv = b.get().typed::<f32>()?;
-                let buf = acc.typed_mut::<f32>().expect("checked f32");
-                broadcast2_inplace_left(buf, &out_shape, bv, &bsh, f);
-                return Ok(acc);
-            }
-            if b.is_owned()
-                && bsh == out_shape
-                && matches!(
-                    op,
-                    BinaryOp::Add | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min
-                )
-            {
-                // Commutative: the owned right operand takes the accumulator role.
-                let mut acc = take_owned(b);
-                let av = a.get().typed::<f32>()?;
-                let buf = acc.typed_mut::<f32>().expect("checked f32");
-                broadcast2_inplace_left(buf, &out_shape, av, &ash, f);
-                return Ok(acc);
-            }
+    if has_f32_fn(op) && a.get().dtype() == DType::F32 {
+        if a.is_owned() && ash == out_shape {
+            let mut acc = take_owned(a);
+            let bv = b.get().typed::<f32>()?;
+            let buf = acc.typed_mut::<f32>().expect("checked f32");
+            with_f32_fn!(
+                op,
+                |f| broadcast2_inplace_left(buf, &out_shape, bv, &bsh, f),
+                ()
+            );
+            return Ok(acc);
+        }
+        if b.is_owned()
+            && bsh == out_shape
+            && matches!(
+                op,
+                BinaryOp::Add | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min
+            )
+        {
+            // Commutative: the owned right operand takes the accumulator role.
+            let mut acc = take_owned(b);
+            let av = a.get().typed::<f32>()?;
+            let buf = acc.typed_mut::<f32>().expect("checked f32");
+            with_f32_fn!(
+                op,
+                |f| broadcast2_inplace_left(buf, &out_shape, av, &ash, f),
+                ()
+            );
+            return Ok(acc);
         }
     }
     let (ad, bd) = (a.get().data(), b.get().data());
@@ -262,8 +309,12 @@ pub(crate) fn binary(
     }
     let data = match (ad, bd) {
         (TensorData::F32(x), TensorData::F32(y)) => {
-            if let Some(f) = f32_fn(op) {
-                TensorData::F32(broadcast2(x, &ash, y, &bsh, &out_shape, f))
+            if has_f32_fn(op) {
+                with_f32_fn!(
+                    op,
+                    |f| TensorData::F32(broadcast2(x, &ash, y, &bsh, &out_shape, f)),
+                    unreachable!("has an f32 function")
+                )
             } else if is_cmp {
                 TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
             } else {
