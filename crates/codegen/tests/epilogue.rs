@@ -26,6 +26,46 @@ fn grid() -> impl Iterator<Item = f32> {
     (0..=460_000).map(|i| -13.0 + i as f32 * 5e-5)
 }
 
+/// The slice form (AVX-512 permutes where the CPU has them) gives the scalar function's bits
+/// everywhere: the grid, the piece boundaries, the ends, NaN, infinities and signed zeros, at
+/// lengths that leave a remainder.
+#[test]
+fn gelu_erf_slice_equals_the_scalar_function() {
+    let pieces = (0..=32).flat_map(|i| {
+        let a = i as f32 * 5.75 / 32.0;
+        [
+            a,
+            -a,
+            f32::from_bits(a.to_bits() + 1),
+            -f32::from_bits(a.to_bits() + 1),
+        ]
+    });
+    let mut xs: Vec<f32> = grid()
+        .chain(pieces)
+        .chain([
+            0.0,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -5.75,
+            -5.750001,
+            5.75,
+            1e30,
+        ])
+        .collect();
+    xs.push(0.5);
+    let mut v = xs.clone();
+    codegen::kernels::math::gelu_erf_slice(&mut v);
+    for (x, y) in xs.iter().zip(&v) {
+        let want = gelu_erf(*x);
+        assert!(
+            y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()),
+            "x={x}: slice {y} vs scalar {want}"
+        );
+    }
+}
+
 #[test]
 fn gelu_erf_within_1e6_relative_above_the_flush() {
     codegen::kernels::pool::set_min_parallel_macs(0);

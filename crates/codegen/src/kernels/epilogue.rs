@@ -787,7 +787,7 @@ fn apply_op(op: &EpilogueOp<'_>, r: usize, c0: usize, y: &mut [f32]) {
         EpilogueOp::Bias(b) => y.iter_mut().zip(&b[c0..c0 + w]).for_each(|(v, b)| *v += b),
         EpilogueOp::MulCol(s) => y.iter_mut().zip(&s[c0..c0 + w]).for_each(|(v, s)| *v *= s),
         EpilogueOp::Relu => y.iter_mut().for_each(|v| *v = v.max(0.0)),
-        EpilogueOp::GeluErf => y.iter_mut().for_each(|v| *v = math::gelu_erf(*v)),
+        EpilogueOp::GeluErf => math::gelu_erf_slice(y),
         EpilogueOp::GeluTanh => y.iter_mut().for_each(|v| *v = math::gelu_tanh(*v)),
         EpilogueOp::AddResidual { data, ld } => {
             let row = &data[r * ld + c0..r * ld + c0 + w];

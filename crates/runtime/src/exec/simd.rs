@@ -33,13 +33,9 @@ macro_rules! multiversion {
     };
 }
 
-multiversion! {
-    /// GELU (erf form) in place. Absolute error ≲ 1e-7 against f64 (see the tests).
-    fn gelu_erf_inplace(v: &mut [f32]) {
-        for x in v.iter_mut() {
-            *x = math::gelu_erf(*x);
-        }
-    }
+/// GELU (erf form) in place: [`math::gelu_erf_slice`], the GEMM epilogue's function.
+pub(crate) fn gelu_erf_inplace(v: &mut [f32]) {
+    math::gelu_erf_slice(v)
 }
 
 multiversion! {
