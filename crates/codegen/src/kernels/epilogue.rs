@@ -244,15 +244,16 @@ pub struct HeadsOut<'a> {
 }
 
 impl Output<'_> {
-    fn len_ld(&self) -> (usize, usize) {
+    /// Length and row stride of a one-buffer output; `None` for [`Output::Heads`], whose three
+    /// buffers `validate_heads` checks.
+    fn len_ld(&self) -> Option<(usize, usize)> {
         match self {
-            Output::F32 { c, ldc } => (c.len(), *ldc),
-            Output::Bf16 { c, ldc } => (c.len(), *ldc),
-            Output::U8 { c, ldc } => (c.len(), *ldc),
-            Output::S8 { c, ldc } => (c.len(), *ldc),
-            Output::I32 { c, ldc } => (c.len(), *ldc),
-            // Checked by `validate` on its own terms.
-            Output::Heads(_) => (0, 0),
+            Output::F32 { c, ldc } => Some((c.len(), *ldc)),
+            Output::Bf16 { c, ldc } => Some((c.len(), *ldc)),
+            Output::U8 { c, ldc } => Some((c.len(), *ldc)),
+            Output::S8 { c, ldc } => Some((c.len(), *ldc)),
+            Output::I32 { c, ldc } => Some((c.len(), *ldc)),
+            Output::Heads(_) => None,
         }
     }
 
@@ -436,18 +437,14 @@ impl<'a> Epilogue<'a> {
         int8: bool,
     ) -> Result<(), KernelError> {
         let bad = |s: String| Err(KernelError::BadEpilogue(s));
-        if let Output::Heads(h) = out {
-            validate_heads(h, m, n, int8)?;
-        }
-        let (len, ldc) = out.len_ld();
-        if !matches!(out, Output::Heads(_))
-            && m > 0
-            && n > 0
-            && (ldc < n || len < (m - 1) * ldc + n)
-        {
-            return Err(KernelError::BadArgs(format!(
-                "output buffer {len} too small for {m}x{n} with ldc {ldc}"
-            )));
+        match (out, out.len_ld()) {
+            (Output::Heads(h), _) => validate_heads(h, m, n, int8)?,
+            (_, Some((len, ldc))) if m > 0 && n > 0 && (ldc < n || len < (m - 1) * ldc + n) => {
+                return Err(KernelError::BadArgs(format!(
+                    "output buffer {len} too small for {m}x{n} with ldc {ldc}"
+                )));
+            }
+            _ => {}
         }
         if matches!(out, Output::I32 { .. }) && (!int8 || !self.ops.is_empty()) {
             return bad("i32 output is only for int8 GEMM with an empty program".into());

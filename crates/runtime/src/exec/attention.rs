@@ -185,6 +185,42 @@ enum Source<'a> {
     },
 }
 
+/// One head of one row of q or k, as [`Source`] holds it.
+enum HeadRow<'a> {
+    F32(&'a [f32]),
+    /// The producer's bytes and scale.
+    Quantized(&'a [u8], f32),
+}
+
+impl HeadRow<'_> {
+    fn prefetch(&self) {
+        match self {
+            HeadRow::F32(x) => prefetch(x),
+            HeadRow::Quantized(b, _) => prefetch(b),
+        }
+    }
+}
+
+impl<'a> Source<'a> {
+    /// Head `hd` (`dh` wide) of q (`which` 0) or k (1) at `row`.
+    fn head(&self, which: usize, row: usize, hd: usize, dh: usize) -> HeadRow<'a> {
+        let col = hd * dh;
+        match *self {
+            Source::F32(rows) => {
+                let x = rows[which];
+                let at = row * x.ld + x.offset + col;
+                HeadRow::F32(&x.data[at..at + dh])
+            }
+            Source::HeadsI8 { bytes, scales, v } => {
+                let (h, heads) = (v.ld, v.ld / dh);
+                let at = row * 2 * h + which * h + col;
+                let scale = scales[row * 2 * heads + which * heads + hd];
+                HeadRow::Quantized(&bytes[at..at + dh], scale)
+            }
+        }
+    }
+}
+
 /// `softmax(q·kᵀ·scale + mask_bias)·v` per (batch, head), heads merged back into `[B, S, H]`.
 ///
 /// When the mask is the same for every head and query (the usual `[B, 1, 1, S]` padding bias),
@@ -824,28 +860,8 @@ unsafe fn head_i8(
     // written by the QKV GEMM and mostly out of L2: each is asked for `AHEAD` rows before it
     // is read, or every row would wait on L3.
     const AHEAD: usize = 8;
-    // The bytes of head `hd` of q (`which` 0) or k (1) at row `row`, and their scale.
-    let heads = |which: usize, row: usize| match src {
-        Source::HeadsI8 { bytes, scales, v } => {
-            let (h, nh) = (v.ld, v.ld / dh);
-            let at = row * 2 * h + which * h + col;
-            Some((&bytes[at..at + dh], scales[row * 2 * nh + which * nh + hd]))
-        }
-        Source::F32(_) => None,
-    };
-    let prefetch_head = |which: usize, row: usize| match src {
-        Source::F32(rows) => {
-            let x = rows[which];
-            let at = row * x.ld + x.offset + col;
-            prefetch(&x.data[at..at + dh]);
-        }
-        Source::HeadsI8 { bytes, v, .. } => {
-            let at = row * 2 * v.ld + which * v.ld + col;
-            prefetch(&bytes[at..at + dh]);
-        }
-    };
     for i in 0..AHEAD.min(sq) {
-        prefetch_head(0, plan.q0 + i);
+        src.head(0, plan.q0 + i, hd, dh).prefetch();
     }
     for (i, (qr, qs)) in q8
         .chunks_exact_mut(ldq)
@@ -854,18 +870,14 @@ unsafe fn head_i8(
         .enumerate()
     {
         if i + AHEAD < sq {
-            prefetch_head(0, plan.q0 + i + AHEAD);
+            src.head(0, plan.q0 + i + AHEAD, hd, dh).prefetch();
         }
-        *qs = match (src, heads(0, plan.q0 + i)) {
-            (_, Some((bytes, scale))) => {
+        *qs = match src.head(0, plan.q0 + i, hd, dh) {
+            HeadRow::Quantized(bytes, scale) => {
                 copy_bytes(&mut qr[..dh], bytes);
                 scale
             }
-            (Source::F32([q, ..]), None) => {
-                let at = (plan.q0 + i) * q.ld + q.offset + col;
-                quantize_sym_row(&q.data[at..at + dh], &mut qr[..dh], 128)
-            }
-            (Source::HeadsI8 { .. }, None) => unreachable!("quantized heads have bytes"),
+            HeadRow::F32(q) => quantize_sym_row(q, &mut qr[..dh], 128),
         };
     }
 
@@ -878,27 +890,24 @@ unsafe fn head_i8(
     let ks = zeroed(&mut s.ks, n_pad);
     let row8 = zeroed(&mut s.row8, ldq);
     for &key in keys.iter().take(AHEAD) {
-        prefetch_head(1, plan.k0 + key);
+        src.head(1, plan.k0 + key, hd, dh).prefetch();
     }
     for r in 0..n {
         if r + AHEAD < n {
-            prefetch_head(1, plan.k0 + keys[r + AHEAD]);
+            src.head(1, plan.k0 + keys[r + AHEAD], hd, dh).prefetch();
         }
-        let row = plan.k0 + keys[r];
         // The key's bytes: the producer's when it quantized the heads, else made here (a
         // head whose width is not a multiple of 4 ends in zero bytes either way).
-        let (k8, k_scale) = match (src, heads(1, row)) {
-            (_, Some((bytes, k_scale))) if dh == ldq => (bytes, k_scale),
-            (_, Some((bytes, k_scale))) => {
+        let (k8, k_scale) = match src.head(1, plan.k0 + keys[r], hd, dh) {
+            HeadRow::Quantized(bytes, k_scale) if dh == ldq => (bytes, k_scale),
+            HeadRow::Quantized(bytes, k_scale) => {
                 row8[..dh].copy_from_slice(bytes);
                 (&row8[..], k_scale)
             }
-            (Source::F32([_, k, _]), None) => {
-                let at = row * k.ld + k.offset + col;
-                let k_scale = quantize_sym_row(&k.data[at..at + dh], &mut row8[..dh], 0);
+            HeadRow::F32(k) => {
+                let k_scale = quantize_sym_row(k, &mut row8[..dh], 0);
                 (&row8[..], k_scale)
             }
-            (Source::HeadsI8 { .. }, None) => unreachable!("quantized heads have bytes"),
         };
         ks[r] = k_scale * scale;
         kcomp[r] = 128 * k8.iter().map(|&b| i32::from(b as i8)).sum::<i32>();
@@ -907,8 +916,7 @@ unsafe fn head_i8(
         }
     }
     let v = match src {
-        Source::F32([_, _, v]) => v,
-        Source::HeadsI8 { v, .. } => v,
+        Source::F32([_, _, v]) | Source::HeadsI8 { v, .. } => v,
     };
 
     // v: per-column scales over this sequence's keys, then 4 keys per word.

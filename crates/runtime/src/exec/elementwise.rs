@@ -264,31 +264,25 @@ pub(crate) fn binary(
     let is_logic = matches!(op, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor);
     // In place on an owned f32 operand that already has the output shape.
     if has_f32_fn(op) && a.get().dtype() == DType::F32 {
-        if a.is_owned() && ash == out_shape {
-            let mut acc = take_owned(a);
-            let bv = b.get().typed::<f32>()?;
+        let commutative = matches!(
+            op,
+            BinaryOp::Add | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min
+        );
+        // The accumulator and the other operand with its shape; a commutative op lets the
+        // owned right operand take the accumulator role.
+        let roles = if a.is_owned() && ash == out_shape {
+            Some((take_owned(a), b.get(), &bsh))
+        } else if commutative && b.is_owned() && bsh == out_shape {
+            Some((take_owned(b), a.get(), &ash))
+        } else {
+            None
+        };
+        if let Some((mut acc, other, other_shape)) = roles {
+            let ov = other.typed::<f32>()?;
             let buf = acc.typed_mut::<f32>().expect("checked f32");
             with_f32_fn!(
                 op,
-                |f| broadcast2_inplace_left(buf, &out_shape, bv, &bsh, f),
-                ()
-            );
-            return Ok(acc);
-        }
-        if b.is_owned()
-            && bsh == out_shape
-            && matches!(
-                op,
-                BinaryOp::Add | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min
-            )
-        {
-            // Commutative: the owned right operand takes the accumulator role.
-            let mut acc = take_owned(b);
-            let av = a.get().typed::<f32>()?;
-            let buf = acc.typed_mut::<f32>().expect("checked f32");
-            with_f32_fn!(
-                op,
-                |f| broadcast2_inplace_left(buf, &out_shape, av, &ash, f),
+                |f| broadcast2_inplace_left(buf, &out_shape, ov, other_shape, f),
                 ()
             );
             return Ok(acc);

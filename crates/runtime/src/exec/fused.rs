@@ -440,22 +440,23 @@ pub(crate) fn qlinear(
         .map_err(|e| Error::op(node, op, e.to_string()))
     };
     if let Some(&EpilogueStep::QuantHeads { heads }) = steps.last() {
-        let hidden = n / 3;
-        if n % 3 != 0 || heads == 0 || hidden % heads != 0 {
+        // The widths the IR gives the three outputs (bytes, scales, v), or why not.
+        let Some(&[ld_bytes, ld_scales, hidden]) = EpilogueStep::output_widths(steps, n).as_deref()
+        else {
             return Err(Error::op(
                 node,
                 op,
                 format!("`quant_heads {heads}` needs q, k and v of whole heads, not {n} columns"),
             ));
-        }
-        let mut bytes = ctx.arena.bytes_for_overwrite(m * 2 * hidden);
-        let mut scales = ctx.arena.f32_for_overwrite(m * 2 * heads);
+        };
+        let mut bytes = ctx.arena.bytes_for_overwrite(m * ld_bytes);
+        let mut scales = ctx.arena.f32_for_overwrite(m * ld_scales);
         let mut v = ctx.arena.f32_for_overwrite(m * hidden);
         run(Output::Heads(HeadsOut {
             bytes: &mut bytes,
-            ld_bytes: 2 * hidden,
+            ld_bytes,
             scales: &mut scales,
-            ld_scales: 2 * heads,
+            ld_scales,
             v: &mut v,
             ld_v: hidden,
             hidden,
@@ -471,8 +472,8 @@ pub(crate) fn qlinear(
             s
         };
         return Ok(vec![
-            TensorValue::from_u8(with_width(2 * hidden), bytes)?,
-            TensorValue::raw(with_width(2 * heads), scales),
+            TensorValue::from_u8(with_width(ld_bytes), bytes)?,
+            TensorValue::raw(with_width(ld_scales), scales),
             TensorValue::raw(with_width(hidden), v),
         ]);
     }
