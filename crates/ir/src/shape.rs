@@ -80,16 +80,20 @@ impl Dim {
 
     /// The value with every symbol bound, or an error naming the first unbound symbol.
     pub fn eval(&self, bindings: &HashMap<String, usize>) -> Result<usize, IrError> {
+        self.eval_by(|s| bindings.get(s).copied())
+    }
+
+    /// [`Dim::eval`] with the symbols' values given by `lookup` (e.g. a short list, searched
+    /// without building a map).
+    pub fn eval_by(&self, lookup: impl Fn(&str) -> Option<usize>) -> Result<usize, IrError> {
         let overflow = || IrError::DimOverflow(self.to_string());
         let mut v = usize::try_from(self.coeff)
             .ok()
             .filter(|_| self.coeff != u64::MAX)
             .ok_or_else(overflow)?;
         for s in &self.syms {
-            let b = bindings
-                .get(s)
-                .ok_or_else(|| IrError::UnboundSymbol(s.clone()))?;
-            v = v.checked_mul(*b).ok_or_else(overflow)?;
+            let b = lookup(s).ok_or_else(|| IrError::UnboundSymbol(s.clone()))?;
+            v = v.checked_mul(b).ok_or_else(overflow)?;
         }
         Ok(v)
     }

@@ -25,7 +25,7 @@ use smallvec::SmallVec;
 use crate::exec::{self, Arena, Ctx, Input};
 use crate::gemm::{PackedWeight, PackedWeightI8};
 use crate::model::{IoSpec, Model};
-use crate::value::TensorValue;
+use crate::value::{SmallInts, TensorValue};
 use crate::Error;
 
 /// How to compile a model.
@@ -242,7 +242,7 @@ pub struct Session {
     /// The bodies of the loop steps, by step index.
     bodies: HashMap<usize, CompiledBody>,
     opts: CompileOptions,
-    arenas: Mutex<Vec<Arena>>,
+    arenas: Mutex<Vec<Scratch>>,
 }
 
 impl Session {
@@ -468,8 +468,7 @@ impl Session {
 
     /// Checks the inputs against the model: names, dtypes, ranks, fixed dims and consistent
     /// symbols (e.g. the same batch and sequence for every input), batch and sequence limits.
-    /// Returns the symbol bindings.
-    fn validate<F: Feed>(&self, given: &[F]) -> Result<HashMap<String, usize>, Error> {
+    fn validate<F: Feed>(&self, given: &[F]) -> Result<(), Error> {
         for (i, name) in given.iter().map(Feed::name).enumerate() {
             if !self.inputs.iter().any(|s| s.spec.name == *name) {
                 return Err(Error::UnknownInput {
@@ -483,8 +482,9 @@ impl Session {
                 });
             }
         }
-        let mut bound: HashMap<String, (usize, String)> = HashMap::new();
-        let mut composite = Vec::new();
+        // Symbol → (value, the input that bound it). Inline: a run allocates nothing here.
+        let mut bound: SmallVec<[(&str, usize, &str); 4]> = SmallVec::new();
+        let mut composite: SmallVec<[(&str, usize, &ir::Dim, usize); 2]> = SmallVec::new();
         for s in &self.inputs {
             let name = &s.spec.name;
             let t = given
@@ -520,9 +520,9 @@ impl Session {
                         });
                     }
                 } else if dim.coeff() == 1 && dim.symbols().len() == 1 {
-                    let sym = &dim.symbols()[0];
-                    match bound.get(sym) {
-                        Some((v, by)) if *v != actual => {
+                    let sym = dim.symbols()[0].as_str();
+                    match bound.iter().find(|(s, _, _)| *s == sym) {
+                        Some(&(_, v, by)) if v != actual => {
                             return Err(Error::InputShape {
                                 name: name.clone(),
                                 dim: d,
@@ -531,22 +531,19 @@ impl Session {
                             })
                         }
                         Some(_) => {}
-                        None => {
-                            bound.insert(sym.clone(), (actual, name.clone()));
-                        }
+                        None => bound.push((sym, actual, name)),
                     }
                 } else {
-                    composite.push((name.clone(), d, dim.clone(), actual));
+                    composite.push((name, d, dim, actual));
                 }
             }
         }
-        let bindings: HashMap<String, usize> =
-            bound.into_iter().map(|(k, (v, _))| (k, v)).collect();
+        let lookup = |sym: &str| bound.iter().find(|(s, _, _)| *s == sym).map(|b| b.1);
         for (name, d, dim, actual) in composite {
-            if let Ok(v) = dim.eval(&bindings) {
+            if let Ok(v) = dim.eval_by(lookup) {
                 if v != actual {
                     return Err(Error::InputShape {
-                        name,
+                        name: name.to_string(),
                         dim: d,
                         expected: format!("{dim} = {v}"),
                         actual,
@@ -582,7 +579,7 @@ impl Session {
                 }
             }
         }
-        Ok(bindings)
+        Ok(())
     }
 
     /// The sequence length of this run, if the model has token inputs.
@@ -689,15 +686,15 @@ impl Session {
         observe: Option<LinearObserver<'_>>,
     ) -> Result<Vec<(String, TensorValue)>, Error> {
         self.validate(inputs)?;
-        let mut arena = self
+        let mut scratch = self
             .arenas
             .lock()
             .map(|mut a| a.pop())
             .unwrap_or(None)
             .unwrap_or_default();
-        let result = self.execute(inputs, &mut arena, times, observe);
+        let result = self.execute(inputs, &mut scratch, times, observe);
         if let Ok(mut a) = self.arenas.lock() {
-            a.push(arena);
+            a.push(scratch);
         }
         result
     }
@@ -705,13 +702,32 @@ impl Session {
     fn execute<F: Feed>(
         &self,
         inputs: &[F],
+        scratch: &mut Scratch,
+        times: Option<&mut Vec<NodeTime>>,
+        observe: Option<LinearObserver<'_>>,
+    ) -> Result<Vec<(String, TensorValue)>, Error> {
+        let mut slots: Vec<Slot<'_>> = relabel_empty(std::mem::take(&mut scratch.slots));
+        slots.resize_with(self.program.slots, || Slot::Empty);
+        let result = self.execute_in(inputs, &mut slots, &mut scratch.arena, times, observe);
+        for s in slots.drain(..) {
+            if let Slot::Own(t) = s {
+                scratch.arena.recycle(t);
+            }
+        }
+        scratch.slots = relabel_empty(slots);
+        result
+    }
+
+    fn execute_in<'s, F: Feed>(
+        &'s self,
+        inputs: &'s [F],
+        slots: &mut [Slot<'s>],
         arena: &mut Arena,
         mut times: Option<&mut Vec<NodeTime>>,
         mut observe: Option<LinearObserver<'_>>,
     ) -> Result<Vec<(String, TensorValue)>, Error> {
         let program = &self.program;
         let slot = |v: lower::ValueId| program.values[v].slot;
-        let mut slots: Vec<Slot<'_>> = (0..program.slots).map(|_| Slot::Empty).collect();
         for (s, t) in &self.consts {
             slots[*s] = Slot::Ref(t);
         }
@@ -758,7 +774,7 @@ impl Session {
                     Some(t) => Ok(Input::Own(t)),
                     // A packed weight is not kept unpacked: the kernel reads the packed form.
                     None if packed_slot == Some(k) && slots[slot(v)].get().is_none() => {
-                        Ok(Input::Own(TensorValue::scalar(0u8)))
+                        Ok(Input::Own(TensorValue::placeholder()))
                     }
                     None => slots[slot(v)].get().map(Input::Ref).ok_or_else(|| {
                         Error::Invalid(format!(
@@ -855,7 +871,7 @@ impl Session {
         ins: &mut [Input<'_>],
         ctx: &mut Ctx<'_>,
         seq: Option<usize>,
-    ) -> Result<Vec<TensorValue>, Error> {
+    ) -> Result<exec::Outs, Error> {
         use exec::{
             attention, control, elementwise as ew, fused, nn, packing, quant, shape_ops as so,
         };
@@ -865,10 +881,10 @@ impl Session {
             Some(Packed::F32(p)) => Some(p),
             _ => None,
         };
-        let one = |t: TensorValue| Ok(vec![t]);
+        let one = |t: TensorValue| Ok(smallvec::smallvec![t]);
         // Takes input `i` out of the list (so it can be moved into the kernel).
         fn take<'a>(ins: &mut [Input<'a>], i: usize) -> Input<'a> {
-            std::mem::replace(&mut ins[i], Input::Own(TensorValue::scalar(0u8)))
+            std::mem::replace(&mut ins[i], Input::Own(TensorValue::placeholder()))
         }
         let r = |i: usize| -> &TensorValue { ins[i].get() };
         match &st.op {
@@ -876,7 +892,7 @@ impl Session {
             Op::Binary(b) => {
                 // Operands not reused in place stay in `ins`, which the caller recycles.
                 let (x, y) = ins.split_at_mut(1);
-                one(ew::binary(*b, &mut x[0], &mut y[0], node)?)
+                one(ew::binary(*b, &mut x[0], &mut y[0], ctx.arena, node)?)
             }
             Op::Unary(u) => one(ew::unary(*u, take(ins, 0), ctx, node)?),
             Op::Where => one(ew::where_op(r(0), r(1), r(2), node)?),
@@ -892,18 +908,19 @@ impl Session {
                 let bound = |i: usize| ins.get(i).map(|t| t.get());
                 one(ew::clip(r(0), bound(1), bound(2), node)?)
             }
-            Op::Cast { to } => one(ew::cast(take(ins, 0), *to, node)?),
-            Op::Shape { start, end } => one(so::shape(r(0), *start, *end)),
+            Op::Cast { to } => one(ew::cast(take(ins, 0), *to, ctx.arena, node)?),
+            Op::Shape { start, end } => one(so::shape(r(0), *start, *end, ctx.arena)),
             Op::Reshape { allowzero } => {
-                let spec = r(1).clone();
-                one(so::reshape(take(ins, 0), &spec, *allowzero, node)?)
+                let (x, spec) = ins.split_at_mut(1);
+                let spec = spec[0].get();
+                one(so::reshape(take(x, 0), spec, *allowzero, ctx.arena, node)?)
             }
             Op::Transpose { perm } => one(so::transpose(r(0), perm, Some(ctx.arena), node)?),
             Op::Unsqueeze { axes } | Op::Squeeze { axes } => {
                 // Axes given as an input (known only at run time) replace the attribute.
-                let axes = match ins.get(1) {
-                    None => axes.clone(),
-                    Some(a) => a.get().to_i64_vec().map_err(|_| {
+                let axes: SmallInts = match ins.get(1) {
+                    None => axes.iter().copied().collect(),
+                    Some(a) => a.get().to_small_ints().map_err(|_| {
                         Error::op(
                             node,
                             st.op.name(),
@@ -913,18 +930,19 @@ impl Session {
                 };
                 let x = take(ins, 0);
                 one(if matches!(st.op, Op::Unsqueeze { .. }) {
-                    so::unsqueeze(x, &axes, node)?
+                    so::unsqueeze(x, &axes, ctx.arena, node)?
                 } else {
-                    so::squeeze(x, &axes, node)?
+                    so::squeeze(x, &axes, ctx.arena, node)?
                 })
             }
-            Op::Flatten { axis } => one(so::flatten(take(ins, 0), *axis, node)?),
+            Op::Flatten { axis } => one(so::flatten(take(ins, 0), *axis, ctx.arena, node)?),
             Op::Concat { axis } => {
                 let xs: Vec<&TensorValue> = ins.iter().map(|i| i.get()).collect();
                 one(so::concat(&xs, *axis, node)?)
             }
             Op::Split { axis, num_outputs } => {
                 so::split(r(0), ins.get(1).map(|i| i.get()), *axis, *num_outputs, node)
+                    .map(Into::into)
             }
             Op::Gather { axis } => {
                 let allow_negative = !matches!(st.lookup, Lookup::Token { .. });
@@ -963,8 +981,8 @@ impl Session {
                 one(so::scatter(data, &idx, &upd, axis, reduction, node)?)
             }
             Op::Slice => {
-                let args: Vec<&TensorValue> = ins[1..].iter().map(|i| i.get()).collect();
-                one(so::slice(r(0), &args, node)?)
+                let args: SmallVec<[&TensorValue; 4]> = ins[1..].iter().map(|i| i.get()).collect();
+                one(so::slice(r(0), &args, ctx.arena, node)?)
             }
             Op::Expand => one(so::expand(r(0), r(1), node)?),
             Op::Tile => one(so::tile(r(0), r(1), node)?),
@@ -1170,7 +1188,7 @@ impl Session {
                     node,
                 )?)
             }
-            Op::DynamicQuantizeLinear => quant::dynamic_quantize_linear(r(0), node),
+            Op::DynamicQuantizeLinear => quant::dynamic_quantize_linear(r(0), node).map(Into::into),
             Op::MatMulInteger => {
                 let azp = ins.get(2).map(|i| i.get());
                 let bzp = ins.get(3).map(|i| i.get());
@@ -1195,6 +1213,7 @@ impl Session {
                     },
                     node,
                 )
+                .map(Into::into)
             }
         }
     }
@@ -1241,6 +1260,24 @@ impl Session {
             ),
         }
     }
+}
+
+/// What a run keeps for the next one: the buffers of its values and its (empty) slot list.
+#[derive(Default)]
+struct Scratch {
+    arena: Arena,
+    /// Always empty between runs; kept for its capacity.
+    slots: Vec<Slot<'static>>,
+}
+
+/// `v`, which is empty, as a vector of another element type of the same layout, reusing its
+/// allocation (the standard library collects a mapped `IntoIter` in place when the layouts
+/// match; the steady-state allocation test checks that no allocation comes of it).
+fn relabel_empty<'a, 'b>(v: Vec<Slot<'a>>) -> Vec<Slot<'b>> {
+    debug_assert!(v.is_empty());
+    v.into_iter()
+        .map(|_| unreachable!("the vector is empty"))
+        .collect()
 }
 
 /// A value slot of a run: borrowed (constants, user inputs) or owned (intermediates).

@@ -64,6 +64,19 @@ impl TensorData {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Elements the vector has room for.
+    pub(crate) fn capacity(&self) -> usize {
+        with_tensor_data!(self, v => v.capacity())
+    }
+
+    /// Bytes the vector has room for.
+    pub(crate) fn byte_capacity(&self) -> usize {
+        fn bytes<T>(v: &Vec<T>) -> usize {
+            v.capacity() * std::mem::size_of::<T>()
+        }
+        with_tensor_data!(self, v => bytes(v))
+    }
 }
 
 /// A Rust element type that a [`TensorValue`] can hold.
@@ -126,17 +139,31 @@ value_element!(bool, Bool, DType::Bool);
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorValue {
-    shape: Vec<usize>,
+    shape: Dims,
     data: TensorData,
 }
+
+/// A shape held inline (no heap allocation up to rank 6): kernels make one for every value
+/// they return, and a steady-state run allocates nothing.
+pub type Dims = smallvec::SmallVec<[usize; 6]>;
+
+/// Small integer lists read from tensors at run time (axes, shape specs, slice bounds), inline.
+pub(crate) type SmallInts = smallvec::SmallVec<[i64; 8]>;
 
 impl TensorValue {
     /// A tensor over `data`; the number of elements must match the shape.
     pub fn new(shape: Vec<usize>, data: TensorData) -> Result<TensorValue, Error> {
+        TensorValue::with_dims(shape.as_slice(), data)
+    }
+
+    /// [`TensorValue::new`] for a shape given as anything that converts to [`Dims`] (a slice,
+    /// a `Vec`, a [`Dims`]).
+    pub fn with_dims(shape: impl Into<Dims>, data: TensorData) -> Result<TensorValue, Error> {
+        let shape = shape.into();
         let expected: usize = shape.iter().product();
         if expected != data.len() {
             return Err(Error::TensorSize {
-                shape,
+                shape: shape.to_vec(),
                 expected,
                 actual: data.len(),
             });
@@ -171,21 +198,27 @@ impl TensorValue {
     /// A rank-0 tensor.
     pub fn scalar<T: ValueElement>(v: T) -> TensorValue {
         TensorValue {
-            shape: vec![],
+            shape: Dims::new(),
             data: T::wrap(vec![v]),
         }
     }
 
-    /// Internal constructor for kernels that computed the length themselves.
-    pub(crate) fn raw<T: ValueElement>(shape: Vec<usize>, v: Vec<T>) -> TensorValue {
-        debug_assert_eq!(shape.iter().product::<usize>(), v.len());
+    /// An empty u8 tensor of shape `[0]` that holds no allocation: a placeholder where a value
+    /// was moved out.
+    pub(crate) fn placeholder() -> TensorValue {
         TensorValue {
-            shape,
-            data: T::wrap(v),
+            shape: smallvec::smallvec![0],
+            data: TensorData::U8(Vec::new()),
         }
     }
 
-    pub(crate) fn raw_data(shape: Vec<usize>, data: TensorData) -> TensorValue {
+    /// Internal constructor for kernels that computed the length themselves.
+    pub(crate) fn raw<T: ValueElement>(shape: impl Into<Dims>, v: Vec<T>) -> TensorValue {
+        TensorValue::raw_data(shape, T::wrap(v))
+    }
+
+    pub(crate) fn raw_data(shape: impl Into<Dims>, data: TensorData) -> TensorValue {
+        let shape = shape.into();
         debug_assert_eq!(shape.iter().product::<usize>(), data.len());
         TensorValue { shape, data }
     }
@@ -219,7 +252,7 @@ impl TensorValue {
     }
 
     pub fn into_parts(self) -> (Vec<usize>, TensorData) {
-        (self.shape, self.data)
+        (self.shape.to_vec(), self.data)
     }
 
     /// The elements as `T`, when `T` is the tensor's dtype.
@@ -272,14 +305,28 @@ impl TensorValue {
         TensorValue::new(shape, self.data)
     }
 
+    /// [`TensorValue::reshaped`] to a shape given as a slice or [`Dims`] (no allocation).
+    pub(crate) fn reshaped_dims(self, shape: impl Into<Dims>) -> Result<TensorValue, Error> {
+        TensorValue::with_dims(shape, self.data)
+    }
+
+    /// [`TensorValue::to_i64_vec`] inline for the short lists of shape arithmetic.
+    pub(crate) fn to_small_ints(&self) -> Result<SmallInts, Error> {
+        self.collect_ints()
+    }
+
     /// The elements converted to i64 (integers and bools); used for shape arithmetic.
     pub fn to_i64_vec(&self) -> Result<Vec<i64>, Error> {
+        self.collect_ints()
+    }
+
+    fn collect_ints<C: FromIterator<i64>>(&self) -> Result<C, Error> {
         let not_i64 = |actual| Error::DType {
             expected: DType::I64,
             actual,
         };
         Ok(match &self.data {
-            TensorData::I64(v) => v.clone(),
+            TensorData::I64(v) => v.iter().copied().collect(),
             TensorData::I32(v) => v.iter().map(|&x| x as i64).collect(),
             TensorData::I8(v) => v.iter().map(|&x| x as i64).collect(),
             TensorData::U8(v) => v.iter().map(|&x| x as i64).collect(),
@@ -332,7 +379,7 @@ impl TensorValue {
 
     /// Copies into an IR constant (e.g. to feed values back into a graph).
     pub fn to_ir(&self) -> ir::Tensor {
-        let shape = self.shape.clone();
+        let shape = self.shape.to_vec();
         with_tensor_data!(&self.data, v => ir::Tensor::from_vec(shape, v.clone()))
     }
 }

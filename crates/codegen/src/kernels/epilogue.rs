@@ -174,8 +174,12 @@ impl ForkOut {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Epilogue<'a> {
-    ops: Vec<EpilogueOp<'a>>,
+    ops: EpilogueOps<'a>,
 }
+
+/// The ops of an [`Epilogue`], inline up to six (every fused GEMM of an encoder): building one
+/// per GEMM call allocates nothing.
+pub type EpilogueOps<'a> = smallvec::SmallVec<[EpilogueOp<'a>; 6]>;
 
 /// The f32 GEMM epilogue is the same program type.
 pub type EpilogueF32<'a> = Epilogue<'a>;
@@ -383,12 +387,14 @@ impl<'c> FoldedDequant<'c> {
 impl<'a> Epilogue<'a> {
     /// Just store the result.
     pub fn none() -> Self {
-        Self { ops: Vec::new() }
+        Self {
+            ops: EpilogueOps::new(),
+        }
     }
 
     /// A program from micro-ops.
-    pub fn new(ops: Vec<EpilogueOp<'a>>) -> Self {
-        Self { ops }
+    pub fn new(ops: impl Into<EpilogueOps<'a>>) -> Self {
+        Self { ops: ops.into() }
     }
 
     /// `y + bias[n]`.

@@ -179,7 +179,7 @@ pub fn parallel_for(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     // SAFETY: erasing the lifetime is sound because we wait below (even if part 0 panics) until
     // every worker has published `done` for this job, so no worker uses `f` after we return.
     let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(f) };
-    let mut seqs = Vec::with_capacity(parts - 1);
+    let mut seqs: smallvec::SmallVec<[u64; 8]> = smallvec::SmallVec::new();
     for w in &workers[..parts - 1] {
         // SAFETY: the worker is idle (its done == seq from the previous round, which we waited
         // for), and we hold the pool lock, so nobody else reads or writes `job` now.
@@ -383,6 +383,9 @@ pub(crate) fn plan_split(
 /// `mc`-row block × one `nc`-panel block, m-major. The owner claims units from the front, idle
 /// threads steal from the back, so a part whose core is busy does not stall the GEMM while the
 /// steady state stays weight-stationary.
+/// The parts of one GEMM call, inline for up to 8 threads (no allocation per call).
+pub(crate) type PartWorks = smallvec::SmallVec<[PartWork; 8]>;
+
 pub(crate) struct PartWork {
     rows: std::ops::Range<usize>,
     pans: std::ops::Range<usize>,

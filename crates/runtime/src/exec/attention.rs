@@ -6,7 +6,7 @@ use super::packing::RowMap;
 use super::simd::{
     abs_max_into, quantize_interleave4, quantize_sym_row, softmax_quant_row, softmax_row,
 };
-use super::{broadcast_strides, Ctx, SharedPtr};
+use super::{broadcast_strides, Arena, Ctx, SharedPtr};
 use crate::value::TensorValue;
 use crate::Error;
 use ir::AttnProducts;
@@ -331,9 +331,10 @@ fn padded(
         return Err(err("softmax over zero keys".into()));
     }
     let view = MaskView::new(mask, [b, num_heads, sq, sk], &err)?;
-    let plans = padded_plans(b, sq, sk, view);
+    let plans = padded_plans(b, sq, sk, view, ctx.arena);
     let out = attend(qkv, [b * sq, h], &plans, view, heads, ctx);
-    Ok(TensorValue::raw(vec![b, sq, h], out))
+    plans.recycle(ctx.arena);
+    Ok(TensorValue::raw([b, sq, h].as_slice(), out))
 }
 
 /// `kt[d, r] = k[k0 + keys[r], col + d]` for `d < dh`: one head's keys as columns, in 16×16
@@ -525,23 +526,24 @@ impl MaskView<'_> {
 
 /// One sequence of an attention call: query rows `q0..q0 + nq` (of q and of the output), key
 /// rows `k0 + keys[j]`, and where each of those rows sits in the mask bias.
-struct SeqPlan {
+#[derive(Clone, Copy)]
+struct SeqPlan<'a> {
     /// The batch index in the mask bias.
     batch: usize,
     q0: usize,
     nq: usize,
     k0: usize,
-    keys: Vec<usize>,
+    keys: &'a [usize],
     /// Mask position of row `r` (relative to `q0` or `k0`); `None`: `r` itself.
-    positions: Option<Vec<usize>>,
+    positions: Option<&'a [usize]>,
     /// Whether the mask bias changes any visited score (adding 0 changes none: −0 becomes +0,
     /// which softmax treats alike).
     mask_adds: bool,
 }
 
-impl SeqPlan {
+impl SeqPlan<'_> {
     fn position(&self, r: usize) -> usize {
-        self.positions.as_ref().map_or(r, |p| p[r])
+        self.positions.map_or(r, |p| p[r])
     }
 
     /// Adds the mask bias of head `hd`, query `i` (relative to `q0`) to that query's scores over
@@ -549,43 +551,109 @@ impl SeqPlan {
     fn add_mask(&self, mask: Option<MaskView<'_>>, hd: usize, i: usize, row: &mut [f32]) {
         if let (true, Some(m)) = (self.mask_adds, mask) {
             let qi = self.position(i);
-            for (s, &j) in row.iter_mut().zip(&self.keys) {
+            for (s, &j) in row.iter_mut().zip(self.keys) {
                 *s += m.at(self.batch, hd, qi, self.position(j));
             }
         }
     }
 }
 
+/// A [`SeqPlan`] with its keys and positions as ranges of [`Plans::ints`].
+#[derive(Clone)]
+pub(crate) struct SeqSpan {
+    batch: usize,
+    q0: usize,
+    nq: usize,
+    k0: usize,
+    keys: std::ops::Range<usize>,
+    positions: Option<std::ops::Range<usize>>,
+    mask_adds: bool,
+}
+
+/// The sequences of one attention call, in two buffers that come from the arena and go back
+/// to it: a run builds its plans without allocating.
+struct Plans {
+    spans: Vec<SeqSpan>,
+    ints: Vec<usize>,
+}
+
+impl Plans {
+    /// Empty plans with room for `ints` keys and positions in all.
+    fn new(arena: &mut Arena, ints: usize) -> Plans {
+        let (spans, ints) = arena.plan_buffers(ints);
+        Plans { spans, ints }
+    }
+
+    fn recycle(self, arena: &mut Arena) {
+        arena.recycle_plan_buffers(self.spans, self.ints);
+    }
+
+    fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    fn get(&self, i: usize) -> SeqPlan<'_> {
+        let s = &self.spans[i];
+        SeqPlan {
+            batch: s.batch,
+            q0: s.q0,
+            nq: s.nq,
+            k0: s.k0,
+            keys: &self.ints[s.keys.clone()],
+            positions: s.positions.clone().map(|r| &self.ints[r]),
+            mask_adds: s.mask_adds,
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = SeqPlan<'_>> {
+        (0..self.len()).map(|i| self.get(i))
+    }
+
+    /// Appends `values` to [`Plans::ints`]; returns their range there.
+    fn put(&mut self, values: impl IntoIterator<Item = usize>) -> std::ops::Range<usize> {
+        let start = self.ints.len();
+        self.ints.extend(values);
+        start..self.ints.len()
+    }
+}
+
 /// The sequences of a padded `[B, S, ·]` call: every query row; the keys the mask does not
 /// hide when it is per key only (a fully masked row keeps every key, as the graph gives).
-fn padded_plans(b: usize, sq: usize, sk: usize, mask: Option<MaskView<'_>>) -> Vec<SeqPlan> {
-    (0..b)
-        .map(|bi| {
-            let keys: Vec<usize> = match mask {
-                Some(m) if m.per_key_only() => {
-                    let k: Vec<usize> = (0..sk).filter(|&j| m.at(bi, 0, 0, j) > MASKED).collect();
-                    if k.is_empty() {
-                        (0..sk).collect()
-                    } else {
-                        k
-                    }
-                }
-                _ => (0..sk).collect(),
-            };
-            let mask_adds = mask.is_some_and(|m| {
-                !m.per_key_only() || keys.iter().any(|&j| m.at(bi, 0, 0, j) != 0.0)
-            });
-            SeqPlan {
-                batch: bi,
-                q0: bi * sq,
-                nq: sq,
-                k0: bi * sk,
-                keys,
-                positions: None,
-                mask_adds,
+fn padded_plans(
+    b: usize,
+    sq: usize,
+    sk: usize,
+    mask: Option<MaskView<'_>>,
+    arena: &mut Arena,
+) -> Plans {
+    let mut plans = Plans::new(arena, b * sk);
+    for bi in 0..b {
+        let mut keys = match mask {
+            Some(m) if m.per_key_only() => {
+                plans.put((0..sk).filter(|&j| m.at(bi, 0, 0, j) > MASKED))
             }
-        })
-        .collect()
+            _ => plans.put(0..sk),
+        };
+        if keys.is_empty() {
+            keys = plans.put(0..sk);
+        }
+        let mask_adds = mask.is_some_and(|m| {
+            !m.per_key_only()
+                || plans.ints[keys.clone()]
+                    .iter()
+                    .any(|&j| m.at(bi, 0, 0, j) != 0.0)
+        });
+        plans.spans.push(SeqSpan {
+            batch: bi,
+            q0: bi * sq,
+            nq: sq,
+            k0: bi * sk,
+            keys,
+            positions: None,
+            mask_adds,
+        });
+    }
+    plans
 }
 
 /// Bias at or below this hides a key for packed attention: scores are far smaller than 10⁴
@@ -602,48 +670,66 @@ pub(crate) fn attention_packed(
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
-    let num_heads = heads.num_heads;
     let err = |m: String| Error::op(node, "attention_packed", m);
-    let map = RowMap::from_mask(mask, node, "attention_packed")?;
+    RowMap::with(mask, ctx, node, "attention_packed", |map, ctx| {
+        attend_packed(qkv, map, bias, heads, ctx, &err)
+    })
+}
+
+/// [`attention_packed`] once the rows of `mask` are mapped.
+fn attend_packed(
+    qkv: QkvInput<'_>,
+    map: &RowMap,
+    bias: Option<&TensorValue>,
+    heads: Heads,
+    ctx: &mut Ctx<'_>,
+    err: &dyn Fn(String) -> Error,
+) -> Result<TensorValue, Error> {
+    let num_heads = heads.num_heads;
     // One row per real token of the mask.
-    let (src, h) = qkv.source(&[1, map.rows.len()], heads, &err)?;
-    let view = MaskView::new(bias, [map.batch, num_heads, map.seq, map.seq], &err)?;
-    let mut plans = Vec::with_capacity(map.batch);
-    for bi in 0..map.batch {
-        let (q0, n) = (map.starts[bi], map.starts[bi + 1] - map.starts[bi]);
-        let positions: Vec<usize> = (0..n).map(|r| map.position(bi, r)).collect();
-        let mut mask_adds = false;
-        if let Some(m) = view {
-            if !m.per_key_only() {
-                return Err(err(
-                    "padding-free attention needs a mask bias per key ([B, 1, 1, S]); compile without padding-free execution"
-                        .into(),
-                ));
-            }
-            let mut real = positions.iter().peekable();
-            for j in 0..map.seq {
-                let bias = m.at(bi, 0, 0, j);
-                if real.next_if(|&&p| p == j).is_some() {
-                    mask_adds |= bias != 0.0;
-                } else if bias > HIDDEN && n > 0 {
-                    return Err(err(format!(
-                        "key {j} of sequence {bi} is padding but its mask bias {bias} does not hide it (it must be at most {HIDDEN}); compile without padding-free execution"
-                    )));
+    let (src, h) = qkv.source(&[1, map.rows.len()], heads, err)?;
+    let view = MaskView::new(bias, [map.batch, num_heads, map.seq, map.seq], err)?;
+    let mut plans = Plans::new(ctx.arena, 2 * map.rows.len());
+    let built = (|| {
+        for bi in 0..map.batch {
+            let (q0, n) = (map.starts[bi], map.starts[bi + 1] - map.starts[bi]);
+            let positions = plans.put((0..n).map(|r| map.position(bi, r)));
+            let mut mask_adds = false;
+            if let Some(m) = view {
+                if !m.per_key_only() {
+                    return Err(err(
+                        "padding-free attention needs a mask bias per key ([B, 1, 1, S]); compile without padding-free execution"
+                            .into(),
+                    ));
+                }
+                let mut real = plans.ints[positions.clone()].iter().peekable();
+                for j in 0..map.seq {
+                    let bias = m.at(bi, 0, 0, j);
+                    if real.next_if(|&&p| p == j).is_some() {
+                        mask_adds |= bias != 0.0;
+                    } else if bias > HIDDEN && n > 0 {
+                        return Err(err(format!(
+                            "key {j} of sequence {bi} is padding but its mask bias {bias} does not hide it (it must be at most {HIDDEN}); compile without padding-free execution"
+                        )));
+                    }
                 }
             }
+            let keys = plans.put(0..n);
+            plans.spans.push(SeqSpan {
+                batch: bi,
+                q0,
+                nq: n,
+                k0: q0,
+                keys,
+                positions: Some(positions),
+                mask_adds,
+            });
         }
-        plans.push(SeqPlan {
-            batch: bi,
-            q0,
-            nq: n,
-            k0: q0,
-            keys: (0..n).collect(),
-            positions: Some(positions),
-            mask_adds,
-        });
-    }
-    let out = attend(src, [map.rows.len(), h], &plans, view, heads, ctx);
-    Ok(TensorValue::raw(vec![1, map.rows.len(), h], out))
+        Ok(())
+    })();
+    let out = built.map(|()| attend(src, [map.rows.len(), h], &plans, view, heads, ctx));
+    plans.recycle(ctx.arena);
+    Ok(TensorValue::raw([1, map.rows.len(), h].as_slice(), out?))
 }
 
 /// The attention of q, k, v rows, sequence by sequence as `plans` say: `out_rows` rows of `h`
@@ -651,7 +737,7 @@ pub(crate) fn attention_packed(
 fn attend(
     src: Source<'_>,
     [out_rows, h]: [usize; 2],
-    plans: &[SeqPlan],
+    plans: &Plans,
     mask: Option<MaskView<'_>>,
     heads: Heads,
     ctx: &mut Ctx<'_>,
@@ -698,7 +784,7 @@ fn attend(
         for task in range {
             // Head-major: a contiguous range of tasks covers every sequence for some heads, so
             // the threads' shares weigh the same however the sequence lengths differ.
-            let (plan, hd) = (&plans[task % plans.len()], task / plans.len());
+            let (plan, hd) = (plans.get(task % plans.len()), task / plans.len());
             let sq = plan.nq;
             if sq == 0 {
                 continue;
@@ -711,14 +797,14 @@ fn attend(
                 };
                 // SAFETY: task (sequence, hd) alone writes columns hd·dh..(hd+1)·dh of its
                 // sequence's rows, and `out` outlives the parallel call.
-                unsafe { head_i8(src, plan, hd, dh, mask, scale, out, &mut i8_scratch) };
+                unsafe { head_i8(src, &plan, hd, dh, mask, scale, out, &mut i8_scratch) };
                 continue;
             }
             let Source::F32([q, k, v]) = src else {
                 unreachable!("`QkvInput::source` gives quantized heads to 8-bit products only")
             };
             let m_full = sq / IB * IB;
-            let keys = &plan.keys;
+            let keys = plan.keys;
             let n = keys.len();
             let n_pad = n.div_ceil(JB) * JB;
             let q_at = plan.q0 * q.ld + q.offset + hd * dh;
@@ -834,7 +920,7 @@ struct HeadOut {
 #[allow(clippy::too_many_arguments)]
 unsafe fn head_i8(
     src: Source<'_>,
-    plan: &SeqPlan,
+    plan: &SeqPlan<'_>,
     hd: usize,
     dh: usize,
     mask: Option<MaskView<'_>>,
@@ -843,7 +929,7 @@ unsafe fn head_i8(
     s: &mut I8Scratch,
 ) {
     let sq = plan.nq;
-    let keys = &plan.keys;
+    let keys = plan.keys;
     let n = keys.len();
     let m_pad = sq.div_ceil(IB) * IB;
     let n_pad = n.div_ceil(JB) * JB;

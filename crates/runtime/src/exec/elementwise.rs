@@ -2,21 +2,22 @@
 
 use ir::{BinaryOp, DType, GeluApprox, UnaryOp};
 
-use super::{broadcast_shape, broadcast_strides, for_each_row, Ctx, Input};
-use crate::value::{TensorData, TensorValue, ValueElement};
+use super::{broadcast_shape, broadcast_strides, for_each_row, Arena, Ctx, Input};
+use crate::value::{Dims, TensorData, TensorValue, ValueElement};
 use crate::Error;
 
 /// `out[i] = f(a[..], b[..])` over the broadcast of the two shapes.
-fn broadcast2<A: Copy, B: Copy, O>(
+fn broadcast2<A: Copy, B: Copy, O: ValueElement>(
     a: &[A],
     ash: &[usize],
     b: &[B],
     bsh: &[usize],
     out_shape: &[usize],
+    arena: &mut Arena,
     f: impl Fn(A, B) -> O,
 ) -> Vec<O> {
     let n: usize = out_shape.iter().product();
-    let mut out = Vec::with_capacity(n);
+    let mut out = arena.vec_with_capacity(n);
     if ash == bsh {
         out.extend(a.iter().zip(b).map(|(&x, &y)| f(x, y)));
         return out;
@@ -159,30 +160,44 @@ fn has_f32_fn(op: BinaryOp) -> bool {
 }
 
 macro_rules! int_arith {
-    ($op:expr, $a:expr, $ash:expr, $b:expr, $bsh:expr, $out:expr, $t:ty, $node:expr) => {{
+    ($op:expr, $a:expr, $ash:expr, $b:expr, $bsh:expr, $out:expr, $arena:expr, $t:ty, $node:expr) => {{
         let (a, b): (&[$t], &[$t]) = ($a, $b);
         match $op {
-            BinaryOp::Add => broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.wrapping_add(y)),
-            BinaryOp::Sub => broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.wrapping_sub(y)),
-            BinaryOp::Mul => broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.wrapping_mul(y)),
-            BinaryOp::Max => broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.max(y)),
-            BinaryOp::Min => broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.min(y)),
+            BinaryOp::Add => broadcast2(a, $ash, b, $bsh, $out, &mut *$arena, |x: $t, y: $t| {
+                x.wrapping_add(y)
+            }),
+            BinaryOp::Sub => broadcast2(a, $ash, b, $bsh, $out, &mut *$arena, |x: $t, y: $t| {
+                x.wrapping_sub(y)
+            }),
+            BinaryOp::Mul => broadcast2(a, $ash, b, $bsh, $out, &mut *$arena, |x: $t, y: $t| {
+                x.wrapping_mul(y)
+            }),
+            BinaryOp::Max => broadcast2(a, $ash, b, $bsh, $out, &mut *$arena, |x: $t, y: $t| {
+                x.max(y)
+            }),
+            BinaryOp::Min => broadcast2(a, $ash, b, $bsh, $out, &mut *$arena, |x: $t, y: $t| {
+                x.min(y)
+            }),
             BinaryOp::Div => {
                 if b.contains(&0) {
                     return Err(Error::op($node, "div", "integer division by zero"));
                 }
                 // Truncating division, as onnxruntime's integer Div.
-                broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.wrapping_div(y))
+                broadcast2(a, $ash, b, $bsh, $out, &mut *$arena, |x: $t, y: $t| {
+                    x.wrapping_div(y)
+                })
             }
             BinaryOp::Mod | BinaryOp::Fmod => {
                 if b.contains(&0) {
                     return Err(Error::op($node, $op.name(), "integer modulo by zero"));
                 }
                 if $op == BinaryOp::Fmod {
-                    broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| x.wrapping_rem(y))
+                    broadcast2(a, $ash, b, $bsh, $out, &mut *$arena, |x: $t, y: $t| {
+                        x.wrapping_rem(y)
+                    })
                 } else {
                     // The remainder takes the divisor's sign, as Python's `%`.
-                    broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| {
+                    broadcast2(a, $ash, b, $bsh, $out, &mut *$arena, |x: $t, y: $t| {
                         let r = x.wrapping_rem(y);
                         if r != 0 && ((r < 0 as $t) != (y < 0 as $t)) {
                             r.wrapping_add(y)
@@ -192,7 +207,7 @@ macro_rules! int_arith {
                     })
                 }
             }
-            BinaryOp::Pow => broadcast2(a, $ash, b, $bsh, $out, |x: $t, y: $t| {
+            BinaryOp::Pow => broadcast2(a, $ash, b, $bsh, $out, &mut *$arena, |x: $t, y: $t| {
                 if y < 0 as $t {
                     0 as $t
                 } else {
@@ -205,14 +220,18 @@ macro_rules! int_arith {
 }
 
 macro_rules! compare {
-    ($op:expr, $a:expr, $ash:expr, $b:expr, $bsh:expr, $out:expr) => {{
+    ($op:expr, $a:expr, $ash:expr, $b:expr, $bsh:expr, $out:expr, $arena:expr) => {{
         let (a, b) = ($a, $b);
         match $op {
-            BinaryOp::Equal => broadcast2(a, $ash, b, $bsh, $out, |x, y| x == y),
-            BinaryOp::Less => broadcast2(a, $ash, b, $bsh, $out, |x, y| x < y),
-            BinaryOp::Greater => broadcast2(a, $ash, b, $bsh, $out, |x, y| x > y),
-            BinaryOp::LessOrEqual => broadcast2(a, $ash, b, $bsh, $out, |x, y| x <= y),
-            BinaryOp::GreaterOrEqual => broadcast2(a, $ash, b, $bsh, $out, |x, y| x >= y),
+            BinaryOp::Equal => broadcast2(a, $ash, b, $bsh, $out, &mut *$arena, |x, y| x == y),
+            BinaryOp::Less => broadcast2(a, $ash, b, $bsh, $out, &mut *$arena, |x, y| x < y),
+            BinaryOp::Greater => broadcast2(a, $ash, b, $bsh, $out, &mut *$arena, |x, y| x > y),
+            BinaryOp::LessOrEqual => {
+                broadcast2(a, $ash, b, $bsh, $out, &mut *$arena, |x, y| x <= y)
+            }
+            BinaryOp::GreaterOrEqual => {
+                broadcast2(a, $ash, b, $bsh, $out, &mut *$arena, |x, y| x >= y)
+            }
             _ => unreachable!("comparisons only"),
         }
     }};
@@ -227,14 +246,18 @@ pub(crate) fn binary(
     op: BinaryOp,
     a: &mut Input<'_>,
     b: &mut Input<'_>,
+    arena: &mut Arena,
     node: &str,
 ) -> Result<TensorValue, Error> {
     /// Moves an owned operand out, leaving an empty placeholder.
     fn take_owned(i: &mut Input<'_>) -> TensorValue {
-        std::mem::replace(i, Input::Own(TensorValue::scalar(0u8))).into_owned()
+        std::mem::replace(i, Input::Own(TensorValue::placeholder())).into_owned()
     }
     let name = op.name();
-    let (ash, bsh) = (a.get().shape().to_vec(), b.get().shape().to_vec());
+    let (ash, bsh) = (
+        Dims::from_slice(a.get().shape()),
+        Dims::from_slice(b.get().shape()),
+    );
     let out_shape = broadcast_shape(&ash, &bsh).ok_or_else(|| {
         Error::op(
             node,
@@ -293,11 +316,13 @@ pub(crate) fn binary(
     macro_rules! int_binary {
         ($v:ident, $t:ty, $x:expr, $y:expr) => {{
             if is_cmp {
-                TensorData::Bool(compare!(op, $x, &ash, $y, &bsh, &out_shape))
+                TensorData::Bool(compare!(op, $x, &ash, $y, &bsh, &out_shape, arena))
             } else if is_logic {
                 return Err(bad_dtype(op, DType::$v, node));
             } else {
-                TensorData::$v(int_arith!(op, $x, &ash, $y, &bsh, &out_shape, $t, node))
+                TensorData::$v(int_arith!(
+                    op, $x, &ash, $y, &bsh, &out_shape, arena, $t, node
+                ))
             }
         }};
     }
@@ -306,27 +331,35 @@ pub(crate) fn binary(
             if has_f32_fn(op) {
                 with_f32_fn!(
                     op,
-                    |f| TensorData::F32(broadcast2(x, &ash, y, &bsh, &out_shape, f)),
+                    |f| TensorData::F32(broadcast2(x, &ash, y, &bsh, &out_shape, arena, f)),
                     unreachable!("has an f32 function")
                 )
             } else if is_cmp {
-                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape))
+                TensorData::Bool(compare!(op, x, &ash, y, &bsh, &out_shape, arena))
             } else {
                 return Err(bad_dtype(op, DType::F32, node));
             }
         }
         (TensorData::Bool(x), TensorData::Bool(y)) => match op {
             BinaryOp::And => {
-                TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, |p, q| p & q))
+                TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, arena, |p, q| {
+                    p & q
+                }))
             }
             BinaryOp::Or => {
-                TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, |p, q| p | q))
+                TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, arena, |p, q| {
+                    p | q
+                }))
             }
             BinaryOp::Xor => {
-                TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, |p, q| p ^ q))
+                TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, arena, |p, q| {
+                    p ^ q
+                }))
             }
             BinaryOp::Equal => {
-                TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, |p, q| p == q))
+                TensorData::Bool(broadcast2(x, &ash, y, &bsh, &out_shape, arena, |p, q| {
+                    p == q
+                }))
             }
             _ => return Err(bad_dtype(op, DType::Bool, node)),
         },
@@ -369,7 +402,7 @@ fn map_f32(
     ctx: &Ctx<'_>,
     f: impl Fn(f32) -> f32 + Sync,
 ) -> Result<TensorValue, Error> {
-    let shape = x.get().shape().to_vec();
+    let shape = Dims::from_slice(x.get().shape());
     let mut out = if x.is_owned() {
         x.into_owned()
     } else {
@@ -430,7 +463,7 @@ pub(crate) fn unary(
         };
         let v = x.get().typed::<f32>()?;
         return Ok(TensorValue::raw(
-            x.get().shape().to_vec(),
+            Dims::from_slice(x.get().shape()),
             v.iter().map(|&e| test(e)).collect(),
         ));
     }
@@ -467,7 +500,7 @@ pub(crate) fn unary(
             UnaryOp::Not => {
                 let v = x.get().typed::<bool>()?;
                 Ok(TensorValue::raw(
-                    x.get().shape().to_vec(),
+                    Dims::from_slice(x.get().shape()),
                     v.iter().map(|b| !b).collect(),
                 ))
             }
@@ -475,7 +508,7 @@ pub(crate) fn unary(
         },
         DType::I64 | DType::I32 | DType::I8 | DType::I16 => {
             let t = x.get();
-            let shape = t.shape().to_vec();
+            let shape = Dims::from_slice(t.shape());
             let data = match (op, t.data()) {
                 (UnaryOp::Neg, TensorData::I64(v)) => {
                     TensorData::I64(v.iter().map(|a| a.wrapping_neg()).collect())
@@ -654,11 +687,13 @@ where
     }
 }
 
-fn cast_vec<S: Copy + CastTo<T>, T: ValueElement>(v: &[S]) -> TensorData {
-    T::wrap(v.iter().map(|&x| x.cast()).collect())
+fn cast_vec<S: Copy + CastTo<T>, T: ValueElement>(v: &[S], arena: &mut Arena) -> TensorData {
+    let mut out = arena.vec_with_capacity(v.len());
+    out.extend(v.iter().map(|&x| x.cast()));
+    T::wrap(out)
 }
 
-fn cast_to<T: ValueElement>(d: &TensorData) -> TensorData
+fn cast_to<T: ValueElement>(d: &TensorData, arena: &mut Arena) -> TensorData
 where
     f32: CastTo<T>,
     i64: CastTo<T>,
@@ -671,26 +706,31 @@ where
     u64: CastTo<T>,
     bool: CastTo<T>,
 {
-    crate::value::with_tensor_data!(d, v => cast_vec(v))
+    crate::value::with_tensor_data!(d, v => cast_vec(v, arena))
 }
 
 /// `cast[to]`.
-pub(crate) fn cast(x: Input<'_>, to: DType, node: &str) -> Result<TensorValue, Error> {
+pub(crate) fn cast(
+    x: Input<'_>,
+    to: DType,
+    arena: &mut Arena,
+    node: &str,
+) -> Result<TensorValue, Error> {
     if x.get().dtype() == to {
-        return Ok(x.into_owned());
+        return Ok(x.into_owned_in(arena));
     }
     let t = x.get();
     let data = match to {
-        DType::F32 => cast_to::<f32>(t.data()),
-        DType::I64 => cast_to::<i64>(t.data()),
-        DType::I32 => cast_to::<i32>(t.data()),
-        DType::I8 => cast_to::<i8>(t.data()),
-        DType::U8 => cast_to::<u8>(t.data()),
-        DType::I16 => cast_to::<i16>(t.data()),
-        DType::U16 => cast_to::<u16>(t.data()),
-        DType::U32 => cast_to::<u32>(t.data()),
-        DType::U64 => cast_to::<u64>(t.data()),
-        DType::Bool => cast_to::<bool>(t.data()),
+        DType::F32 => cast_to::<f32>(t.data(), arena),
+        DType::I64 => cast_to::<i64>(t.data(), arena),
+        DType::I32 => cast_to::<i32>(t.data(), arena),
+        DType::I8 => cast_to::<i8>(t.data(), arena),
+        DType::U8 => cast_to::<u8>(t.data(), arena),
+        DType::I16 => cast_to::<i16>(t.data(), arena),
+        DType::U16 => cast_to::<u16>(t.data(), arena),
+        DType::U32 => cast_to::<u32>(t.data(), arena),
+        DType::U64 => cast_to::<u64>(t.data(), arena),
+        DType::Bool => cast_to::<bool>(t.data(), arena),
         DType::BF16 => {
             return Err(Error::op(
                 node,
@@ -699,7 +739,11 @@ pub(crate) fn cast(x: Input<'_>, to: DType, node: &str) -> Result<TensorValue, E
             ))
         }
     };
-    Ok(TensorValue::raw_data(t.shape().to_vec(), data))
+    let out = TensorValue::raw_data(t.shape(), data);
+    if let Input::Own(t) = x {
+        arena.recycle(t);
+    }
+    Ok(out)
 }
 
 /// `max(x, lo)` then `min(·, hi)` by comparisons, so a NaN element stays NaN (`f32::max` would
@@ -767,7 +811,7 @@ pub(crate) fn clip(
             return Err(Error::op(node, "clip", "not defined on bool"));
         }
     };
-    Ok(TensorValue::raw_data(x.shape().to_vec(), data))
+    Ok(TensorValue::raw_data(Dims::from_slice(x.shape()), data))
 }
 
 #[cfg(test)]
@@ -794,10 +838,26 @@ mod tests {
     fn broadcast_kernel() {
         let a = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
         let b = [10.0f32, 20.0];
-        let out = broadcast2(&a, &[3, 2], &b, &[2], &[3, 2], |x, y| x + y);
+        let out = broadcast2(
+            &a,
+            &[3, 2],
+            &b,
+            &[2],
+            &[3, 2],
+            &mut Arena::default(),
+            |x, y| x + y,
+        );
         assert_eq!(out, vec![11.0, 22.0, 13.0, 24.0, 15.0, 26.0]);
         let c = [100.0f32, 200.0, 300.0];
-        let out = broadcast2(&a, &[3, 2], &c, &[3, 1], &[3, 2], |x, y| x + y);
+        let out = broadcast2(
+            &a,
+            &[3, 2],
+            &c,
+            &[3, 1],
+            &[3, 2],
+            &mut Arena::default(),
+            |x, y| x + y,
+        );
         assert_eq!(out, vec![101.0, 102.0, 203.0, 204.0, 305.0, 306.0]);
         let mut acc = a;
         broadcast2_inplace_left(&mut acc, &[3, 2], &c, &[3, 1], |x, y| x - y);

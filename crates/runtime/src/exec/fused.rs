@@ -2,12 +2,12 @@
 //! GEMM), each with its epilogue program run by the kernel on every output tile, and `qmatmul`.
 
 use codegen::kernels::{
-    Activations, Epilogue, EpilogueOp, ForkOut, HeadsOut, Output, QType, RowParam,
+    Activations, Epilogue, EpilogueOp, EpilogueOps, ForkOut, HeadsOut, Output, QType, RowParam,
 };
 use ir::{ActQuant, EpilogueStep, GeluApprox};
 
 use super::nn::{f32_of, linear_rows};
-use super::{Ctx, Input, SharedPtr};
+use super::{Arena, Ctx, Input, Outs, SharedPtr};
 use crate::gemm::{gemm_packed_program, PackedWeight, PackedWeightI8};
 use crate::value::TensorValue;
 use crate::Error;
@@ -22,7 +22,7 @@ fn program<'a>(
     out_shape: &[usize],
     node: &str,
     op: &'static str,
-    ops: &mut Vec<EpilogueOp<'a>>,
+    ops: &mut EpilogueOps<'a>,
     fork: Option<ForkOut>,
 ) -> Result<(), Error> {
     let mut at = 0;
@@ -105,7 +105,7 @@ pub(crate) fn fused_linear(
     let op = "fused_linear";
     let xv = f32_of(x, node, op)?;
     let (m, shape) = linear_rows(x, w.k(), w.n(), node, op)?;
-    let mut ops = Vec::with_capacity(steps.len());
+    let mut ops = EpilogueOps::new();
     program(steps, operands, w.n(), &shape, node, op, &mut ops, None)?;
     let mut out = ctx.arena.f32_for_overwrite(m * w.n());
     gemm_packed_program(ctx, m, xv, w.k(), w, &mut out, &Epilogue::new(ops));
@@ -121,10 +121,29 @@ fn quantize_u8(x: f32, scale: f32, zp: f32) -> u8 {
 }
 
 /// The activations of a `qlinear`, quantized: u8 data with per-row or per-tensor parameters.
+#[derive(Default)]
 pub(crate) struct QuantizedRows {
     pub data: Vec<u8>,
     pub scales: Vec<f32>,
     pub zeros: Vec<i32>,
+}
+
+impl QuantizedRows {
+    /// Buffers for `m` rows of `k` from the arena, to quantize into.
+    pub fn buffers(arena: &mut Arena, m: usize, k: usize) -> QuantizedRows {
+        QuantizedRows {
+            data: arena.bytes_for_overwrite(m * k),
+            scales: arena.vec_with_capacity(m),
+            zeros: arena.vec_with_capacity(m),
+        }
+    }
+
+    /// Gives the buffers back to the arena.
+    pub fn recycle(self, arena: &mut Arena) {
+        arena.recycle_bytes(self.data);
+        arena.recycle_data(crate::TensorData::F32(self.scales));
+        arena.recycle_data(crate::TensorData::I32(self.zeros));
+    }
 }
 
 /// Row quantizers: the range of a row (times the smoothing factors) and its quantization. The
@@ -258,25 +277,34 @@ pub(crate) fn quantize_rows(
     k: usize,
     inv_smooth: Option<&[f32]>,
     act: ActQuant,
-    mut data: Vec<u8>,
+    buffers: QuantizedRows,
     ctx: &Ctx<'_>,
 ) -> QuantizedRows {
+    let QuantizedRows {
+        mut data,
+        mut scales,
+        mut zeros,
+    } = buffers;
     let x = &x[..m * k];
     data.truncate(m * k);
     data.resize(m * k, 0);
+    scales.clear();
+    zeros.clear();
     if k == 0 {
+        scales.resize(m.max(1), 1.0);
+        zeros.resize(m.max(1), 0);
         return QuantizedRows {
             data,
-            scales: vec![1.0; m.max(1)],
-            zeros: vec![0; m.max(1)],
+            scales,
+            zeros,
         };
     }
     // A few element operations per value: worth a second thread from ~64k values.
     let work = m * k * 4;
     match act {
         ActQuant::DynamicToken => {
-            let mut scales = vec![0f32; m];
-            let mut zeros = vec![0i32; m];
+            scales.resize(m, 0.0);
+            zeros.resize(m, 0);
             let (sp, zp) = (
                 SharedPtr(scales.as_mut_ptr()),
                 SharedPtr(zeros.as_mut_ptr()),
@@ -319,10 +347,12 @@ pub(crate) fn quantize_rows(
                     row::quantize(r, inv_smooth, s, z as f32, q);
                 }
             });
+            scales.push(s);
+            zeros.push(z);
             QuantizedRows {
                 data,
-                scales: vec![s],
-                zeros: vec![z],
+                scales,
+                zeros,
             }
         }
     }
@@ -341,7 +371,7 @@ pub(crate) fn quantize_rows_here(
         threads: 1,
         arena: &mut arena,
     };
-    quantize_rows(x, m, k, inv_smooth, act, Vec::new(), &ctx)
+    quantize_rows(x, m, k, inv_smooth, act, QuantizedRows::default(), &ctx)
 }
 
 /// `qlinear(x, w, w_scale, inv_smooth?, operands…)`: activation quantization, one u8×s8 GEMM,
@@ -359,7 +389,7 @@ pub(crate) fn qlinear(
     operands: &[Input<'_>],
     ctx: &mut Ctx<'_>,
     node: &str,
-) -> Result<Vec<TensorValue>, Error> {
+) -> Result<Outs, Error> {
     let op = "qlinear";
     let (k, n) = (w.k(), w.n());
     let (m, shape) = linear_rows(x, k, n, node, op)?;
@@ -401,7 +431,7 @@ pub(crate) fn qlinear(
         }
         (None, _) => {
             let xv = f32_of(x, node, op)?;
-            let buf = ctx.arena.bytes_for_overwrite(m * k);
+            let buf = QuantizedRows::buffers(ctx.arena, m, k);
             let q: &QuantizedRows = quantized.insert(quantize_rows(xv, m, k, inv, act, buf, ctx));
             let params = if q.scales.len() == 1 {
                 (
@@ -417,7 +447,7 @@ pub(crate) fn qlinear(
             (&q.data[..], params.0, params.1)
         }
     };
-    let mut ops = Vec::with_capacity(steps.len() + 1);
+    let mut ops = EpilogueOps::new();
     ops.push(EpilogueOp::Dequant {
         a_scale,
         a_zero,
@@ -464,15 +494,15 @@ pub(crate) fn qlinear(
         }))?;
         drop(epilogue);
         if let Some(q) = quantized {
-            ctx.arena.recycle_bytes(q.data);
+            q.recycle(ctx.arena);
         }
         let with_width = |w: usize| {
             let mut s = shape.clone();
             *s.last_mut().expect("linear output has rank >= 1") = w;
             s
         };
-        return Ok(vec![
-            TensorValue::from_u8(with_width(ld_bytes), bytes)?,
+        return Ok(smallvec::smallvec![
+            TensorValue::raw(with_width(ld_bytes), bytes),
             TensorValue::raw(with_width(ld_scales), scales),
             TensorValue::raw(with_width(hidden), v),
         ]);
@@ -483,7 +513,7 @@ pub(crate) fn qlinear(
             c: &mut out,
             ldc: n,
         })?;
-        TensorValue::from_u8(shape, out)?
+        TensorValue::raw(shape, out)
     } else {
         let mut out = ctx.arena.f32_for_overwrite(m * n);
         run(Output::F32 {
@@ -494,11 +524,11 @@ pub(crate) fn qlinear(
     };
     drop(epilogue);
     if let Some(q) = quantized {
-        ctx.arena.recycle_bytes(q.data);
+        q.recycle(ctx.arena);
     }
-    let mut results = vec![result];
+    let mut results: Outs = smallvec::smallvec![result];
     if let (Some(bytes), Some(shape)) = (fork_bytes, fork_shape) {
-        results.push(TensorValue::from_u8(shape, bytes)?);
+        results.push(TensorValue::raw(shape, bytes));
     }
     Ok(results)
 }
@@ -563,7 +593,12 @@ mod tests {
                 arena: &mut arena,
             };
             // A stale buffer: every byte must be overwritten.
-            let two = quantize_rows(&x, m, k, Some(&inv), act, vec![0xAB; m * k + 3], &ctx);
+            let stale = QuantizedRows {
+                data: vec![0xAB; m * k + 3],
+                scales: vec![7.0; 3],
+                zeros: vec![9; 5],
+            };
+            let two = quantize_rows(&x, m, k, Some(&inv), act, stale, &ctx);
             assert_eq!(one.data, two.data, "{act:?}");
             assert_eq!(one.scales, two.scales, "{act:?}");
             assert_eq!(one.zeros, two.zeros, "{act:?}");

@@ -19,8 +19,11 @@ use std::ops::Range;
 
 use codegen::kernels::pool::parallel_chunks;
 
-use crate::value::TensorValue;
+use crate::value::{Dims, TensorValue};
 use crate::Error;
+
+/// The values a kernel returns: one, or a few (split, quantized heads), inline.
+pub(crate) type Outs = smallvec::SmallVec<[TensorValue; 3]>;
 
 /// What a kernel may use besides its inputs: the thread count and a pool of recycled buffers.
 ///
@@ -79,7 +82,20 @@ fn keep<T>(pool: &mut Vec<Vec<T>>, v: Vec<T>, slots: usize) {
 pub(crate) struct Arena {
     free: Vec<Vec<f32>>,
     bytes: Vec<Vec<u8>>,
+    /// Buffers of under [`TINY`] elements (masks, scales, shape vectors) and of the other
+    /// dtypes (i64 shapes and positions, bools), kept whole and searched by dtype: without them
+    /// every run allocates its small values afresh.
+    small: Vec<crate::TensorData>,
+    /// Index lists (packed rows, attention keys and positions).
+    indices: Vec<Vec<usize>>,
+    /// The sequence plans of an attention call, kept for their capacity (empty between calls).
+    seq_spans: Vec<attention::SeqSpan>,
 }
+
+/// Buffers shorter than this go to [`Arena::small`], not to the f32 and byte pools.
+const TINY: usize = 256;
+const SMALL_SLOTS: usize = 48;
+const INDEX_SLOTS: usize = 16;
 
 impl Arena {
     /// A zero-filled vector of `len` elements, reusing the smallest free buffer that fits.
@@ -121,14 +137,125 @@ impl Arena {
     }
 
     fn take_fitting(&mut self, len: usize) -> Option<Vec<f32>> {
+        if len < TINY {
+            if let Some(v) = self.take_small(len) {
+                return Some(v);
+            }
+        }
         take_fitting(&mut self.free, len)
+    }
+
+    /// An empty index list with room for `len` (recycled when one fits).
+    pub fn indices(&mut self, len: usize) -> Vec<usize> {
+        match take_fitting(&mut self.indices, len) {
+            Some(mut v) => {
+                v.clear();
+                v
+            }
+            None => Vec::with_capacity(len),
+        }
+    }
+
+    /// Takes back an index list from [`Arena::indices`].
+    pub fn recycle_indices(&mut self, v: Vec<usize>) {
+        if v.capacity() > 0 {
+            keep(&mut self.indices, v, INDEX_SLOTS);
+        }
+    }
+
+    /// The buffers of an attention call's plans: its span list and an index list with room
+    /// for `ints`.
+    pub(crate) fn plan_buffers(&mut self, ints: usize) -> (Vec<attention::SeqSpan>, Vec<usize>) {
+        let mut spans = std::mem::take(&mut self.seq_spans);
+        spans.clear();
+        (spans, self.indices(ints))
+    }
+
+    /// Takes back the buffers of [`Arena::plan_buffers`].
+    pub(crate) fn recycle_plan_buffers(
+        &mut self,
+        spans: Vec<attention::SeqSpan>,
+        ints: Vec<usize>,
+    ) {
+        if spans.capacity() > self.seq_spans.capacity() {
+            self.seq_spans = spans;
+        }
+        self.recycle_indices(ints);
+    }
+
+    /// A recycled vector of `T` with room for `len` (the smallest that fits, at most twice
+    /// as large or 1024), empty.
+    fn take_small<T: crate::value::ValueElement>(&mut self, len: usize) -> Option<Vec<T>> {
+        let most = len.saturating_mul(2).max(1024);
+        let cap = |d: &mut crate::TensorData| T::vec_mut(d).map(|v| v.capacity());
+        let best = self
+            .small
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, d)| cap(d).map(|c| (i, c)))
+            .filter(|&(_, c)| c >= len && c <= most)
+            .min_by_key(|&(_, c)| c)
+            .map(|(i, _)| i)?;
+        let mut v = T::unwrap(self.small.swap_remove(best)).ok()?;
+        v.clear();
+        Some(v)
+    }
+
+    /// An empty vector of `T` with room for `len` elements, recycled when one fits: for the
+    /// small values of other dtypes (shape vectors, positions) that kernels fill by pushing.
+    pub fn vec_with_capacity<T: crate::value::ValueElement>(&mut self, len: usize) -> Vec<T> {
+        if T::DTYPE == ir::DType::F32 && len >= TINY {
+            if let Some(mut v) = take_fitting(&mut self.free, len) {
+                v.clear();
+                // f32 is T here (checked by DTYPE): round trip through the wrapper.
+                if let Ok(v) = T::unwrap(crate::TensorData::F32(v)) {
+                    return v;
+                }
+            }
+        }
+        self.take_small(len)
+            .unwrap_or_else(|| Vec::with_capacity(len))
+    }
+
+    /// A copy of `t` in recycled buffers.
+    pub fn copy_of(&mut self, t: &TensorValue) -> TensorValue {
+        let data = crate::map_data!(t.data(), v => {
+            let mut out = self.vec_with_capacity(v.len());
+            out.extend_from_slice(v);
+            out
+        });
+        TensorValue::raw_data(t.shape(), data)
+    }
+
+    fn keep_small(&mut self, d: crate::TensorData) {
+        let cap = crate::TensorData::byte_capacity;
+        if self.small.len() < SMALL_SLOTS {
+            self.small.push(d);
+            return;
+        }
+        if let Some((i, c)) = self
+            .small
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (i, cap(b)))
+            .min_by_key(|&(_, c)| c)
+        {
+            if c < cap(&d) {
+                self.small[i] = d;
+            }
+        }
     }
 
     /// A byte buffer of `len` with unspecified contents, for data a kernel overwrites; give it
     /// back with [`Arena::recycle_bytes`] (or [`Arena::recycle`] in a u8 or i8 tensor). The
     /// smallest free buffer that fits and is at most twice as large (as for f32).
     pub fn bytes_for_overwrite(&mut self, len: usize) -> Vec<u8> {
-        match take_fitting(&mut self.bytes, len) {
+        let small = if len < TINY {
+            self.take_small(len)
+        } else {
+            None
+        };
+        match small.or_else(|| take_fitting(&mut self.bytes, len)) {
             Some(mut v) => {
                 v.truncate(len);
                 v.resize(len, 0);
@@ -149,16 +276,24 @@ impl Arena {
 
     /// Takes back a byte buffer from [`Arena::bytes_for_overwrite`].
     pub fn recycle_bytes(&mut self, v: Vec<u8>) {
-        keep(&mut self.bytes, v, BYTE_SLOTS);
+        if v.capacity() >= TINY {
+            keep(&mut self.bytes, v, BYTE_SLOTS);
+        } else if v.capacity() > 0 {
+            self.keep_small(crate::TensorData::U8(v));
+        }
     }
 
     /// Takes back the buffer of a value that died.
     pub fn recycle(&mut self, t: TensorValue) {
-        match t.into_data() {
-            // Tiny buffers are not worth a slot; many would make the search slow.
-            crate::TensorData::F32(v) if v.capacity() >= 256 => keep(&mut self.free, v, F32_SLOTS),
-            crate::TensorData::U8(v) if v.capacity() >= 256 => self.recycle_bytes(v),
-            crate::TensorData::I8(v) if v.capacity() >= 256 => {
+        self.recycle_data(t.into_data())
+    }
+
+    /// Takes back a buffer that was not in a tensor (quantization parameters, positions).
+    pub fn recycle_data(&mut self, d: crate::TensorData) {
+        match d {
+            crate::TensorData::F32(v) if v.capacity() >= TINY => keep(&mut self.free, v, F32_SLOTS),
+            crate::TensorData::U8(v) => self.recycle_bytes(v),
+            crate::TensorData::I8(v) => {
                 let mut v = std::mem::ManuallyDrop::new(v);
                 // SAFETY: as in `i8_for_overwrite`, the other way round.
                 let bytes = unsafe {
@@ -166,6 +301,7 @@ impl Arena {
                 };
                 self.recycle_bytes(bytes)
             }
+            d if d.capacity() > 0 => self.keep_small(d),
             _ => {}
         }
     }
@@ -194,6 +330,14 @@ impl Input<'_> {
     pub fn into_owned(self) -> TensorValue {
         match self {
             Input::Ref(t) => t.clone(),
+            Input::Own(t) => t,
+        }
+    }
+
+    /// [`Input::into_owned`], copying into a buffer of `arena`.
+    pub fn into_owned_in(self, arena: &mut Arena) -> TensorValue {
+        match self {
+            Input::Ref(t) => arena.copy_of(t),
             Input::Own(t) => t,
         }
     }
@@ -293,9 +437,9 @@ pub(crate) fn norm_axis(
 }
 
 /// Numpy broadcasting of two shapes.
-pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Dims> {
     let rank = a.len().max(b.len());
-    let mut out = vec![0; rank];
+    let mut out: Dims = smallvec::smallvec![0; rank];
     for i in 0..rank {
         let da = if i + a.len() >= rank {
             a[i + a.len() - rank]
@@ -322,8 +466,8 @@ pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 
 /// Element strides of `shape` aligned to the right of `out` (rank ≥ shape's), with 0 on
 /// broadcast dimensions.
-pub(crate) fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
-    let mut strides = vec![0; out.len()];
+pub(crate) fn broadcast_strides(shape: &[usize], out: &[usize]) -> Dims {
+    let mut strides: Dims = smallvec::smallvec![0; out.len()];
     let off = out.len() - shape.len();
     let mut s = 1;
     for i in (0..shape.len()).rev() {
@@ -334,8 +478,8 @@ pub(crate) fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
 }
 
 /// Contiguous row-major strides.
-pub(crate) fn strides_of(shape: &[usize]) -> Vec<usize> {
-    let mut s = vec![1; shape.len()];
+pub(crate) fn strides_of(shape: &[usize]) -> Dims {
+    let mut s: Dims = smallvec::smallvec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         s[i] = s[i + 1] * shape[i + 1];
     }
@@ -362,7 +506,7 @@ pub(crate) fn for_each_row<const N: usize>(
     let inner = out_shape[rank - 1];
     let outer_dims = &out_shape[..rank - 1];
     let rows: usize = outer_dims.iter().product();
-    let mut idx = vec![0usize; rank - 1];
+    let mut idx: Dims = smallvec::smallvec![0usize; rank - 1];
     let mut offs = [0usize; N];
     for row in 0..rows {
         f(row * inner, offs);
@@ -439,10 +583,16 @@ mod tests {
 
     #[test]
     fn broadcasting() {
-        assert_eq!(broadcast_shape(&[2, 1, 4], &[3, 1]), Some(vec![2, 3, 4]));
-        assert_eq!(broadcast_shape(&[], &[3]), Some(vec![3]));
+        assert_eq!(
+            broadcast_shape(&[2, 1, 4], &[3, 1]).as_deref(),
+            Some(&[2, 3, 4][..])
+        );
+        assert_eq!(broadcast_shape(&[], &[3]).as_deref(), Some(&[3][..]));
         assert_eq!(broadcast_shape(&[2], &[3]), None);
-        assert_eq!(broadcast_strides(&[3, 1], &[2, 3, 4]), vec![0, 1, 0]);
+        assert_eq!(
+            broadcast_strides(&[3, 1], &[2, 3, 4]).as_slice(),
+            &[0, 1, 0]
+        );
         let mut rows = vec![];
         for_each_row(&[2, 3, 4], [&[0, 1, 0][..], &[12, 4, 1][..]], |o, offs| {
             rows.push((o, offs))

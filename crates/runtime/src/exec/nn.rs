@@ -3,18 +3,51 @@
 use super::simd::{layer_norm_rows, softmax_row_exact};
 use super::{broadcast_shape, broadcast_strides, norm_axis, strides_of, Ctx, Input};
 use crate::gemm::{gemm_packed, gemm_unpacked, PackedWeight};
-use crate::value::TensorValue;
+use crate::value::{Dims, TensorValue};
 use crate::Error;
 use ir::DType;
 
 /// How a numpy matmul of two shapes splits into 2-D products.
 pub(crate) struct MatMulPlan {
-    pub out_shape: Vec<usize>,
+    pub out_shape: Dims,
     pub m: usize,
     pub k: usize,
     pub n: usize,
     /// Element offsets of the `a` and `b` matrices for each output matrix, in order.
-    pub pairs: Vec<(usize, usize)>,
+    pub pairs: MatrixPairs,
+}
+
+/// The offsets of the `a` and `b` matrices of each output matrix of a batched product, computed
+/// on demand from the broadcast strides (no list is built per call).
+pub(crate) struct MatrixPairs {
+    count: usize,
+    batch: Dims,
+    batch_strides: Dims,
+    a_strides: Dims,
+    b_strides: Dims,
+    a_matrix: usize,
+    b_matrix: usize,
+}
+
+impl MatrixPairs {
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// `(a offset, b offset)` of output matrix `i`.
+    pub fn get(&self, i: usize) -> (usize, usize) {
+        let (mut oa, mut ob) = (0, 0);
+        for d in 0..self.batch.len() {
+            let c = (i / self.batch_strides[d]) % self.batch[d];
+            oa += c * self.a_strides[d];
+            ob += c * self.b_strides[d];
+        }
+        (oa * self.a_matrix, ob * self.b_matrix)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..self.count).map(|i| self.get(i))
+    }
 }
 
 pub(crate) fn plan_matmul(
@@ -26,15 +59,15 @@ pub(crate) fn plan_matmul(
     if ash.is_empty() || bsh.is_empty() {
         return Err(Error::op(node, op, "operands must have rank ≥ 1"));
     }
-    let a2: Vec<usize> = if ash.len() == 1 {
-        vec![1, ash[0]]
+    let a2: Dims = if ash.len() == 1 {
+        smallvec::smallvec![1, ash[0]]
     } else {
-        ash.to_vec()
+        Dims::from_slice(ash)
     };
-    let b2: Vec<usize> = if bsh.len() == 1 {
-        vec![bsh[0], 1]
+    let b2: Dims = if bsh.len() == 1 {
+        smallvec::smallvec![bsh[0], 1]
     } else {
-        bsh.to_vec()
+        Dims::from_slice(bsh)
     };
     let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
     let (kb, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
@@ -56,17 +89,15 @@ pub(crate) fn plan_matmul(
     let (sa, sb) = (broadcast_strides(ab, &batch), broadcast_strides(bb, &batch));
     let count: usize = batch.iter().product();
     let bst = strides_of(&batch);
-    let pairs = (0..count)
-        .map(|i| {
-            let (mut oa, mut ob) = (0, 0);
-            for d in 0..batch.len() {
-                let c = (i / bst[d]) % batch[d];
-                oa += c * sa[d];
-                ob += c * sb[d];
-            }
-            (oa * m * k, ob * k * n)
-        })
-        .collect();
+    let pairs = MatrixPairs {
+        count,
+        batch: batch.clone(),
+        batch_strides: bst,
+        a_strides: sa,
+        b_strides: sb,
+        a_matrix: m * k,
+        b_matrix: k * n,
+    };
     let mut out_shape = batch;
     if ash.len() > 1 {
         out_shape.push(m);
@@ -100,7 +131,7 @@ pub(crate) fn linear_rows(
     n: usize,
     node: &str,
     op: &'static str,
-) -> Result<(usize, Vec<usize>), Error> {
+) -> Result<(usize, Dims), Error> {
     let kx = *x
         .shape()
         .last()
@@ -116,7 +147,7 @@ pub(crate) fn linear_rows(
         ));
     }
     let m = x.shape()[..x.rank() - 1].iter().product();
-    let mut shape = x.shape().to_vec();
+    let mut shape = Dims::from_slice(x.shape());
     *shape.last_mut().expect("rank >= 1") = n;
     Ok((m, shape))
 }
@@ -162,7 +193,7 @@ pub(crate) fn matmul(
     let (av, bv) = (f32_of(a, node, "matmul")?, f32_of(b, node, "matmul")?);
     let p = plan_matmul(a.shape(), b.shape(), node, "matmul")?;
     let mut out = ctx.arena.f32_zeroed(p.pairs.len() * p.m * p.n);
-    for (i, &(oa, ob)) in p.pairs.iter().enumerate() {
+    for (i, (oa, ob)) in p.pairs.iter().enumerate() {
         let c = &mut out[i * p.m * p.n..(i + 1) * p.m * p.n];
         gemm_unpacked(
             ctx,
@@ -262,7 +293,7 @@ pub(crate) fn softmax(
     ctx: &Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
-    let shape = x.get().shape().to_vec();
+    let shape = Dims::from_slice(x.get().shape());
     let a = norm_axis(axis, shape.len(), node, "softmax")?;
     f32_of(x.get(), node, "softmax")?;
     let mut out = x.into_owned();
@@ -325,7 +356,7 @@ pub(crate) fn layer_norm(
             layer_norm_rows(xr, block, n, g, b, eps);
         });
     }
-    Ok(TensorValue::raw(x.shape().to_vec(), out))
+    Ok(TensorValue::raw(Dims::from_slice(x.shape()), out))
 }
 
 /// ONNX `Einsum` (see [`ir::Op::Einsum`]) by direct summation over every label: a reference

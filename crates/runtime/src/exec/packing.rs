@@ -2,8 +2,8 @@
 //! (`pack_rows`), laid back into the padded shape (`unpack_rows`), and the map between the two
 //! that packed attention uses to find each sequence's rows.
 
-use super::Ctx;
-use crate::value::{TensorData, TensorValue};
+use super::{Arena, Ctx};
+use crate::value::{Dims, TensorValue};
 use crate::Error;
 
 /// Where the real tokens of a `[B, S]` mask lie: the flat positions `b·S + s` of the non-zero
@@ -20,7 +20,12 @@ pub(crate) struct RowMap {
 
 impl RowMap {
     /// The map of a `[B, S]` mask of any numeric or boolean dtype (non-zero = real token).
-    pub fn from_mask(mask: &TensorValue, node: &str, op: &'static str) -> Result<RowMap, Error> {
+    pub fn from_mask(
+        mask: &TensorValue,
+        arena: &mut Arena,
+        node: &str,
+        op: &'static str,
+    ) -> Result<RowMap, Error> {
         if mask.rank() != 2 {
             return Err(Error::op(
                 node,
@@ -29,24 +34,17 @@ impl RowMap {
             ));
         }
         let (batch, seq) = (mask.shape()[0], mask.shape()[1]);
-        let real: Box<dyn Fn(usize) -> bool + '_> = match mask.data() {
-            TensorData::F32(v) => Box::new(move |i| v[i] != 0.0),
-            TensorData::I64(v) => Box::new(move |i| v[i] != 0),
-            TensorData::I32(v) => Box::new(move |i| v[i] != 0),
-            TensorData::I8(v) => Box::new(move |i| v[i] != 0),
-            TensorData::U8(v) => Box::new(move |i| v[i] != 0),
-            TensorData::I16(v) => Box::new(move |i| v[i] != 0),
-            TensorData::U16(v) => Box::new(move |i| v[i] != 0),
-            TensorData::U32(v) => Box::new(move |i| v[i] != 0),
-            TensorData::U64(v) => Box::new(move |i| v[i] != 0),
-            TensorData::Bool(v) => Box::new(move |i| v[i]),
-        };
-        let mut rows = Vec::with_capacity(batch * seq);
-        let mut starts = Vec::with_capacity(batch + 1);
-        for b in 0..batch {
-            starts.push(rows.len());
-            rows.extend((b * seq..(b + 1) * seq).filter(|&i| real(i)));
+        let mut rows = arena.indices(batch * seq);
+        let mut starts = arena.indices(batch + 1);
+        fn real<T: Default + PartialEq>(v: &[T], i: usize) -> bool {
+            v[i] != T::default()
         }
+        crate::value::with_tensor_data!(mask.data(), v => {
+            for b in 0..batch {
+                starts.push(rows.len());
+                rows.extend((b * seq..(b + 1) * seq).filter(|&i| real(v, i)));
+            }
+        });
         starts.push(rows.len());
         Ok(RowMap {
             batch,
@@ -54,6 +52,26 @@ impl RowMap {
             rows,
             starts,
         })
+    }
+
+    /// Gives the index lists back to the arena.
+    pub fn recycle(self, arena: &mut Arena) {
+        arena.recycle_indices(self.rows);
+        arena.recycle_indices(self.starts);
+    }
+
+    /// `f` on the map of `mask`, whose index lists go back to the arena afterwards.
+    pub fn with<R>(
+        mask: &TensorValue,
+        ctx: &mut Ctx<'_>,
+        node: &str,
+        op: &'static str,
+        f: impl FnOnce(&RowMap, &mut Ctx<'_>) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        let map = RowMap::from_mask(mask, ctx.arena, node, op)?;
+        let result = f(&map, ctx);
+        map.recycle(ctx.arena);
+        result
     }
 
     /// The position in its sequence of packed row `r` of sequence `b`.
@@ -75,7 +93,17 @@ pub(crate) fn pack_rows(
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
-    let map = RowMap::from_mask(mask, node, "pack_rows")?;
+    RowMap::with(mask, ctx, node, "pack_rows", |map, ctx| {
+        pack_mapped(x, map, ctx, node)
+    })
+}
+
+fn pack_mapped(
+    x: &TensorValue,
+    map: &RowMap,
+    ctx: &mut Ctx<'_>,
+    node: &str,
+) -> Result<TensorValue, Error> {
     if x.rank() < 2 || x.shape()[..2] != [map.batch, map.seq] {
         return Err(Error::op(
             node,
@@ -89,7 +117,7 @@ pub(crate) fn pack_rows(
         ));
     }
     let w = row_width(x);
-    let mut shape = vec![1, map.rows.len()];
+    let mut shape: Dims = smallvec::smallvec![1, map.rows.len()];
     shape.extend_from_slice(&x.shape()[2..]);
     if let Some(src) = x.as_f32() {
         let mut out = ctx.arena.f32_for_overwrite(map.rows.len() * w);
@@ -110,7 +138,17 @@ pub(crate) fn unpack_rows(
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
-    let map = RowMap::from_mask(mask, node, "unpack_rows")?;
+    RowMap::with(mask, ctx, node, "unpack_rows", |map, ctx| {
+        unpack_mapped(y, map, ctx, node)
+    })
+}
+
+fn unpack_mapped(
+    y: &TensorValue,
+    map: &RowMap,
+    ctx: &mut Ctx<'_>,
+    node: &str,
+) -> Result<TensorValue, Error> {
     if y.rank() < 2 || y.shape()[..2] != [1, map.rows.len()] {
         return Err(Error::op(
             node,
@@ -123,7 +161,7 @@ pub(crate) fn unpack_rows(
         ));
     }
     let w = row_width(y);
-    let mut shape = vec![map.batch, map.seq];
+    let mut shape: Dims = smallvec::smallvec![map.batch, map.seq];
     shape.extend_from_slice(&y.shape()[2..]);
     let len = map.batch * map.seq * w;
     if let Some(src) = y.as_f32() {
@@ -169,7 +207,7 @@ mod tests {
         let pi = pack_rows(&xi, &mask, &mut ctx, "p").unwrap();
         assert_eq!(pi.shape(), &[1, 4]);
         assert_eq!(pi.as_u8().unwrap(), &[1, 2, 5, 6]);
-        let map = RowMap::from_mask(&mask, "m", "pack_rows").unwrap();
+        let map = RowMap::from_mask(&mask, ctx.arena, "m", "pack_rows").unwrap();
         assert_eq!(map.starts, vec![0, 2, 4]);
         assert_eq!(map.position(1, 0), 1);
         let bad = TensorValue::from_i64(vec![2, 2], vec![1; 4]).unwrap();

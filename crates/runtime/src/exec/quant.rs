@@ -4,42 +4,69 @@ use ir::DType;
 
 use super::nn::plan_matmul;
 use super::{norm_axis, Arena};
-use crate::value::{TensorData, TensorValue};
+use crate::value::{Dims, TensorData, TensorValue};
 use crate::Error;
 
-/// Per-element (scale, zero point) lookup: per tensor or per `axis`.
-struct QParams {
-    scales: Vec<f32>,
-    zps: Vec<i32>,
+/// Per-element (scale, zero point) lookup: per tensor or per `axis`, read in place from the
+/// parameter tensors.
+struct QParams<'a> {
+    scales: &'a [f32],
+    zps: ZeroPoints<'a>,
     /// Elements between consecutive channels, and number of channels (1 = per tensor).
     inner: usize,
     channels: usize,
 }
 
-impl QParams {
+/// The zero points of a [`QParams`], in the dtype they came in (none: all 0).
+enum ZeroPoints<'a> {
+    Zero,
+    U8(&'a [u8]),
+    I8(&'a [i8]),
+    I32(&'a [i32]),
+}
+
+impl ZeroPoints<'_> {
+    fn len(&self) -> Option<usize> {
+        match self {
+            ZeroPoints::Zero => None,
+            ZeroPoints::U8(v) => Some(v.len()),
+            ZeroPoints::I8(v) => Some(v.len()),
+            ZeroPoints::I32(v) => Some(v.len()),
+        }
+    }
+
+    #[inline]
+    fn get(&self, c: usize) -> i32 {
+        match self {
+            ZeroPoints::Zero => 0,
+            ZeroPoints::U8(v) => v[c] as i32,
+            ZeroPoints::I8(v) => v[c] as i32,
+            ZeroPoints::I32(v) => v[c],
+        }
+    }
+}
+
+impl<'a> QParams<'a> {
     fn new(
         x_shape: &[usize],
-        scale: &TensorValue,
-        zp: Option<&TensorValue>,
+        scale: &'a TensorValue,
+        zp: Option<&'a TensorValue>,
         axis: i64,
         node: &str,
         op: &'static str,
-    ) -> Result<QParams, Error> {
-        let scales = scale
-            .as_f32()
-            .ok_or_else(|| {
-                Error::op(
-                    node,
-                    op,
-                    format!("scale must be f32, got {}", scale.dtype()),
-                )
-            })?
-            .to_vec();
-        let zps: Vec<i32> = match zp {
+    ) -> Result<QParams<'a>, Error> {
+        let scales = scale.as_f32().ok_or_else(|| {
+            Error::op(
+                node,
+                op,
+                format!("scale must be f32, got {}", scale.dtype()),
+            )
+        })?;
+        let zps = match zp {
             Some(z) => match z.data() {
-                TensorData::U8(v) => v.iter().map(|&x| x as i32).collect(),
-                TensorData::I8(v) => v.iter().map(|&x| x as i32).collect(),
-                TensorData::I32(v) => v.clone(),
+                TensorData::U8(v) => ZeroPoints::U8(v),
+                TensorData::I8(v) => ZeroPoints::I8(v),
+                TensorData::I32(v) => ZeroPoints::I32(v),
                 d => {
                     return Err(Error::op(
                         node,
@@ -48,9 +75,9 @@ impl QParams {
                     ))
                 }
             },
-            None => vec![0; scales.len()],
+            None => ZeroPoints::Zero,
         };
-        if zps.len() != scales.len() {
+        if zps.len().is_some_and(|n| n != scales.len()) {
             return Err(Error::op(node, op, "scale and zero point differ in size"));
         }
         if scales.len() == 1 {
@@ -87,7 +114,7 @@ impl QParams {
         } else {
             (i / self.inner) % self.channels
         };
-        (self.scales[c], self.zps[c])
+        (self.scales[c], self.zps.get(c))
     }
 }
 
@@ -138,7 +165,7 @@ pub(crate) fn quantize_linear(
         }
         d => return Err(Error::op(node, op, format!("cannot quantize to {d}"))),
     };
-    Ok(TensorValue::raw_data(x.shape().to_vec(), data))
+    Ok(TensorValue::raw_data(Dims::from_slice(x.shape()), data))
 }
 
 /// `dequantize_linear(x, scale, zero_point?)`: `(x − zp)·scale` in f32.
@@ -174,7 +201,7 @@ pub(crate) fn dequantize_linear(
             ))
         }
     }
-    Ok(TensorValue::raw(x.shape().to_vec(), out))
+    Ok(TensorValue::raw(Dims::from_slice(x.shape()), out))
 }
 
 /// `dynamic_quantize_linear(x)` → `(y: u8, scale, zero_point)` exactly as the ONNX spec:
@@ -203,7 +230,7 @@ pub(crate) fn dynamic_quantize_linear(
         .map(|&v| quantize_one(v, scale, zp, 0, 255) as u8)
         .collect();
     Ok(vec![
-        TensorValue::raw(x.shape().to_vec(), y),
+        TensorValue::raw(Dims::from_slice(x.shape()), y),
         TensorValue::scalar(scale),
         TensorValue::scalar(zp as u8),
     ])
@@ -261,7 +288,7 @@ fn integer_rows(
     bzp: Option<&TensorValue>,
     node: &str,
     mut emit: impl FnMut(usize, &[i32]),
-) -> Result<Vec<usize>, Error> {
+) -> Result<Dims, Error> {
     let p = plan_matmul(a.shape(), b.shape(), node, "matmul_integer")?;
     let (m, k, n) = (p.m, p.k, p.n);
     let (av, bv) = (Ints::of(a, node, "a")?, Ints::of(b, node, "b")?);
@@ -285,7 +312,7 @@ fn integer_rows(
         // B minus its zero points, once per distinct B matrix (a constant weight is shared by
         // all).
         let mut b_at = usize::MAX;
-        for (bi, &(oa, ob)) in p.pairs.iter().enumerate() {
+        for (bi, (oa, ob)) in p.pairs.iter().enumerate() {
             if ob != b_at {
                 b_centered.clear();
                 b_centered.extend((0..k * n).map(|e| bv.at(ob + e) - zero_of(bzp, bz_len, e % n)));

@@ -3,14 +3,15 @@
 
 use ir::{DType, PadMode, ReduceOp, ScatterReduction};
 
+use super::Arena;
 use super::{broadcast_shape, broadcast_strides, for_each_row, norm_axis, strides_of, Input};
 use crate::map_data;
-use crate::value::{TensorData, TensorValue};
+use crate::value::{Dims, SmallInts, TensorData, TensorValue};
 use crate::Error;
 
 /// The i64 values of an integer tensor (indices, shapes, axes).
-fn ints(t: &TensorValue, node: &str, op: &'static str, what: &str) -> Result<Vec<i64>, Error> {
-    t.to_i64_vec().map_err(|_| {
+fn ints(t: &TensorValue, node: &str, op: &'static str, what: &str) -> Result<SmallInts, Error> {
+    t.to_small_ints().map_err(|_| {
         Error::op(
             node,
             op,
@@ -20,13 +21,19 @@ fn ints(t: &TensorValue, node: &str, op: &'static str, what: &str) -> Result<Vec
 }
 
 /// `shape[start, end]`.
-pub(crate) fn shape(x: &TensorValue, start: i64, end: Option<i64>) -> TensorValue {
+pub(crate) fn shape(
+    x: &TensorValue,
+    start: i64,
+    end: Option<i64>,
+    arena: &mut Arena,
+) -> TensorValue {
     let r = x.rank() as i64;
     let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
     let s = clamp(start);
     let e = clamp(end.unwrap_or(r)).max(s);
-    let dims: Vec<i64> = x.shape()[s..e].iter().map(|&d| d as i64).collect();
-    TensorValue::raw(vec![dims.len()], dims)
+    let mut dims: Vec<i64> = arena.vec_with_capacity(e - s);
+    dims.extend(x.shape()[s..e].iter().map(|&d| d as i64));
+    TensorValue::raw([dims.len()].as_slice(), dims)
 }
 
 /// `reshape` with ONNX semantics for 0 and -1.
@@ -34,12 +41,13 @@ pub(crate) fn reshape(
     x: Input<'_>,
     spec: &TensorValue,
     allowzero: bool,
+    arena: &mut Arena,
     node: &str,
 ) -> Result<TensorValue, Error> {
     let spec = ints(spec, node, "reshape", "the shape")?;
-    let in_shape = x.get().shape().to_vec();
+    let in_shape = Dims::from_slice(x.get().shape());
     let total: usize = in_shape.iter().product();
-    let mut out = Vec::with_capacity(spec.len());
+    let mut out = Dims::new();
     let mut infer = None;
     for (i, &d) in spec.iter().enumerate() {
         match d {
@@ -88,21 +96,27 @@ pub(crate) fn reshape(
             format!("cannot reshape {in_shape:?} ({total} elements) to {spec:?}"),
         ));
     }
-    x.into_owned().reshaped(out)
+    relabel(x, out, arena)
 }
 
-/// A new shape for the same elements (squeeze, unsqueeze, flatten).
-fn relabel(x: Input<'_>, shape: Vec<usize>) -> Result<TensorValue, Error> {
-    x.into_owned().reshaped(shape)
+/// A new shape for the same elements (reshape, squeeze, unsqueeze, flatten): moved when owned,
+/// copied into an arena buffer when borrowed.
+fn relabel(x: Input<'_>, shape: Dims, arena: &mut Arena) -> Result<TensorValue, Error> {
+    x.into_owned_in(arena).reshaped_dims(shape)
 }
 
-pub(crate) fn unsqueeze(x: Input<'_>, axes: &[i64], node: &str) -> Result<TensorValue, Error> {
-    let in_shape = x.get().shape().to_vec();
+pub(crate) fn unsqueeze(
+    x: Input<'_>,
+    axes: &[i64],
+    arena: &mut Arena,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let in_shape = Dims::from_slice(x.get().shape());
     let rank = in_shape.len() + axes.len();
     let mut ins = axes
         .iter()
         .map(|&a| norm_axis(a, rank, node, "unsqueeze"))
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Dims, _>>()?;
     ins.sort_unstable();
     if ins.windows(2).any(|w| w[0] == w[1]) {
         return Err(Error::op(
@@ -111,7 +125,7 @@ pub(crate) fn unsqueeze(x: Input<'_>, axes: &[i64], node: &str) -> Result<Tensor
             format!("repeated axes {axes:?}"),
         ));
     }
-    let mut out = Vec::with_capacity(rank);
+    let mut out = Dims::new();
     let mut src = in_shape.iter();
     for i in 0..rank {
         if ins.binary_search(&i).is_ok() {
@@ -120,18 +134,23 @@ pub(crate) fn unsqueeze(x: Input<'_>, axes: &[i64], node: &str) -> Result<Tensor
             out.push(*src.next().expect("rank arithmetic"));
         }
     }
-    relabel(x, out)
+    relabel(x, out, arena)
 }
 
-pub(crate) fn squeeze(x: Input<'_>, axes: &[i64], node: &str) -> Result<TensorValue, Error> {
-    let in_shape = x.get().shape().to_vec();
-    let out: Vec<usize> = if axes.is_empty() {
+pub(crate) fn squeeze(
+    x: Input<'_>,
+    axes: &[i64],
+    arena: &mut Arena,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let in_shape = Dims::from_slice(x.get().shape());
+    let out: Dims = if axes.is_empty() {
         in_shape.iter().copied().filter(|&d| d != 1).collect()
     } else {
         let rm = axes
             .iter()
             .map(|&a| norm_axis(a, in_shape.len(), node, "squeeze"))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Dims, _>>()?;
         for &a in &rm {
             if in_shape[a] != 1 {
                 return Err(Error::op(
@@ -148,11 +167,16 @@ pub(crate) fn squeeze(x: Input<'_>, axes: &[i64], node: &str) -> Result<TensorVa
             .map(|(_, &d)| d)
             .collect()
     };
-    relabel(x, out)
+    relabel(x, out, arena)
 }
 
-pub(crate) fn flatten(x: Input<'_>, axis: i64, node: &str) -> Result<TensorValue, Error> {
-    let s = x.get().shape().to_vec();
+pub(crate) fn flatten(
+    x: Input<'_>,
+    axis: i64,
+    arena: &mut Arena,
+    node: &str,
+) -> Result<TensorValue, Error> {
+    let s = Dims::from_slice(x.get().shape());
     let r = s.len() as i64;
     let a = if axis < 0 { axis + r } else { axis };
     if a < 0 || a > r {
@@ -163,16 +187,17 @@ pub(crate) fn flatten(x: Input<'_>, axis: i64, node: &str) -> Result<TensorValue
         ));
     }
     let a = a as usize;
-    relabel(x, vec![s[..a].iter().product(), s[a..].iter().product()])
+    let shape = [s[..a].iter().product(), s[a..].iter().product()];
+    relabel(x, Dims::from_slice(&shape), arena)
 }
 
 /// `v` transposed, appended to `out` (empty; from the arena when the caller has one).
 fn transpose_typed<T: Copy>(v: &[T], shape: &[usize], perm: &[usize], mut out: Vec<T>) -> Vec<T> {
     let rank = shape.len();
-    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let out_shape: Dims = perm.iter().map(|&p| shape[p]).collect();
     let in_strides = strides_of(shape);
     // Strides of the input seen in output order.
-    let src: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
+    let src: Dims = perm.iter().map(|&p| in_strides[p]).collect();
     out.clear();
     out.reserve(v.len());
     if v.is_empty() {
@@ -198,14 +223,14 @@ pub(crate) fn transpose(
     node: &str,
 ) -> Result<TensorValue, Error> {
     let rank = x.rank();
-    let perm: Vec<usize> = if perm.is_empty() {
+    let perm: Dims = if perm.is_empty() {
         (0..rank).rev().collect()
     } else {
         perm.iter()
             .map(|&p| norm_axis(p, rank, node, "transpose"))
             .collect::<Result<_, _>>()?
     };
-    let mut seen = vec![false; rank];
+    let mut seen: smallvec::SmallVec<[bool; 8]> = smallvec::smallvec![false; rank];
     if perm.len() != rank || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
         return Err(Error::op(
             node,
@@ -216,14 +241,13 @@ pub(crate) fn transpose(
     if rank == 0 {
         return Ok(x.clone());
     }
-    let out_shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+    let out_shape: Dims = perm.iter().map(|&p| x.shape()[p]).collect();
     let sh = x.shape();
-    let data = match (x.data(), arena) {
-        (TensorData::F32(v), Some(arena)) => {
-            let out = arena.f32_with_capacity(v.len());
-            TensorData::F32(transpose_typed(v, sh, &perm, out))
+    let data = match arena {
+        Some(arena) => {
+            map_data!(x.data(), v => transpose_typed(v, sh, &perm, arena.vec_with_capacity(v.len())))
         }
-        (data, _) => map_data!(data, v => transpose_typed(v, sh, &perm, Vec::new())),
+        None => map_data!(x.data(), v => transpose_typed(v, sh, &perm, Vec::new())),
     };
     Ok(TensorValue::raw_data(out_shape, data))
 }
@@ -242,7 +266,7 @@ pub(crate) fn concat(xs: &[&TensorValue], axis: i64, node: &str) -> Result<Tenso
     let first = xs[0];
     let rank = first.rank();
     let a = norm_axis(axis, rank, node, "concat")?;
-    let mut out_shape = first.shape().to_vec();
+    let mut out_shape = Dims::from_slice(first.shape());
     out_shape[a] = 0;
     for x in xs {
         if x.dtype() != first.dtype() || x.rank() != rank {
@@ -353,7 +377,7 @@ pub(crate) fn split(
     let mut off = 0;
     let mut outs = Vec::with_capacity(k);
     for len in sizes {
-        let mut shape = x.shape().to_vec();
+        let mut shape = Dims::from_slice(x.shape());
         shape[a] = len;
         let d = map_data!(x.data(), v => split_typed(v, outer, dim, inner, off, len));
         outs.push(TensorValue::raw_data(shape, d));
@@ -387,20 +411,34 @@ fn gather_indices(
     indices: &TensorValue,
     dim: usize,
     allow_negative: bool,
+    arena: &mut Arena,
     node: &str,
 ) -> Result<Result<Vec<usize>, OutOfRange>, Error> {
-    let idx = ints(indices, node, "gather", "indices")?;
-    let mut norm = Vec::with_capacity(idx.len());
-    for &i in &idx {
+    let mut norm = arena.indices(indices.len());
+    let mut oor = None;
+    let mut push = |i: i64| {
         let j = if i < 0 && allow_negative {
             i + dim as i64
         } else {
             i
         };
         if j < 0 || j >= dim as i64 {
-            return Ok(Err(OutOfRange { index: i, dim }));
+            oor.get_or_insert(OutOfRange { index: i, dim });
+        } else {
+            norm.push(j as usize);
         }
-        norm.push(j as usize);
+    };
+    // Token ids come as i64 or i32: read in place, no list of them is made.
+    match indices.data() {
+        TensorData::I64(v) => v.iter().for_each(|&i| push(i)),
+        TensorData::I32(v) => v.iter().for_each(|&i| push(i as i64)),
+        _ => ints(indices, node, "gather", "indices")?
+            .iter()
+            .for_each(|&i| push(i)),
+    }
+    if let Some(oor) = oor {
+        arena.recycle_indices(norm);
+        return Ok(Err(oor));
     }
     Ok(Ok(norm))
 }
@@ -441,7 +479,7 @@ impl ConstTable {
         arena: &mut super::Arena,
         node: &str,
     ) -> Result<Result<TensorValue, OutOfRange>, Error> {
-        let norm = match gather_indices(indices, self.rows, allow_negative, node)? {
+        let norm = match gather_indices(indices, self.rows, allow_negative, arena, node)? {
             Ok(n) => n,
             Err(oor) => return Ok(Err(oor)),
         };
@@ -454,7 +492,8 @@ impl ConstTable {
                     .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
             );
         }
-        let mut shape = indices.shape().to_vec();
+        arena.recycle_indices(norm);
+        let mut shape = Dims::from_slice(indices.shape());
         shape.push(w);
         Ok(Ok(TensorValue::raw(shape, out)))
     }
@@ -473,23 +512,29 @@ pub(crate) fn gather(
     node: &str,
 ) -> Result<Result<TensorValue, OutOfRange>, Error> {
     let a = norm_axis(axis, data.rank(), node, "gather")?;
+    let mut own_arena;
+    let arena = match arena {
+        Some(a) => a,
+        None => {
+            own_arena = Arena::default();
+            &mut own_arena
+        }
+    };
     let dim = data.shape()[a];
-    let norm = match gather_indices(indices, dim, allow_negative, node)? {
+    let norm = match gather_indices(indices, dim, allow_negative, arena, node)? {
         Ok(n) => n,
         Err(oor) => return Ok(Err(oor)),
     };
     let outer: usize = data.shape()[..a].iter().product();
     let inner: usize = data.shape()[a + 1..].iter().product();
-    let mut out_shape = data.shape()[..a].to_vec();
+    let mut out_shape = Dims::from_slice(&data.shape()[..a]);
     out_shape.extend_from_slice(indices.shape());
     out_shape.extend_from_slice(&data.shape()[a + 1..]);
-    let d = match (data.data(), arena) {
-        (TensorData::F32(v), Some(arena)) => {
-            let out = arena.f32_with_capacity(outer * norm.len() * inner);
-            TensorData::F32(gather_typed(v, outer, dim, inner, &norm, out))
-        }
-        (d, _) => map_data!(d, v => gather_typed(v, outer, dim, inner, &norm, Vec::new())),
-    };
+    let len = outer * norm.len() * inner;
+    let d = map_data!(data.data(), v => {
+        gather_typed(v, outer, dim, inner, &norm, arena.vec_with_capacity(len))
+    });
+    arena.recycle_indices(norm);
     Ok(Ok(TensorValue::raw_data(out_shape, d)))
 }
 
@@ -956,10 +1001,12 @@ fn slice_typed<T: Copy>(
     starts: &[i64],
     steps: &[i64],
     out_shape: &[usize],
+    mut out: Vec<T>,
 ) -> Vec<T> {
     let in_strides = strides_of(shape);
     let n: usize = out_shape.iter().product();
-    let mut out = Vec::with_capacity(n);
+    out.clear();
+    out.reserve(n);
     if n == 0 {
         return out;
     }
@@ -970,8 +1017,8 @@ fn slice_typed<T: Copy>(
         .map(|(&s, &st)| s * st as i64)
         .sum();
     let rank = shape.len();
-    let st: Vec<i64> = (0..rank).map(|d| steps[d] * in_strides[d] as i64).collect();
-    let mut idx = vec![0usize; rank];
+    let st: SmallInts = (0..rank).map(|d| steps[d] * in_strides[d] as i64).collect();
+    let mut idx: Dims = smallvec::smallvec![0usize; rank];
     let mut off = base;
     for _ in 0..n {
         out.push(v[off as usize]);
@@ -994,12 +1041,13 @@ fn slice_typed<T: Copy>(
 pub(crate) fn slice(
     x: &TensorValue,
     args: &[&TensorValue],
+    arena: &mut Arena,
     node: &str,
 ) -> Result<TensorValue, Error> {
     let rank = x.rank();
     let starts = ints(args[0], node, "slice", "starts")?;
     let ends = ints(args[1], node, "slice", "ends")?;
-    let axes: Vec<usize> = match args.get(2) {
+    let axes: Dims = match args.get(2) {
         Some(t) => ints(t, node, "slice", "axes")?
             .into_iter()
             .map(|a| norm_axis(a, rank, node, "slice"))
@@ -1008,7 +1056,7 @@ pub(crate) fn slice(
     };
     let steps = match args.get(3) {
         Some(t) => ints(t, node, "slice", "steps")?,
-        None => vec![1; starts.len()],
+        None => smallvec::smallvec![1; starts.len()],
     };
     if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
         return Err(Error::op(
@@ -1017,9 +1065,9 @@ pub(crate) fn slice(
             "starts, ends, axes and steps differ in length",
         ));
     }
-    let mut st = vec![0i64; rank];
-    let mut sp = vec![1i64; rank];
-    let mut out_shape = x.shape().to_vec();
+    let mut st: SmallInts = smallvec::smallvec![0i64; rank];
+    let mut sp: SmallInts = smallvec::smallvec![1i64; rank];
+    let mut out_shape = Dims::from_slice(x.shape());
     for (k, &a) in axes.iter().enumerate() {
         let d = x.shape()[a] as i64;
         let step = steps[k];
@@ -1055,7 +1103,10 @@ pub(crate) fn slice(
         out_shape[a] = count as usize;
     }
     let sh = x.shape();
-    let d = map_data!(x.data(), v => slice_typed(v, sh, &st, &sp, &out_shape));
+    let len = out_shape.iter().product();
+    let d = map_data!(x.data(), v => {
+        slice_typed(v, sh, &st, &sp, &out_shape, arena.vec_with_capacity(len))
+    });
     Ok(TensorValue::raw_data(out_shape, d))
 }
 
@@ -1325,7 +1376,7 @@ pub(crate) fn cumsum(
             ))
         }
     };
-    Ok(TensorValue::raw_data(x.shape().to_vec(), d))
+    Ok(TensorValue::raw_data(Dims::from_slice(x.shape()), d))
 }
 
 /// `reduce_*[axes, keepdims]` over f32, i64 or i32.
@@ -1570,6 +1621,7 @@ mod tests {
                     &i64s(vec![1], vec![1]),
                     &i64s(vec![1], vec![step]),
                 ],
+                &mut Arena::default(),
                 "s",
             )
             .unwrap()
@@ -1607,9 +1659,23 @@ mod tests {
     #[test]
     fn reshape_transpose_reduce() {
         let x = TensorValue::from_f32(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]).unwrap();
-        let r = reshape(Input::Ref(&x), &i64s(vec![2], vec![0, -1]), false, "r").unwrap();
+        let r = reshape(
+            Input::Ref(&x),
+            &i64s(vec![2], vec![0, -1]),
+            false,
+            &mut Arena::default(),
+            "r",
+        )
+        .unwrap();
         assert_eq!(r.shape(), &[2, 3]);
-        assert!(reshape(Input::Ref(&x), &i64s(vec![1], vec![4]), false, "r").is_err());
+        assert!(reshape(
+            Input::Ref(&x),
+            &i64s(vec![1], vec![4]),
+            false,
+            &mut Arena::default(),
+            "r"
+        )
+        .is_err());
         let t = transpose(&x, &[1, 0], None, "t").unwrap();
         assert_eq!(t.as_f32().unwrap(), &[1., 4., 2., 5., 3., 6.]);
         let m = reduce(&x, ReduceOp::Mean, &[-1], true, "m").unwrap();

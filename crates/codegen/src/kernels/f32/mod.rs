@@ -18,7 +18,7 @@ use super::buf::{AlignedBuf, SharedPtr};
 use super::epilogue::{run_block, Epilogue, EpilogueOp, OutPtr, Output, Src};
 use super::pool::{
     effective_threads, parallel_chunks, parallel_for, plan_split, split_range, splits_columns,
-    GemmSplit, PartWork,
+    GemmSplit, PartWork, PartWorks,
 };
 use super::select::{cache_sizes, pick_f32, F32Kernel};
 use std::cell::RefCell;
@@ -282,7 +282,7 @@ fn drive(
             && u.ukernel as usize == ki.run as usize
             && u.callback as usize == unit_callback as *const () as usize
     });
-    let works: Vec<PartWork> = (0..parts)
+    let works: PartWorks = (0..parts)
         .map(|t| {
             let (rows, pans) = if split_n {
                 (0..m, split_range(panels, parts, t))

@@ -31,7 +31,7 @@ use super::epilogue::{
 use super::error::KernelError;
 use super::pool::{
     effective_threads, panel_granularity, parallel_chunks, parallel_for, plan_split, split_panels,
-    split_range, splits_columns, GemmSplit, PartWork,
+    split_range, splits_columns, GemmSplit, PartWork, PartWorks,
 };
 use super::select::{cache_sizes, Int8Kernel};
 use std::cell::RefCell;
@@ -188,7 +188,24 @@ impl MicroKernel for AmxHwKernel {
     }
 }
 
-fn hw_kernel(k: Int8Kernel) -> Result<Box<dyn MicroKernel>, KernelError> {
+/// A hardware kernel, by value: choosing one for a GEMM call allocates nothing.
+enum HwKernel {
+    Fn(FnKernel),
+    #[cfg(target_arch = "x86_64")]
+    Amx(AmxHwKernel),
+}
+
+impl HwKernel {
+    fn as_dyn(&self) -> &dyn MicroKernel {
+        match self {
+            HwKernel::Fn(k) => k,
+            #[cfg(target_arch = "x86_64")]
+            HwKernel::Amx(k) => k,
+        }
+    }
+}
+
+fn hw_kernel(k: Int8Kernel) -> Result<HwKernel, KernelError> {
     if !k.is_supported() {
         return Err(KernelError::Unsupported(k.name()));
     }
@@ -201,11 +218,11 @@ fn hw_kernel(k: Int8Kernel) -> Result<Box<dyn MicroKernel>, KernelError> {
         #[cfg(target_arch = "x86_64")]
         Int8Kernel::Avx512Vnni => avx512vnni::ukernel,
         #[cfg(target_arch = "x86_64")]
-        Int8Kernel::Amx => return Ok(Box::new(AmxHwKernel)),
+        Int8Kernel::Amx => return Ok(HwKernel::Amx(AmxHwKernel)),
         #[allow(unreachable_patterns)]
         _ => return Err(KernelError::Unsupported(k.name())),
     };
-    Ok(Box::new(FnKernel { d: desc(k), f }))
+    Ok(HwKernel::Fn(FnKernel { d: desc(k), f }))
 }
 
 /// `out = epilogue(A[m×k] · B)` with the kernel `b` was packed for. `threads` as in
@@ -239,7 +256,7 @@ pub fn gemm_i8(
     threads: usize,
 ) -> Result<(), KernelError> {
     let k = hw_kernel(b.kernel)?;
-    drive(&*k, m, a, lda, b, out, epilogue, threads, None).map(|_| ())
+    drive(k.as_dyn(), m, a, lda, b, out, epilogue, threads, None).map(|_| ())
 }
 
 /// The JIT-compiled unit loop nest for GEMMs with weight `b` (see [`crate::jit`]): specialised to
@@ -257,6 +274,7 @@ pub fn jit_unit_for(
     k: usize,
 ) -> Result<crate::jit::CompiledUnit, crate::jit::JitError> {
     let kern = hw_kernel(kernel).map_err(|e| crate::jit::JitError::Unavailable(e.to_string()))?;
+    let kern = kern.as_dyn();
     let f = kern.ukernel().ok_or_else(|| {
         crate::jit::JitError::Unavailable(format!("{} has no plain microkernel", kernel.name()))
     })?;
@@ -284,7 +302,7 @@ pub fn gemm_i8_jit(
     unit: &crate::jit::CompiledUnit,
 ) -> Result<bool, KernelError> {
     let k = hw_kernel(b.kernel)?;
-    drive(&*k, m, a, lda, b, out, epilogue, threads, Some(unit))
+    drive(k.as_dyn(), m, a, lda, b, out, epilogue, threads, Some(unit))
 }
 
 /// [`gemm_i8`] with an explicit kernel, which must be supported and compatible with the packing.
@@ -300,7 +318,7 @@ pub fn gemm_i8_with(
     threads: usize,
 ) -> Result<(), KernelError> {
     let k = hw_kernel(kernel)?;
-    drive(&*k, m, a, lda, b, out, epilogue, threads, None).map(|_| ())
+    drive(k.as_dyn(), m, a, lda, b, out, epilogue, threads, None).map(|_| ())
 }
 
 /// [`gemm_i8`] running the AVX-VNNI kernel (its 6×16 register blocking, packing and driver)
@@ -499,7 +517,7 @@ fn drive(
             (r.start * d.mr..(r.end * d.mr).min(m), 0..panels)
         }
     };
-    let works: Vec<PartWork> = (0..parts)
+    let works: PartWorks = (0..parts)
         .map(|t| {
             let (rows, pans) = part_of(t);
             PartWork::new(rows, pans, d.mr, blk.mc, blk.nc_panels, g)
