@@ -894,3 +894,130 @@ fn per_tensor_dequant_folds_to_the_same_bits() {
         }
     }
 }
+
+/// The register path of elementwise int8 epilogues (`epilogue_chain`) gives the multi-pass
+/// path's bits: per-row and folded per-tensor dequantization, per-column and per-tensor weight
+/// scales, GELU, per-column factors, residuals with NaN and infinities, requantization to u8 and
+/// s8, widths that leave a partial vector, through every int8 kernel this CPU runs.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn register_chains_equal_the_multi_pass_epilogue() {
+    use codegen::kernels::epilogue_chain::set_register_chains;
+    codegen::kernels::pool::set_min_parallel_macs(0);
+    let (m, n, k) = (29, 70, 52);
+    let mut rng = Rng(0xc4a1);
+    let a: Vec<u8> = (0..m * k).map(|_| rng.u8()).collect();
+    let w: Vec<i8> = (0..n * k).map(|_| rng.i8()).collect();
+    let ws: Vec<f32> = (0..n).map(|_| (rng.f32().abs() + 0.1) * 1e-3).collect();
+    let bias = rng.vec_f32(n);
+    let cols: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0).collect();
+    let mut residual: Vec<f32> = (0..m * n).map(|_| rng.f32() * 4.0).collect();
+    residual[5] = f32::NAN;
+    residual[n + 3] = f32::INFINITY;
+    residual[2 * n + 69] = f32::NEG_INFINITY;
+    let (row_scales, row_zeros): (Vec<f32>, Vec<i32>) = (0..m)
+        .map(|i| (0.01 + i as f32 * 1e-3, i as i32 - 9))
+        .unzip();
+    let per_row = (
+        RowParam::PerRow(&row_scales[..]),
+        RowParam::PerRow(&row_zeros[..]),
+    );
+    let per_tensor = (RowParam::PerTensor(0.013), RowParam::PerTensor(-9));
+    let requant = |ty| EpilogueOp::Requant {
+        scale: 0.02,
+        zero_point: if ty == QType::U8 { 100 } else { -3 },
+        ty,
+    };
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum Out {
+        F32,
+        U8,
+        S8,
+    }
+    for kern in common::coverage::int8("register_chains_equal_the_multi_pass_epilogue") {
+        let b = PackedI8::pack_for(kern, &w, k, n, k, true).unwrap();
+        for (params, w_scale) in [
+            (per_row, &ws[..]),
+            (per_tensor, &ws[..]),
+            (per_row, &ws[..1]),
+        ] {
+            let dequant = EpilogueOp::Dequant {
+                a_scale: params.0,
+                a_zero: params.1,
+                w_scale,
+            };
+            let programs: Vec<(Vec<EpilogueOp<'_>>, Out)> = vec![
+                (vec![dequant], Out::F32),
+                (vec![dequant, EpilogueOp::Bias(&bias)], Out::F32),
+                (
+                    vec![
+                        dequant,
+                        EpilogueOp::Bias(&bias),
+                        EpilogueOp::GeluErf,
+                        EpilogueOp::MulCol(&cols),
+                        requant(QType::U8),
+                    ],
+                    Out::U8,
+                ),
+                (
+                    vec![
+                        dequant,
+                        EpilogueOp::Bias(&bias),
+                        EpilogueOp::AddResidual {
+                            data: &residual,
+                            ld: n,
+                        },
+                        EpilogueOp::Scale(0.7),
+                    ],
+                    Out::F32,
+                ),
+                (
+                    vec![
+                        dequant,
+                        EpilogueOp::AddResidual {
+                            data: &residual,
+                            ld: n,
+                        },
+                        requant(QType::S8),
+                    ],
+                    Out::S8,
+                ),
+                (
+                    vec![dequant, EpilogueOp::GeluErf, requant(QType::U8)],
+                    Out::U8,
+                ),
+            ];
+            for (ops, out) in programs {
+                let run = |chains: bool| {
+                    set_register_chains(chains);
+                    let ep = Epilogue::new(ops.clone());
+                    let mut f = vec![0f32; m * n];
+                    let mut bytes = vec![0u8; m * n];
+                    let mut signed = vec![0i8; m * n];
+                    let o = match out {
+                        Out::F32 => Output::F32 { c: &mut f, ldc: n },
+                        Out::U8 => Output::U8 {
+                            c: &mut bytes,
+                            ldc: n,
+                        },
+                        Out::S8 => Output::S8 {
+                            c: &mut signed,
+                            ldc: n,
+                        },
+                    };
+                    gemm_i8_with(kern, m, Activations::U8(&a), k, &b, o, &ep, 2).unwrap();
+                    set_register_chains(true);
+                    let f: Vec<u32> = f.iter().map(|x| x.to_bits()).collect();
+                    let s: Vec<u8> = signed.iter().map(|&x| x as u8).collect();
+                    (f, bytes, s)
+                };
+                assert_eq!(
+                    run(true),
+                    run(false),
+                    "{} {ops:?} into {out:?}",
+                    kern.name()
+                );
+            }
+        }
+    }
+}

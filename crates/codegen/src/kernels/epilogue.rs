@@ -29,7 +29,7 @@ pub enum RowParam<'a, T> {
 
 impl<T: Copy> RowParam<'_, T> {
     #[inline(always)]
-    fn at(&self, row: usize) -> T {
+    pub(crate) fn at(&self, row: usize) -> T {
         match self {
             Self::PerTensor(v) => *v,
             Self::PerRow(v) => v[row],
@@ -54,7 +54,7 @@ pub enum QType {
 }
 
 impl QType {
-    fn range(self) -> (f32, f32) {
+    pub(crate) fn range(self) -> (f32, f32) {
         match self {
             Self::U8 => (0.0, 255.0),
             Self::S8 => (-128.0, 127.0),
@@ -612,6 +612,13 @@ unsafe fn run_block_avx512(
     out: OutPtr,
     tmp: &mut [f32],
 ) {
+    if let (Src::I32(acc, ld), Some(ctx)) = (src, int8) {
+        if super::epilogue_chain::eligible(ops, &out) {
+            // SAFETY: forwarded caller contract; the chain is eligible and the CPU has
+            // AVX-512F/BW/VL (this function's features).
+            return unsafe { super::epilogue_chain::run(ops, ctx, acc, ld, rows, cols, out) };
+        }
+    }
     // SAFETY: forwarded caller contract.
     unsafe { run_block_generic(ops, int8, src, rows, cols, out, tmp) }
 }

@@ -496,46 +496,64 @@ pub fn gelu_erf_slice(v: &mut [f32]) {
 #[target_feature(enable = "avx512f")]
 unsafe fn gelu_erf_avx512(v: &mut [f32]) {
     use std::arch::x86_64::*;
-    let table = |k: usize| {
-        // SAFETY: each row of the table holds 32 floats: two 16-float loads.
-        unsafe {
-            (
-                _mm512_loadu_ps(PHI_TAIL[k].as_ptr()),
-                _mm512_loadu_ps(PHI_TAIL[k].as_ptr().add(16)),
-            )
-        }
-    };
-    let c: [(__m512, __m512); 8] = std::array::from_fn(table);
-    let flush = _mm512_set1_ps(GELU_ERF_FLUSH);
-    let top = _mm512_set1_ps(-GELU_ERF_FLUSH);
-    let scale = _mm512_set1_ps(PHI_SCALE);
-    let last = _mm512_set1_epi32(PHI_PIECES as i32 - 1);
-    let one = _mm512_set1_ps(1.0);
-    let zero = _mm512_setzero_ps();
+    let k = GeluErf512::new();
     let mut chunks = v.chunks_exact_mut(16);
     for x16 in &mut chunks {
         // SAFETY: 16 floats of the slice.
-        unsafe {
-            let x = _mm512_loadu_ps(x16.as_ptr());
-            // |x|, then min(|x|, 5.75) with the number kept over a NaN (as f32::min).
-            let ax = _mm512_abs_ps(x);
-            let ax = _mm512_min_ps(ax, top);
-            let i = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_mul_ps(ax, scale)), last);
-            let t = _mm512_fmsub_ps(ax, scale, _mm512_cvtepi32_ps(i));
-            let coef = |k: usize| _mm512_permutex2var_ps(c[k].0, i, c[k].1);
-            let mut p = coef(7);
-            for k in (0..7).rev() {
-                p = _mm512_fmadd_ps(p, t, coef(k));
-            }
-            let negative = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, zero);
-            let phi = _mm512_mask_blend_ps(negative, _mm512_sub_ps(one, p), p);
-            let flushed = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, flush);
-            let y = _mm512_mask_blend_ps(flushed, _mm512_mul_ps(x, phi), _mm512_set1_ps(-0.0));
-            _mm512_storeu_ps(x16.as_mut_ptr(), y);
-        }
+        unsafe { _mm512_storeu_ps(x16.as_mut_ptr(), k.apply(_mm512_loadu_ps(x16.as_ptr()))) };
     }
     for x in chunks.into_remainder() {
         *x = gelu_erf(*x);
+    }
+}
+
+/// [`gelu_erf`] on 16 lanes: the piece table in registers, loaded once by [`GeluErf512::new`]
+/// for a whole slice or epilogue block.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct GeluErf512 {
+    c: [(std::arch::x86_64::__m512, std::arch::x86_64::__m512); 8],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl GeluErf512 {
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn new() -> GeluErf512 {
+        use std::arch::x86_64::*;
+        let table = |k: usize| {
+            // SAFETY: each row of the table holds 32 floats: two 16-float loads.
+            unsafe {
+                (
+                    _mm512_loadu_ps(PHI_TAIL[k].as_ptr()),
+                    _mm512_loadu_ps(PHI_TAIL[k].as_ptr().add(16)),
+                )
+            }
+        };
+        GeluErf512 {
+            c: std::array::from_fn(table),
+        }
+    }
+
+    /// `gelu_erf` of each lane, bit for bit.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(crate) fn apply(&self, x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let scale = _mm512_set1_ps(PHI_SCALE);
+        // |x|, then min(|x|, 5.75) with the number kept over a NaN (as f32::min).
+        let ax = _mm512_min_ps(_mm512_abs_ps(x), _mm512_set1_ps(-GELU_ERF_FLUSH));
+        let last = _mm512_set1_epi32(PHI_PIECES as i32 - 1);
+        let i = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_mul_ps(ax, scale)), last);
+        let t = _mm512_fmsub_ps(ax, scale, _mm512_cvtepi32_ps(i));
+        let coef = |k: usize| _mm512_permutex2var_ps(self.c[k].0, i, self.c[k].1);
+        let mut p = coef(7);
+        for k in (0..7).rev() {
+            p = _mm512_fmadd_ps(p, t, coef(k));
+        }
+        let negative = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_setzero_ps());
+        let phi = _mm512_mask_blend_ps(negative, _mm512_sub_ps(_mm512_set1_ps(1.0), p), p);
+        let flushed = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(GELU_ERF_FLUSH));
+        _mm512_mask_blend_ps(flushed, _mm512_mul_ps(x, phi), _mm512_set1_ps(-0.0))
     }
 }
 

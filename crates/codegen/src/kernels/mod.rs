@@ -24,6 +24,8 @@
 
 pub mod buf;
 pub mod epilogue;
+#[cfg(target_arch = "x86_64")]
+pub mod epilogue_chain;
 pub mod error;
 pub mod f32;
 pub mod hwbench;
