@@ -75,9 +75,10 @@ fn keep<T>(pool: &mut Vec<Vec<T>>, v: Vec<T>, slots: usize) {
     }
 }
 
-/// Freed buffers kept for reuse (f32, and bytes for u8 and i8 values): an intermediate dies
-/// after its last consumer ran and its vector comes back here, so a steady-state run allocates
-/// (almost) nothing for activations.
+/// Freed buffers kept for reuse (f32; bytes for u8 and i8 values; small buffers and the other
+/// dtypes; index lists; attention plans): an intermediate dies after its last consumer ran and
+/// its vector comes back here, so a steady-state run allocates nothing but what it hands to the
+/// caller (`tests/steady_state_alloc.rs`).
 #[derive(Default)]
 pub(crate) struct Arena {
     free: Vec<Vec<f32>>,
