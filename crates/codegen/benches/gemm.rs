@@ -2,7 +2,8 @@
 //!
 //! `cargo bench -p codegen --bench gemm [-- [--json out.json] [--quick | --m M] [--int8-only]]`
 //! (`--int8-only` skips the f32 and scalar kernels; the onnxruntime script uses it;
-//! `--epilogues` only times the fused epilogue programs on the FFN1 shape).
+//! `--epilogues [--threads T]` only times the fused epilogue programs of a BERT-base layer, then
+//! the same GEMMs over twelve layers of distinct weights).
 //!
 //! Prints the measured VNNI / FMA peaks for 1 and 2 threads, then GOPS and the fraction of the
 //! matching peak for every supported kernel on M ∈ {128, 1024, 4096} × (N, K) ∈ {(768, 768),
@@ -67,7 +68,7 @@ fn requant_row(m: usize, n: usize, k: usize, threads: usize, peak: &Peak) -> Ker
 /// `--epilogues`: the cost of the fused epilogue programs of a BERT-base layer (static
 /// activations, M = 1024 tokens = batch 8 × 128, 1 thread, picked int8 kernel): each GEMM with
 /// its encoder epilogue beside the same GEMM storing the bare i32 product.
-fn epilogue_costs() {
+fn epilogue_costs(threads: usize) {
     let m = 1024usize;
     let kern = pick_int8(m, 3072, 768);
     let bias = vec![0.1f32; 3072];
@@ -148,7 +149,16 @@ fn epilogue_costs() {
                 c: &mut y32,
                 ldc: n,
             };
-            gemm_i8(m, Activations::U8(&a), k, &b, out, &Epilogue::none(), 1).expect("gemm");
+            gemm_i8(
+                m,
+                Activations::U8(&a),
+                k,
+                &b,
+                out,
+                &Epilogue::none(),
+                threads,
+            )
+            .expect("gemm");
         });
         let mut fused_with = |register_chains: bool| {
             #[cfg(target_arch = "x86_64")]
@@ -159,7 +169,7 @@ fn epilogue_costs() {
                 } else {
                     Output::F32 { c: &mut yf, ldc: n }
                 };
-                gemm_i8(m, Activations::U8(&a), k, &b, out, &ep, 1).expect("gemm");
+                gemm_i8(m, Activations::U8(&a), k, &b, out, &ep, threads).expect("gemm");
             });
             #[cfg(target_arch = "x86_64")]
             codegen::kernels::epilogue_chain::set_register_chains(true);
@@ -173,7 +183,7 @@ fn epilogue_costs() {
         total_bare += bare;
         let per_output = |t: f64| (t - bare) * 1e9 / (m * n) as f64;
         println!(
-            "{} {m}x{n}x{k} 1 thread, {name}: {:.2} ms, bare i32 {:.2} ms, epilogue {:.1} ns per output (multi-pass {:.1})",
+            "{} {m}x{n}x{k} {threads} thread(s), {name}: {:.2} ms, bare i32 {:.2} ms, epilogue {:.1} ns per output (multi-pass {:.1})",
             kern.name(),
             fused * 1e3,
             bare * 1e3,
@@ -187,12 +197,71 @@ fn epilogue_costs() {
         total_bare * 1e3,
         100.0 * (total_ep - total_bare) / total_ep
     );
+    // The same four GEMMs over twelve layers of distinct weights (85 MB of int8, more than the
+    // last-level caches), in model order: what the weights streaming from memory cost beside
+    // the one-layer figure above, whose weights stay cached between repetitions.
+    let layers: Vec<Vec<(usize, usize, PackedI8, Epilogue<'_>)>> = (0..12)
+        .map(|l| {
+            [(2304usize, 768usize), (768, 768), (3072, 768), (768, 3072)]
+                .iter()
+                .map(|&(n, k)| {
+                    let w: Vec<i8> = (0..n * k).map(|i| ((i + l) * 13 % 255) as i8).collect();
+                    let b = PackedI8::pack_for(kern, &w, k, n, k, true).expect("packing");
+                    let ep = if n == 3072 {
+                        Epilogue::new(vec![
+                            dq,
+                            EpilogueOp::Bias(&bias),
+                            EpilogueOp::GeluErf,
+                            EpilogueOp::MulCol(&smooth),
+                            rq,
+                        ])
+                    } else if n == 768 {
+                        Epilogue::new(res_ln(768))
+                    } else {
+                        Epilogue::new(vec![dq, EpilogueOp::Bias(&bias)])
+                    };
+                    (n, k, b, ep)
+                })
+                .collect()
+        })
+        .collect();
+    let mut yf = vec![0f32; m * 3072];
+    let mut yu = vec![0u8; m * 3072];
+    let streamed = time_best(Duration::from_millis(1500), || {
+        for layer in &layers {
+            for (n, k, b, ep) in layer {
+                let n = *n;
+                let out = if n == 3072 {
+                    Output::U8 {
+                        c: &mut yu[..m * n],
+                        ldc: n,
+                    }
+                } else {
+                    Output::F32 {
+                        c: &mut yf[..m * n],
+                        ldc: n,
+                    }
+                };
+                gemm_i8(m, Activations::U8(&a), *k, b, out, ep, threads).expect("gemm");
+            }
+        }
+    });
+    println!(
+        "twelve layers of distinct weights: {:.2} ms per layer ({:.0} % over the cached layer)",
+        streamed * 1e3 / 12.0,
+        100.0 * (streamed / 12.0 / total_ep - 1.0)
+    );
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--epilogues") {
-        epilogue_costs();
+        let threads = args
+            .iter()
+            .position(|a| a == "--threads")
+            .and_then(|i| args.get(i + 1))
+            .map_or(1, |t| t.parse().expect("--threads takes a count"));
+        epilogue_costs(threads);
         return;
     }
     let json_path = args
