@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{encore, models_dir, quantize_random, scratch, stderr, stdout};
+use common::{encore, models_dir, quantize_random, quantize_random_with, scratch, stderr, stdout};
 
 fn profile(model: &str, extra: &[&str]) -> serde_json::Value {
     let mut args = vec![
@@ -85,5 +85,30 @@ fn fusion_leaves_no_standalone_elementwise_op_in_a_layer() {
             .iter()
             .any(|o| o["op"] == "qlinear"),
         "{q}"
+    );
+
+    // Static activations with int8 attention: the QKV GEMM writes quantized heads (2H bytes,
+    // scales, H floats), and its work is still tokens × K × 3H. By role, each projection once
+    // per layer, and the roles add up to the whole.
+    let heads = dir.join("tiny-bert.int8-attn.encore");
+    quantize_random_with(
+        std::path::Path::new(fp32),
+        &heads,
+        &["--activations", "static", "--attention", "int8"],
+    );
+    let h = profile(heads.to_str().unwrap(), &[]);
+    assert_eq!(h["gemm_macs_per_run"], macs, "{h}");
+    let groups = h["gemm_groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 5, "{h}");
+    for g in &groups[..4] {
+        assert_eq!(g["nodes"], layers, "{g}");
+        assert!(g["role"].as_str().unwrap().contains("layer.N"), "{g}");
+    }
+    let per_role: f64 = groups.iter().map(|g| g["macs"].as_f64().unwrap()).sum();
+    assert_eq!(per_role, macs, "{h}");
+    assert_eq!(
+        groups[0]["macs"],
+        32.0 * 128.0 * 384.0 * layers as f64,
+        "{h}"
     );
 }

@@ -143,8 +143,50 @@ pub struct Profile {
     /// Multiply-accumulates of the weight GEMMs per run, and their nodes' milliseconds per run.
     pub gemm_macs: f64,
     pub gemm_ms: f64,
+    /// The weight GEMMs grouped by role (node name with its numbers as `N`, so the same
+    /// projection of every layer falls in one group): nodes per run, milliseconds and MACs per
+    /// run, in order of first appearance.
+    pub gemm_groups: Vec<(String, usize, f64, f64)>,
     /// The compute peak the GEMMs are rated against (ops/s) and which unit it is.
     pub peak: Option<(f64, &'static str)>,
+}
+
+/// [`Profile::gemm_groups`]: the weight GEMM nodes of `runs` grouped by role.
+fn gemm_groups(runs: &[Vec<NodeTime>]) -> Vec<(String, usize, f64, f64)> {
+    let n = runs.len().max(1) as f64;
+    let role = |node: &str| {
+        let mut r = String::with_capacity(node.len());
+        let mut in_number = false;
+        for c in node.chars() {
+            if !c.is_ascii_digit() {
+                r.push(c);
+            } else if !in_number {
+                r.push('N');
+            }
+            in_number = c.is_ascii_digit();
+        }
+        r
+    };
+    let mut groups: Vec<(String, usize, f64, f64)> = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        for t in run.iter().filter(|t| t.macs > 0) {
+            let r = role(&t.node);
+            let at = match groups.iter().position(|g| g.0 == r) {
+                Some(at) => at,
+                None => {
+                    groups.push((r, 0, 0.0, 0.0));
+                    groups.len() - 1
+                }
+            };
+            let g = &mut groups[at];
+            if i == 0 {
+                g.1 += 1;
+            }
+            g.2 += t.time.as_secs_f64() * 1e3 / n;
+            g.3 += t.macs as f64 / n;
+        }
+    }
+    groups
 }
 
 /// The peak of the unit a model's GEMMs run on (measured now, `threads` threads): the AMX tile
@@ -220,6 +262,7 @@ impl Profile {
                 .map(|t| t.time.as_secs_f64() * 1e3)
                 .sum::<f64>()
                 / n,
+            gemm_groups: gemm_groups(runs),
             peak: None,
         }
     }
@@ -285,6 +328,19 @@ impl Profile {
                     p / 1e9
                 );
             }
+            println!("  weight GEMMs by role");
+            for (role, nodes, ms, macs) in &self.gemm_groups {
+                let rate = if *ms > 0.0 {
+                    2.0 * macs / (ms / 1e3)
+                } else {
+                    0.0
+                };
+                println!(
+                    "    {nodes:>3} x {role:<48} {ms:>9.2} ms  {:>7.1} GOPS{}",
+                    rate / 1e9,
+                    frac(rate)
+                );
+            }
         }
     }
 
@@ -298,6 +354,7 @@ impl Profile {
             "elementwise_per_layer": self.elementwise_per_layer(),
             "elementwise_in_layers": self.elementwise_in_layers.iter().map(|(n, op)| serde_json::json!({"node": n, "op": op})).collect::<Vec<_>>(),
             "gemm_macs_per_run": self.gemm_macs,
+            "gemm_groups": self.gemm_groups.iter().map(|(role, c, ms, macs)| serde_json::json!({"role": role, "nodes": c, "ms": ms, "macs": macs})).collect::<Vec<_>>(),
             "gemm_ms_per_run": self.gemm_ms,
             "gemm_ops_per_s": self.gemm_rates().0,
             "run_gemm_ops_per_s": self.gemm_rates().1,

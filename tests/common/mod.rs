@@ -44,7 +44,12 @@ pub fn encore(args: &[&str]) -> Output {
 /// `encore quantize` of `model` on 16 random calibration sequences of 16 tokens (4 held back)
 /// into `out`; panics with the CLI's message when it fails.
 pub fn quantize_random(model: &std::path::Path, out: &std::path::Path) {
-    let o = encore(&[
+    quantize_random_with(model, out, &[]);
+}
+
+/// [`quantize_random`] with more `encore quantize` flags.
+pub fn quantize_random_with(model: &std::path::Path, out: &std::path::Path, flags: &[&str]) {
+    let mut args = vec![
         "quantize",
         "--model",
         model.to_str().unwrap(),
@@ -56,7 +61,9 @@ pub fn quantize_random(model: &std::path::Path, out: &std::path::Path) {
         "4",
         "--out",
         out.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(flags);
+    let o = encore(&args);
     assert!(o.status.success(), "{}", stderr(&o));
 }
 

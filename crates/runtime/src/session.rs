@@ -803,12 +803,18 @@ impl Session {
             let outs = self.exec_step(k, st, &mut ins, &mut ctx, seq);
             if let (Some(t), Some(t0)) = (times.as_deref_mut(), t0) {
                 let time = t0.elapsed();
-                let n = outs
-                    .as_ref()
-                    .ok()
-                    .and_then(|o| o.first())
-                    .and_then(|o| o.shape().last().copied())
-                    .unwrap_or(0) as u64;
+                // N of the packed weight: the outputs' widths do not say it (quantized heads
+                // write 2H bytes, scales and H floats; a u8 fork doubles the output).
+                let n = match st.weight.map(|(_, w)| &self.weights[w]) {
+                    Some(Packed::F32(p)) => p.n(),
+                    Some(Packed::I8(p)) => p.n(),
+                    _ => outs
+                        .as_ref()
+                        .ok()
+                        .and_then(|o| o.first())
+                        .and_then(|o| o.shape().last().copied())
+                        .unwrap_or(0),
+                } as u64;
                 t.push(NodeTime {
                     node: st.node.clone(),
                     op: st.op.name(),
