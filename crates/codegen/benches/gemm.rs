@@ -14,7 +14,7 @@ use codegen::kernels::hwbench::time_best;
 use codegen::kernels::hwbench::{hwbench_with, render_json, render_table, KernelBenchResult};
 use codegen::kernels::int8::{gemm_i8, Activations, PackedI8};
 use codegen::kernels::{measure_peak, F32Kernel, Int8Kernel, Peak};
-use codegen::kernels::{pick_int8, Epilogue, EpilogueOp, Output, QType, RowParam};
+use codegen::kernels::{pick_int8, Epilogue, EpilogueOp, HeadsOut, Output, QType, RowParam};
 use std::time::Duration;
 
 /// The picked int8 kernel with the fused dequant → requant(u8) epilogue: the equivalent of ONNX
@@ -104,7 +104,7 @@ fn epilogue_costs(threads: usize) {
     };
     let gemms: Vec<(&str, usize, usize, Vec<EpilogueOp<'_>>)> = vec![
         (
-            "qkv: dequant+bias -> f32",
+            "qkv: dequant+bias -> quantized heads (int8 attention)",
             2304,
             768,
             vec![dq, EpilogueOp::Bias(&bias)],
@@ -166,6 +166,19 @@ fn epilogue_costs(threads: usize) {
             let t = time_best(Duration::from_millis(400), || {
                 let out = if quantized {
                     Output::U8 { c: &mut yu, ldc: n }
+                } else if n == 2304 {
+                    let bytes = &mut yu[..m * 1536];
+                    let (scales, v) = yf.split_at_mut(m * 24);
+                    Output::Heads(HeadsOut {
+                        bytes,
+                        ld_bytes: 1536,
+                        scales: &mut scales[..],
+                        ld_scales: 24,
+                        v: &mut v[..m * 768],
+                        ld_v: 768,
+                        hidden: 768,
+                        head_dim: 64,
+                    })
                 } else {
                     Output::F32 { c: &mut yf, ldc: n }
                 };

@@ -1020,4 +1020,56 @@ fn register_chains_equal_the_multi_pass_epilogue() {
             }
         }
     }
+    // Quantized heads (q and k per head from the registers, v as f32), with NaN and infinite
+    // residuals inside some heads, per-row and folded dequantization.
+    let (hidden, dh) = (32, 16);
+    let n = 3 * hidden;
+    let w: Vec<i8> = (0..n * k).map(|_| rng.i8()).collect();
+    let ws: Vec<f32> = (0..n).map(|_| (rng.f32().abs() + 0.1) * 1e-3).collect();
+    let bias = rng.vec_f32(n);
+    let mut residual: Vec<f32> = (0..m * n).map(|_| rng.f32() * 4.0).collect();
+    // A NaN in lane 0 of a head would survive the fold of the lanes' maxima, one in lane 3
+    // would not: both must match the scalar lanes.
+    residual[0] = f32::NAN;
+    residual[3] = f32::NAN;
+    residual[n + 17] = f32::INFINITY;
+    residual[2 * n + 48] = f32::NAN;
+    for kern in common::coverage::int8("register_chains_equal_the_multi_pass_epilogue") {
+        let b = PackedI8::pack_for(kern, &w, k, n, k, true).unwrap();
+        for params in [per_row, per_tensor] {
+            let ep = Epilogue::new(vec![
+                EpilogueOp::Dequant {
+                    a_scale: params.0,
+                    a_zero: params.1,
+                    w_scale: &ws,
+                },
+                EpilogueOp::Bias(&bias),
+                EpilogueOp::AddResidual {
+                    data: &residual,
+                    ld: n,
+                },
+            ]);
+            let run = |chains: bool| {
+                set_register_chains(chains);
+                let mut bytes = vec![0u8; m * 2 * hidden];
+                let mut scales = vec![0f32; m * 2 * hidden / dh];
+                let mut v = vec![0f32; m * hidden];
+                let out = Output::Heads(HeadsOut {
+                    bytes: &mut bytes,
+                    ld_bytes: 2 * hidden,
+                    scales: &mut scales,
+                    ld_scales: 2 * hidden / dh,
+                    v: &mut v,
+                    ld_v: hidden,
+                    hidden,
+                    head_dim: dh,
+                });
+                gemm_i8_with(kern, m, Activations::U8(&a), k, &b, out, &ep, 2).unwrap();
+                set_register_chains(true);
+                let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                (bytes, bits(&scales), bits(&v))
+            };
+            assert_eq!(run(true), run(false), "{} heads", kern.name());
+        }
+    }
 }

@@ -294,14 +294,14 @@ impl Output<'_> {
 /// [`HeadsOut`] as raw pointers (absolute row addressing).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HeadsPtr {
-    bytes: *mut u8,
-    ld_bytes: usize,
-    scales: *mut f32,
-    ld_scales: usize,
-    v: *mut f32,
-    ld_v: usize,
-    hidden: usize,
-    head_dim: usize,
+    pub(super) bytes: *mut u8,
+    pub(super) ld_bytes: usize,
+    pub(super) scales: *mut f32,
+    pub(super) ld_scales: usize,
+    pub(super) v: *mut f32,
+    pub(super) ld_v: usize,
+    pub(super) hidden: usize,
+    pub(super) head_dim: usize,
 }
 
 /// Raw output pointer (absolute row/column addressing) shared by the worker threads, which

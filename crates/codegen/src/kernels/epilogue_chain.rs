@@ -6,14 +6,19 @@
 //! `set_register_chains(false)` turns it off so tests can compare the two.
 //!
 //! On BERT-base the chains are the FFN up-projection (`bias, gelu_erf, mul_col, requant_u8`,
-//! the widest GEMM) and the dynamic-activation paths; the ones ending in LayerNorm, a u8 fork or
-//! quantized heads still take the multi-pass path.
+//! the widest GEMM), the QKV projection feeding int8 attention (`bias, quant_heads`: each head
+//! of q and k quantized from the registers that hold it, v stored as f32) and the
+//! dynamic-activation paths; the ones ending in LayerNorm or a u8 fork still take the
+//! multi-pass path.
 
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::epilogue::{EpilogueOp, Int8Ctx, OutPtr};
 use super::math::GeluErf512;
+
+/// The widest head [`OutPtr::Heads`] takes in registers (16 vectors).
+const MAX_HEAD: usize = 256;
 
 static REGISTER_CHAINS: AtomicBool = AtomicBool::new(true);
 
@@ -52,6 +57,10 @@ pub(crate) fn eligible(ops: &[EpilogueOp<'_>], out: &OutPtr) -> bool {
             OutPtr::F32(..) => true,
             // Bytes hold integral values only, which a final requantization leaves.
             OutPtr::U8(..) | OutPtr::S8(..) => ends_requant,
+            // Whole heads in whole vectors (the drivers keep every block on whole heads).
+            OutPtr::Heads(h) => {
+                !ends_requant && h.head_dim.is_multiple_of(16) && h.head_dim <= MAX_HEAD
+            }
             _ => false,
         }
 }
@@ -109,19 +118,15 @@ pub(crate) unsafe fn run(
         }
         let zp = ctx.shift + a_zero.at(r);
         let s = a_scale.at(r);
-        let mut j = 0;
-        while j < w {
-            let m: __mmask16 = if w - j >= 16 {
-                0xffff
-            } else {
-                (1u16 << (w - j)) - 1
-            };
-            let c = c0 + j;
-            // SAFETY (all loads and stores below): masked to the block's columns `c..c + 16`
-            // that lie below `c0 + w`; the vectors indexed by absolute column hold the problem's
-            // columns and the residual its rows at stride `ld` (validated); row `i` of `acc`
-            // and row `r` of `out` are in the block, which is ours.
-            unsafe {
+        // The chain's value at columns `c..c + 16` (absolute) of row `r`, lanes outside `m` 0.
+        //
+        // SAFETY (all loads in it): masked to the block's columns below `c0 + w`; the vectors
+        // indexed by absolute column hold the problem's columns and the residual its rows at
+        // stride `ld` (validated); row `i` of `acc` is in the block.
+        macro_rules! value {
+            ($j:expr, $m:expr) => {{
+                let (j, m): (usize, __mmask16) = ($j, $m);
+                let c = c0 + j;
                 let a = _mm512_maskz_loadu_epi32(m, acc.add(i * ld + j));
                 let mut v = match ctx.folded {
                     Some(f) => {
@@ -167,10 +172,7 @@ pub(crate) unsafe fn run(
                             let (lo, hi) = ty.range();
                             let q = _mm512_roundscale_ps::<
                                 { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
-                            >(_mm512_div_ps(
-                                v,
-                                _mm512_set1_ps(scale),
-                            ));
+                            >(_mm512_div_ps(v, _mm512_set1_ps(scale)));
                             let q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q), q);
                             let q = _mm512_add_ps(q, _mm512_set1_ps(zero_point as f32));
                             _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), q))
@@ -178,6 +180,81 @@ pub(crate) unsafe fn run(
                         _ => unreachable!("eligible: elementwise ops only"),
                     };
                 }
+                v
+            }};
+        }
+        if let OutPtr::Heads(h) = out {
+            // Row `r`, whole heads (`eligible` and the drivers) of a QKV product: each head of
+            // q and k as `math::quantize_sym` makes it (the same lanes for the absolute
+            // maximum, the same fold, product, rounding and clamp; q shifted by 128) with its
+            // scale, v as f32. Written out here rather than in a function taking `value!` as a
+            // closure: a closure capturing the row's state by reference kept it on the stack
+            // for the other outputs' loop too (the FFN1 chain ran 2x slower).
+            let (dh, hidden) = (h.head_dim, h.hidden);
+            let vectors = dh / 16;
+            let mut head = [_mm512_setzero_ps(); MAX_HEAD / 16];
+            for hc in (0..w).step_by(dh) {
+                let c = c0 + hc;
+                if c >= 2 * hidden {
+                    for t in 0..vectors {
+                        // SAFETY: row r of v, columns c − 2h.. of this head (caller contract).
+                        unsafe {
+                            _mm512_storeu_ps(
+                                h.v.add(r * h.ld_v + c - 2 * hidden + 16 * t),
+                                value!(hc + 16 * t, 0xffff),
+                            )
+                        };
+                    }
+                    continue;
+                }
+                // `math::abs_max`: lane l keeps the largest |x| of the elements l mod 16, a NaN never
+                // replacing what it holds (`if b > a { b } else { a }` is `vmaxps b, a`).
+                let mut amax = _mm512_setzero_ps();
+                for (t, v) in head.iter_mut().enumerate().take(vectors) {
+                    *v = value!(hc + 16 * t, 0xffff);
+                    amax = _mm512_max_ps(_mm512_abs_ps(*v), amax);
+                }
+                let mut lanes = [0f32; 16];
+                // SAFETY: 16 f32 into a local array.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), amax) };
+                let amax = super::math::fold_lanes(lanes, |a, b| if b > a { b } else { a });
+                let inv = _mm512_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+                let offset = _mm512_set1_epi32(if c < hidden { 128 } else { 0 });
+                for (t, v) in head.iter().enumerate().take(vectors) {
+                    let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                        _mm512_mul_ps(*v, inv),
+                    );
+                    let q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q), q);
+                    let q = _mm512_min_ps(
+                        _mm512_set1_ps(127.0),
+                        _mm512_max_ps(_mm512_set1_ps(-127.0), q),
+                    );
+                    let bytes = _mm512_add_epi32(_mm512_cvtps_epi32(q), offset);
+                    // SAFETY: row r of the bytes, columns c + 16t.. of this head (caller contract).
+                    unsafe {
+                        _mm_storeu_si128(
+                            h.bytes.add(r * h.ld_bytes + c + 16 * t) as *mut __m128i,
+                            _mm512_cvtepi32_epi8(bytes),
+                        )
+                    };
+                }
+                // SAFETY: row r's scale of head c / dh (caller contract).
+                unsafe { *h.scales.add(r * h.ld_scales + c / dh) = amax / 127.0 };
+            }
+            continue;
+        }
+        let mut j = 0;
+        while j < w {
+            let m: __mmask16 = if w - j >= 16 {
+                0xffff
+            } else {
+                (1u16 << (w - j)) - 1
+            };
+            let c = c0 + j;
+            // SAFETY: the value's loads as above; the stores are masked to the block's columns
+            // of row `r` of `out`, which is ours.
+            unsafe {
+                let v = value!(j, m);
                 match out {
                     OutPtr::F32(p, ldc) => _mm512_mask_storeu_ps(p.add(r * ldc + c), m, v),
                     // Integral values (the chain ends in Requant): their low byte, as `int_byte`.
@@ -193,7 +270,7 @@ pub(crate) unsafe fn run(
                         m,
                         _mm512_cvtps_epi32(v),
                     ),
-                    _ => unreachable!("eligible: f32 or byte outputs only"),
+                    _ => unreachable!("eligible: f32, byte or heads outputs only"),
                 }
             }
             j += 16;
