@@ -255,24 +255,30 @@ fn int8_awkward_shapes_all_kernels() {
     }
 }
 
-/// u8 rows at stride K = a multiple of 64, on a cache line, are the AMX A layout: whole
-/// micro-panels are read in place and only the units holding the last, partial one are packed
-/// (off a cache line everything is packed). Row counts around the 32-row micro-panel and the
-/// 64-row unit, on the tile model and (where present) the hardware.
+/// u8 rows at stride K (a multiple of the kernel's K alignment: 64 for AMX, 4 for AVX512-VNNI),
+/// on a cache line, are the row-major A layout: whole micro-panels are read in place and only
+/// the units holding the last, partial one are packed (off a cache line everything is packed).
+/// Row counts around the micro-panels (32 rows AMX, 8 VNNI) and the 64-row unit, on the tile
+/// model and the hardware kernels that read rows (AMX where present, AVX512-VNNI).
 #[test]
-fn amx_reads_unpadded_rows_in_place() {
+fn row_major_kernels_read_unpadded_rows_in_place() {
     codegen::kernels::pool::set_min_parallel_macs(0);
-    let hw = kernels("amx_reads_unpadded_rows_in_place").contains(&Int8Kernel::Amx);
-    for &k in &[64usize, 128, 768] {
-        for &m in &[1usize, 31, 32, 33, 63, 64, 65, 95, 96, 97, 200, 1000] {
+    let hw: Vec<Int8Kernel> = kernels("row_major_kernels_read_unpadded_rows_in_place")
+        .into_iter()
+        .filter(|k| matches!(k, Int8Kernel::Amx | Int8Kernel::Avx512Vnni))
+        .collect();
+    for &k in &[52usize, 64, 128, 768] {
+        for &m in &[
+            1usize, 7, 8, 9, 31, 32, 33, 63, 64, 65, 95, 96, 97, 200, 1000,
+        ] {
             for &(n, bt) in &[(32usize, true), (70, false)] {
                 let plain = Case::random(m, n, k, false, bt, 0, (m * 7 + n + k) as u64);
                 let aligned = Case::random(m, n, k, false, bt, 0, (m * 5 + n + k) as u64);
                 for c in [plain, aligned.cache_aligned()] {
                     for t in 1..=2 {
                         c.check(Runner::AmxTileModel, t);
-                        if hw {
-                            c.check(Runner::Hw(Int8Kernel::Amx), t);
+                        for &kern in &hw {
+                            c.check(Runner::Hw(kern), t);
                         }
                     }
                 }

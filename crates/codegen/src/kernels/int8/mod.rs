@@ -66,7 +66,7 @@ pub fn desc(k: Int8Kernel) -> KernelDesc {
         Int8Kernel::Scalar => (scalar::MR, scalar::NR, 4, ALayout::Quad),
         Int8Kernel::Avx2 => (avx2::MR, avx2::NR, 4, ALayout::Quad),
         Int8Kernel::AvxVnni => (avxvnni::MR, avxvnni::NR, 4, ALayout::Quad),
-        Int8Kernel::Avx512Vnni => (avx512vnni::MR, avx512vnni::NR, 4, ALayout::Quad),
+        Int8Kernel::Avx512Vnni => (avx512vnni::MR, avx512vnni::NR, 4, ALayout::RowMajor),
         Int8Kernel::Amx => (amx::MR, amx::NR, amx::K_ALIGN, ALayout::RowMajor),
     };
     KernelDesc {
@@ -529,7 +529,7 @@ fn drive(
     // thread-local for this call, as `mid`.
     //
     // u8 rows of a K that needs no padding, at stride K and on a cache line, are already the
-    // AMX layout: units of whole micro-panels read them in place, and only the rows from
+    // row-major layout (AMX, AVX512-VNNI): units of whole micro-panels read them in place, and only the rows from
     // `tail_from` on (every unit that holds the last, partial micro-panel starts there or
     // later, a unit being at most `mc` rows) are copied, zero padded to whole micro-panels.
     // Rows off a cache line are copied too: split tile rows load at a fraction of the speed.
