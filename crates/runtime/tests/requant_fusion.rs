@@ -1,7 +1,7 @@
 //! A static activation quantization moved into the producing GEMM's epilogue (`requant_u8`,
 //! made by the `fuse` pipeline) gives the bytes the reading GEMM made itself, so a model runs
 //! bit for bit the same with and without the fusion, on the real kernels: after a GELU
-//! epilogue (the FFN1 → FFN2 case) and after a LayerNorm epilogue (the two-phase row pass),
+//! epilogue (the FFN1 → FFN2 case) and after a LayerNorm epilogue (a row-wide step),
 //! with awkward sizes that leave partial register blocks.
 
 mod common;
