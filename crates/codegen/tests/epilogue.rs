@@ -987,6 +987,32 @@ fn register_chains_equal_the_multi_pass_epilogue() {
                     vec![dequant, EpilogueOp::GeluErf, requant(QType::U8)],
                     Out::U8,
                 ),
+                // Every op kind once, in the order a specialised chain runs them.
+                (
+                    vec![
+                        dequant,
+                        EpilogueOp::Bias(&bias),
+                        EpilogueOp::Scale(1.3),
+                        EpilogueOp::GeluErf,
+                        EpilogueOp::MulCol(&cols),
+                        EpilogueOp::AddResidual {
+                            data: &residual,
+                            ld: n,
+                        },
+                        requant(QType::U8),
+                    ],
+                    Out::U8,
+                ),
+                // Out of that order (the column factors before the bias): dispatched per op.
+                (
+                    vec![
+                        dequant,
+                        EpilogueOp::MulCol(&cols),
+                        EpilogueOp::Bias(&bias),
+                        EpilogueOp::GeluErf,
+                    ],
+                    Out::F32,
+                ),
             ];
             for (ops, out) in programs {
                 let run = |chains: bool| {

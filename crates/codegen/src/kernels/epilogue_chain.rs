@@ -83,6 +83,125 @@ pub(crate) unsafe fn run(
     cols: std::ops::Range<usize>,
     out: OutPtr,
 ) {
+    let (flags, fixed) = Fixed::decode(&ops[1..]);
+    macro_rules! specialised {
+        ($($f:literal)*) => {
+            match flags {
+                // SAFETY: the caller's contract, passed on; `fixed` was decoded from `ops`.
+                $($f => unsafe { run_with::<$f>(ops, ctx, acc, ld, rows, cols, out, fixed) },)*
+                // SAFETY: as above.
+                _ => unsafe { run_with::<INTERPRETED>(ops, ctx, acc, ld, rows, cols, out, fixed) },
+            }
+        };
+    }
+    specialised!(
+        0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+        32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61
+        62 63
+    )
+}
+
+/// Op kinds of a chain in the order a specialised chain runs them (each a bit of its `F`): a
+/// chain whose ops after the `Dequant` come in this order, each at most once (every chain the
+/// `fuse` pipeline makes), is compiled for exactly those ops, with their parameters in
+/// registers, instead of dispatching on each op for every 16 values.
+const BIAS: u32 = 1;
+const SCALE: u32 = 1 << 1;
+const GELU: u32 = 1 << 2;
+const MUL_COL: u32 = 1 << 3;
+const RESIDUAL: u32 = 1 << 4;
+const REQUANT: u32 = 1 << 5;
+/// Any other chain: the ops are dispatched per vector, in their own order.
+const INTERPRETED: u32 = 1 << 6;
+
+/// The parameters of a chain in the canonical order (see [`BIAS`]), as raw pointers into the
+/// op list's slices (which outlive the call) and scalars.
+#[derive(Clone, Copy)]
+struct Fixed {
+    bias: *const f32,
+    scale: f32,
+    mul_col: *const f32,
+    /// `Requant`: scale, zero point, lowest and highest value.
+    requant: (f32, f32, f32, f32),
+}
+
+impl Fixed {
+    /// The flags of `rest` (the ops after the `Dequant`) and their parameters, or
+    /// [`INTERPRETED`] when they are not in the canonical order or repeat one.
+    fn decode(rest: &[EpilogueOp<'_>]) -> (u32, Fixed) {
+        let mut fixed = Fixed {
+            bias: std::ptr::null(),
+            scale: 1.0,
+            mul_col: std::ptr::null(),
+            requant: (1.0, 0.0, 0.0, 0.0),
+        };
+        let mut flags = 0u32;
+        for op in rest {
+            let bit = match *op {
+                EpilogueOp::Bias(b) => {
+                    fixed.bias = b.as_ptr();
+                    BIAS
+                }
+                EpilogueOp::Scale(s) => {
+                    fixed.scale = s;
+                    SCALE
+                }
+                EpilogueOp::GeluErf => GELU,
+                EpilogueOp::MulCol(f) => {
+                    fixed.mul_col = f.as_ptr();
+                    MUL_COL
+                }
+                EpilogueOp::AddResidual { .. } => RESIDUAL,
+                EpilogueOp::Requant {
+                    scale,
+                    zero_point,
+                    ty,
+                } => {
+                    let (lo, hi) = ty.range();
+                    fixed.requant = (scale, zero_point as f32, lo, hi);
+                    REQUANT
+                }
+                _ => return (INTERPRETED, fixed),
+            };
+            // Canonical order: every op after the ones before it.
+            if flags >= bit {
+                return (INTERPRETED, fixed);
+            }
+            flags |= bit;
+        }
+        (flags, fixed)
+    }
+}
+
+/// `math::quantize_div` of 16 lanes: IEEE division, ties to even, NaN as 0, the zero point
+/// added, then `clamp` (which keeps the value itself at equality).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn requantize(v: __m512, (scale, zero_point, lo, hi): (f32, f32, f32, f32)) -> __m512 {
+    let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_div_ps(v, _mm512_set1_ps(scale)),
+    );
+    let q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q), q);
+    let q = _mm512_add_ps(q, _mm512_set1_ps(zero_point));
+    _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), q))
+}
+
+/// [`run`] for the chain kinds `F` (bits of the canonical order, or [`INTERPRETED`]).
+///
+/// # Safety
+/// As [`run`], with `fixed` decoded from `ops[1..]` into `F`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_with<const F: u32>(
+    ops: &[EpilogueOp<'_>],
+    ctx: Int8Ctx<'_>,
+    acc: *const i32,
+    ld: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    out: OutPtr,
+    fixed: Fixed,
+) {
     let EpilogueOp::Dequant {
         a_scale,
         a_zero,
@@ -146,7 +265,31 @@ pub(crate) unsafe fn run(
                         _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale)
                     }
                 };
-                for op in rest {
+                if F != INTERPRETED {
+                    if F & BIAS != 0 {
+                        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, fixed.bias.add(c)));
+                    }
+                    if F & SCALE != 0 {
+                        v = _mm512_mul_ps(v, _mm512_set1_ps(fixed.scale));
+                    }
+                    if F & GELU != 0 {
+                        v = gelu.apply(v);
+                    }
+                    if F & MUL_COL != 0 {
+                        v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, fixed.mul_col.add(c)));
+                    }
+                    if F & RESIDUAL != 0 {
+                        let (data, ld) = residual.expect("decoded: the chain adds a residual");
+                        v = _mm512_add_ps(
+                            v,
+                            _mm512_maskz_loadu_ps(m, data.as_ptr().add(r * ld + c)),
+                        );
+                    }
+                    if F & REQUANT != 0 {
+                        v = requantize(v, fixed.requant);
+                    }
+                }
+                for op in rest.iter().filter(|_| F == INTERPRETED) {
                     v = match *op {
                         EpilogueOp::Bias(b) | EpilogueOp::MulCol(b) => {
                             let x = _mm512_maskz_loadu_ps(m, b.as_ptr().add(c));
@@ -167,15 +310,8 @@ pub(crate) unsafe fn run(
                             zero_point,
                             ty,
                         } => {
-                            // `math::quantize_div`: IEEE division, ties to even, NaN as 0,
-                            // then `clamp` (which keeps the value itself at equality).
                             let (lo, hi) = ty.range();
-                            let q = _mm512_roundscale_ps::<
-                                { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
-                            >(_mm512_div_ps(v, _mm512_set1_ps(scale)));
-                            let q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q), q);
-                            let q = _mm512_add_ps(q, _mm512_set1_ps(zero_point as f32));
-                            _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), q))
+                            requantize(v, (scale, zero_point as f32, lo, hi))
                         }
                         _ => unreachable!("eligible: elementwise ops only"),
                     };
