@@ -345,13 +345,8 @@ impl std::fmt::Display for GemmSplit {
 
 /// Whether a GEMM of `panels` weight panels shares columns among `threads` (else rows): the one
 /// rule both drivers and [`plan_split`] follow.
-pub(crate) fn splits_columns(
-    panels: usize,
-    threads: usize,
-    row_epilogue: bool,
-    nc_panels: usize,
-) -> bool {
-    panels >= threads && !(row_epilogue && nc_panels >= panels)
+pub(crate) fn splits_columns(panels: usize, threads: usize, row_epilogue: bool) -> bool {
+    panels >= threads && !row_epilogue
 }
 
 /// The split a driver uses for `threads` workers over `n` columns in panels of `nr`.
@@ -360,12 +355,11 @@ pub(crate) fn plan_split(
     nr: usize,
     threads: usize,
     row_epilogue: bool,
-    nc_panels: usize,
     granularity: usize,
 ) -> GemmSplit {
     let panels = n.div_ceil(nr);
     let threads = threads.max(1);
-    if splits_columns(panels, threads, row_epilogue, nc_panels) {
+    if splits_columns(panels, threads, row_epilogue) {
         GemmSplit::Columns(
             (0..threads)
                 .map(|t| {

@@ -424,9 +424,8 @@ pub fn lower(graph: &Graph, opts: LowerOptions) -> Result<Program, LowerError> {
         };
         let weight = weight_of_node.get(&id).copied();
         let split = weight.and_then(|(_, w)| match weights[w].layout {
-            WeightLayout::I8 { kernel, k, n: nn } => Some(plan_split_i8(
+            WeightLayout::I8 { kernel, n: nn, .. } => Some(plan_split_i8(
                 kernel,
-                k,
                 nn,
                 has_row_step(&n.op),
                 head_columns(&n.op, nn),

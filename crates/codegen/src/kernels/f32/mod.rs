@@ -171,14 +171,7 @@ thread_local! {
 /// Problems too small to be worth a second thread run on one, whatever the plan.
 pub fn plan_split_f32(kernel: F32Kernel, n: usize, threads: usize) -> GemmSplit {
     let ki = info(kernel);
-    plan_split(
-        n,
-        ki.nr,
-        threads,
-        false,
-        blocking(ki.mr, ki.nr, 4).nc_panels,
-        1,
-    )
+    plan_split(n, ki.nr, threads, false, 1)
 }
 
 /// C[m×n] (row stride ldc) = A[m×k] (row stride lda) × B, then the epilogue (bias etc).
@@ -265,7 +258,7 @@ fn drive(
     let panels = n.div_ceil(nr);
     let threads = effective_threads(threads, m, n, k);
     let blk = blocking(mr, nr, 4);
-    let split_n = splits_columns(panels, threads, false, blk.nc_panels);
+    let split_n = splits_columns(panels, threads, false);
     let parts = if split_n {
         threads
     } else {

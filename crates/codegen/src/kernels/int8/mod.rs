@@ -388,8 +388,8 @@ thread_local! {
     static APACK: RefCell<Option<AlignedBuf<u8>>> = const { RefCell::new(None) };
     static ACC: RefCell<AlignedBuf<i32>> = RefCell::new(AlignedBuf::zeroed(0));
     static EPI_TMP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// The caller's f32 intermediate of a two-phase epilogue (kept between calls).
-    static MID: RefCell<Option<AlignedBuf<f32>>> = const { RefCell::new(None) };
+    /// The f32 rows of a row block whose row-wide epilogue waits for all its panel blocks.
+    static STRIP: RefCell<AlignedBuf<f32>> = RefCell::new(AlignedBuf::zeroed(0));
     /// The caller's folded `Dequant` vectors (kept between calls).
     static FOLDED: RefCell<(Vec<i32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
@@ -411,10 +411,11 @@ fn blocking(d: &KernelDesc, k_pad: usize, n: usize, row_epilogue: bool) -> Block
     let mc = ((c.l2 / 4) / k_pad).clamp(d.mr, 64) / d.mr * d.mr;
     let mut nc_panels = ((c.l2 / 2) / (k_pad * d.nr)).max(1);
     // A row-wide epilogue (LayerNorm) runs in the tile pass only when a block holds whole rows;
-    // otherwise its rows make a round trip through memory as f32 (a second pass). When all the
-    // weights fit in three quarters of L2, beside the A micro-panels and the accumulator row,
-    // the block takes whole rows: BERT-base's attention output projection (590 KB) on a 1 MB L2
-    // went from 35.6 to 30.7 ms per batch-8 run.
+    // otherwise a unit walks its panel blocks into a strip of f32 rows and runs the row step
+    // from there. When all the weights fit in three quarters of L2, beside the A micro-panels
+    // and the accumulator row, the block takes whole rows: BERT-base's attention output
+    // projection (590 KB) on a 1 MB L2 went from 35.6 to 30.7 ms per batch-8 run (against a
+    // second pass over the whole output, before the strips).
     let panels = n.div_ceil(d.nr);
     if row_epilogue && panels * k_pad * d.nr <= c.l2 * 3 / 4 {
         nc_panels = nc_panels.max(panels);
@@ -422,26 +423,23 @@ fn blocking(d: &KernelDesc, k_pad: usize, n: usize, row_epilogue: bool) -> Block
     Blocking { mc, nc_panels }
 }
 
-/// How [`gemm_i8`] shares an `n`-column GEMM with a `k`-deep weight packed for `kernel` among
-/// `threads` workers, given whether its epilogue has a row-wide step (LayerNorm) and the column
-/// granularity its output needs (a head's width for [`Output::Heads`], else 1). Problems too
-/// small to be worth a second thread run on one, whatever the plan.
+/// How [`gemm_i8`] shares an `n`-column GEMM with a weight packed for `kernel` among `threads`
+/// workers, given whether its epilogue has a row-wide step (LayerNorm: the threads then share
+/// rows) and the column granularity its output needs (a head's width for [`Output::Heads`],
+/// else 1). Problems too small to be worth a second thread run on one, whatever the plan.
 pub fn plan_split_i8(
     kernel: Int8Kernel,
-    k: usize,
     n: usize,
     row_epilogue: bool,
     col_granularity: usize,
     threads: usize,
 ) -> GemmSplit {
     let d = desc(kernel);
-    let k_pad = k.next_multiple_of(d.k_align).max(d.k_align);
     plan_split(
         n,
         d.nr,
         threads,
         row_epilogue,
-        blocking(&d, k_pad, n, row_epilogue).nc_panels,
         panel_granularity(col_granularity, d.nr),
     )
 }
@@ -494,29 +492,30 @@ fn drive(
     // Every block boundary on a whole group of panels when the output needs whole heads.
     let g = panel_granularity(out.col_granularity(), d.nr);
     // Threads share N (each keeps its own weight panels) unless the epilogue needs whole rows
-    // and one unit can hold a whole row: then they share M and the row epilogue (LayerNorm)
-    // runs in the same pass.
-    let split_n = splits_columns(panels, threads, row_ops, blk.nc_panels);
+    // (LayerNorm): then they share M, and a unit is a block of whole rows. When its weights
+    // fit one block the row epilogue runs in the same pass; otherwise the unit computes its
+    // rows block of panels after block of panels into a strip of f32 rows (its own, in L2) and
+    // runs the row epilogue from there, while the rows are still in cache.
+    let split_n = splits_columns(panels, threads, row_ops);
     let parts = if split_n {
         threads
     } else {
         threads.min(m.div_ceil(d.mr))
     };
     let spans_row = (parts == 1 || !split_n) && blk.nc_panels >= panels;
-    let two_phase = !spans_row && row_ops;
+    let strips = row_ops && !spans_row;
+    // A strip unit streams all the weights past its rows (from L3 when they do not fit L2), so
+    // it takes as many rows as a quarter of L2 holds as f32 rows, within [mc, 256]: BERT-base's
+    // FFN2 (2.4 MB of weights) reads them once per 168 rows on a 2 MB L2.
+    let mc = if strips {
+        ((cache_sizes().l2 / 4) / (n * 4)).clamp(blk.mc, 256) / d.mr * d.mr
+    } else {
+        blk.mc
+    };
     let final_out = out.ptr();
+    let tile_ops = if strips { &ops[..split] } else { ops };
     // Taken out of the thread-local for this call (and put back after), so a nested GEMM on
     // this thread would find none and make its own rather than contend for the borrow.
-    let mut mid = two_phase.then(|| {
-        let mut buf = MID.take().unwrap_or_else(|| AlignedBuf::zeroed(0));
-        buf.ensure(m * n);
-        buf
-    });
-    let (tile_ops, tile_out): (&[EpilogueOp<'_>], OutPtr) = match mid.as_mut() {
-        Some(mid) => (&ops[..split], OutPtr::F32(mid.as_mut_ptr(), n)),
-        None => (ops, final_out),
-    };
-    // Taken out of the thread-local for this call, as `mid`.
     let (mut comp, mut scale) = FOLDED.take();
     let ctx = Int8Ctx {
         colsum: &b.colsum,
@@ -534,13 +533,15 @@ fn drive(
     let works: PartWorks = (0..parts)
         .map(|t| {
             let (rows, pans) = part_of(t);
-            PartWork::new(rows, pans, d.mr, blk.mc, blk.nc_panels, g)
+            // A strip unit holds all the panels, walked block by block.
+            let nc = if strips { panels } else { blk.nc_panels };
+            PartWork::new(rows, pans, d.mr, mc, nc, g)
         })
         .collect();
     // A is packed once, all rows, before the units run: a thread sweeps the rows of its
     // panel block while the block's weights stay in L2, so every unit reads A from the shared
     // packed copy instead of packing its rows again for each panel block. Taken out of the
-    // thread-local for this call, as `mid`.
+    // thread-local for this call, as the folded vectors.
     //
     // u8 rows of a K that needs no padding, at stride K and on a cache line, are already the
     // row-major layout (AMX, AVX512-VNNI): units of whole micro-panels read them in place, and only the rows from
@@ -554,7 +555,7 @@ fn drive(
         && (a_bytes.as_ptr() as usize).is_multiple_of(64);
     let m_full = m / d.mr * d.mr;
     let tail_from = if in_place {
-        m_full.saturating_sub(blk.mc) / d.mr * d.mr
+        m_full.saturating_sub(mc) / d.mr * d.mr
     } else {
         0
     };
@@ -606,79 +607,103 @@ fn drive(
         {
             ACC.with_borrow_mut(|acc| {
                 EPI_TMP.with_borrow_mut(|tmp| {
-                    acc.ensure(d.mr * blk.nc_panels * d.nr);
-                    let mut run = |w: &PartWork, u: usize| {
-                        let (rows, pans) = w.unit(u);
-                        // SAFETY: units are disjoint output blocks, each claimed exactly once; A
-                        // and B sizes were checked; the kernel matches the packing; the buffers
-                        // were sized for the largest block.
-                        unsafe {
-                            compute_unit(
-                                kern,
-                                unit,
-                                shape,
-                                a_rows_of(&rows),
-                                b,
-                                rows,
-                                pans,
-                                tile_ops,
-                                ctx,
-                                tile_out,
-                                acc,
-                                tmp,
-                                g,
-                            )
+                    STRIP.with_borrow_mut(|strip| {
+                        acc.ensure(d.mr * blk.nc_panels * d.nr);
+                        if strips {
+                            strip.ensure(mc * n);
                         }
-                    };
-                    kern.begin();
-                    if eager && parts > 1 {
-                        let w = &works[(t + 1) % parts];
-                        if let Some(u) = w.claim_back() {
-                            run(w, u);
+                        let mut run = |w: &PartWork, u: usize| {
+                            let (rows, pans) = w.unit(u);
+                            if !strips {
+                                // SAFETY: units are disjoint output blocks, each claimed exactly
+                                // once; A and B sizes were checked; the kernel matches the packing;
+                                // the buffers were sized for the largest block.
+                                unsafe {
+                                    compute_unit(
+                                        kern,
+                                        unit,
+                                        shape,
+                                        a_rows_of(&rows),
+                                        b,
+                                        rows,
+                                        pans,
+                                        tile_ops,
+                                        ctx,
+                                        final_out,
+                                        acc,
+                                        tmp,
+                                        g,
+                                    )
+                                };
+                                return;
+                            }
+                            // The strip holds this unit's rows (at most `mc`): element (r, c) at
+                            // (r − rows.start)·n + c, an address computed with wrapping arithmetic
+                            // and only dereferenced for the unit's rows.
+                            let strip_ptr = strip.as_mut_ptr();
+                            let strip_out = OutPtr::F32(strip_ptr.wrapping_sub(rows.start * n), n);
+                            let step = blk.nc_panels / g * g;
+                            for p0 in pans.clone().step_by(step.max(g)) {
+                                let block = p0..(p0 + step.max(g)).min(pans.end);
+                                // SAFETY: as above, the block's tiles into the unit's rows of its
+                                // own strip (`mc` × n f32, ensured above).
+                                unsafe {
+                                    compute_unit(
+                                        kern,
+                                        unit,
+                                        shape,
+                                        a_rows_of(&rows),
+                                        b,
+                                        rows.clone(),
+                                        block,
+                                        tile_ops,
+                                        ctx,
+                                        strip_out,
+                                        acc,
+                                        tmp,
+                                        g,
+                                    )
+                                };
+                            }
+                            // SAFETY: the strip holds the unit's rows × all n columns of tile-step
+                            // values; the unit's rows of the output are this unit's alone.
+                            unsafe {
+                                run_block(
+                                    &ops[split..],
+                                    None,
+                                    Src::F32(strip_ptr, n),
+                                    rows,
+                                    0..n,
+                                    final_out,
+                                    tmp,
+                                )
+                            };
+                        };
+                        kern.begin();
+                        if eager && parts > 1 {
+                            let w = &works[(t + 1) % parts];
+                            if let Some(u) = w.claim_back() {
+                                run(w, u);
+                            }
                         }
-                    }
-                    // Own units first (weight-stationary), then help whoever is behind.
-                    while let Some(u) = works[t].claim_front() {
-                        run(&works[t], u);
-                    }
-                    for i in 1..parts {
-                        let w = &works[(t + i) % parts];
-                        while let Some(u) = w.claim_back() {
-                            run(w, u);
+                        // Own units first (weight-stationary), then help whoever is behind.
+                        while let Some(u) = works[t].claim_front() {
+                            run(&works[t], u);
                         }
-                    }
-                    kern.end();
+                        for i in 1..parts {
+                            let w = &works[(t + i) % parts];
+                            while let Some(u) = w.claim_back() {
+                                run(w, u);
+                            }
+                        }
+                        kern.end();
+                    })
                 })
             })
         }
     };
     parallel_for(parts, &body);
     APACK.set(Some(apack));
-    if two_phase {
-        let row_ops = &ops[split..];
-        let parts = threads.min(m);
-        let mid_ptr = SharedPtr(mid.as_mut().expect("two-phase has its buffer").as_mut_ptr());
-        parallel_chunks(m, parts, |rows| {
-            let mp = mid_ptr;
-            EPI_TMP.with_borrow_mut(|tmp| {
-                // SAFETY: `mid` holds all m×n phase-one values; each part writes whole rows.
-                unsafe {
-                    run_block(
-                        row_ops,
-                        None,
-                        Src::F32(mp.get().add(rows.start * n), n),
-                        rows,
-                        0..n,
-                        final_out,
-                        tmp,
-                    )
-                }
-            });
-        });
-    }
-    if mid.is_some() {
-        MID.set(mid);
-    }
     FOLDED.set((comp, scale));
     Ok(unit.is_some())
 }
