@@ -614,39 +614,24 @@ fn drive(
                         }
                         let mut run = |w: &PartWork, u: usize| {
                             let (rows, pans) = w.unit(u);
-                            if !strips {
-                                // SAFETY: units are disjoint output blocks, each claimed exactly
-                                // once; A and B sizes were checked; the kernel matches the packing;
-                                // the buffers were sized for the largest block.
-                                unsafe {
-                                    compute_unit(
-                                        kern,
-                                        unit,
-                                        shape,
-                                        a_rows_of(&rows),
-                                        b,
-                                        rows,
-                                        pans,
-                                        tile_ops,
-                                        ctx,
-                                        final_out,
-                                        acc,
-                                        tmp,
-                                        g,
-                                    )
-                                };
-                                return;
-                            }
-                            // The strip holds this unit's rows (at most `mc`): element (r, c) at
-                            // (r − rows.start)·n + c, an address computed with wrapping arithmetic
-                            // and only dereferenced for the unit's rows.
+                            // A strip unit walks its panel blocks into its strip, whose element
+                            // (r, c) is at (r − rows.start)·n + c (at most `mc` rows; an address
+                            // computed with wrapping arithmetic and only dereferenced for the
+                            // unit's rows); any other unit is one block into the output.
                             let strip_ptr = strip.as_mut_ptr();
-                            let strip_out = OutPtr::F32(strip_ptr.wrapping_sub(rows.start * n), n);
-                            let step = blk.nc_panels / g * g;
-                            for p0 in pans.clone().step_by(step.max(g)) {
-                                let block = p0..(p0 + step.max(g)).min(pans.end);
-                                // SAFETY: as above, the block's tiles into the unit's rows of its
-                                // own strip (`mc` × n f32, ensured above).
+                            let (tile_out, step) = if strips {
+                                let out = OutPtr::F32(strip_ptr.wrapping_sub(rows.start * n), n);
+                                (out, (blk.nc_panels / g * g).max(g))
+                            } else {
+                                (final_out, pans.len().max(1))
+                            };
+                            for p0 in pans.clone().step_by(step) {
+                                let block = p0..(p0 + step).min(pans.end);
+                                // SAFETY: units are disjoint output blocks (rows of a strip of
+                                // the running thread's own), each claimed exactly once; A and B
+                                // sizes were checked; the kernel matches the packing; the
+                                // buffers were sized for the largest block, the strip for `mc`
+                                // rows of n.
                                 unsafe {
                                     compute_unit(
                                         kern,
@@ -658,12 +643,15 @@ fn drive(
                                         block,
                                         tile_ops,
                                         ctx,
-                                        strip_out,
+                                        tile_out,
                                         acc,
                                         tmp,
                                         g,
                                     )
                                 };
+                            }
+                            if !strips {
+                                return;
                             }
                             // SAFETY: the strip holds the unit's rows × all n columns of tile-step
                             // values; the unit's rows of the output are this unit's alone.
