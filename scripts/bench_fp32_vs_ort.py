@@ -39,7 +39,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -229,15 +228,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--venv", default=str(REPO / ".venv-bench"))
     p.add_argument("--no-venv", action="store_true", help="use the running Python's packages")
     args = p.parse_args(argv)
-    try:
-        args.batch_list = [int(b) for b in args.batches.split(",") if b.strip()]
-    except ValueError:
-        p.error(f"--batches {args.batches!r} is not a comma-separated list of integers")
-    if not args.batch_list or min(args.batch_list) < 1:
-        p.error("--batches needs positive integers")
-    for name in ("seq", "threads", "rounds"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1")
+    benchlib.check_batches_and_counts(p, args, ("seq", "threads", "rounds"))
     return args
 
 
@@ -251,14 +242,7 @@ def main(argv: list[str]) -> int:
         except ImportError as e:
             raise BenchError(f"{e}; run without --no-venv, or pip install -r {REQUIREMENTS}") from e
         encore = benchlib.encore_executable(args)
-        tmp = None
-        if args.workdir:
-            workdir = Path(args.workdir).resolve()
-            workdir.mkdir(parents=True, exist_ok=True)
-        else:
-            tmp = tempfile.TemporaryDirectory(prefix="encore-bench-")
-            workdir = Path(tmp.name)
-        try:
+        with benchlib.work_folder(args, "encore-bench-") as workdir:
             model = build_model(args, encore, workdir)
             runner = OrtRunner(args, model)
             log(f"onnxruntime {ort.__version__} loaded the model in {runner.load_s:.1f} s")
@@ -300,9 +284,6 @@ def main(argv: list[str]) -> int:
                 }
                 Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
                 log(f"wrote {args.out}")
-        finally:
-            if tmp is not None:
-                tmp.cleanup()
     except BenchError as e:
         print(f"bench_fp32_vs_ort: error: {e}", file=sys.stderr)
         return 1

@@ -78,7 +78,6 @@ import platform
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -835,17 +834,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--venv", default=str(REPO / ".venv-int8-bench"))
     p.add_argument("--no-venv", action="store_true", help="use the running Python's packages")
     args = p.parse_args(argv)
-    try:
-        args.batch_list = [int(b) for b in args.batches.split(",") if b.strip()]
-    except ValueError:
-        p.error(f"--batches {args.batches!r} is not a comma-separated list of integers")
-    if not args.batch_list or min(args.batch_list) < 1:
-        p.error("--batches needs positive integers")
+    benchlib.check_batches_and_counts(p, args, ("seq", "threads", "rounds", "calibration"))
     if len(set(args.batch_list)) != len(args.batch_list):
         p.error("--batches lists a batch size twice")
-    for name in ("seq", "threads", "rounds", "calibration"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1")
     if args.seconds < 0 or args.warmup < 0 or args.min_runs < 1:
         p.error("--seconds and --warmup must be >= 0, --min-runs >= 1")
     args.skip_list = [s.strip() for s in args.skip.split(",") if s.strip()]
@@ -880,14 +871,7 @@ def main(argv: list[str]) -> int:
         load0 = load_1m()
         if load0 is not None and load0 > 0.5 * (os.cpu_count() or 1):
             log(f"warning: 1-minute load average is {load0:.1f} on {os.cpu_count()} CPUs before starting")
-        tmp = None
-        if args.workdir:
-            workdir = Path(args.workdir).resolve()
-            workdir.mkdir(parents=True, exist_ok=True)
-        else:
-            tmp = tempfile.TemporaryDirectory(prefix="encore-int8-bench-")
-            workdir = Path(tmp.name)
-        try:
+        with benchlib.work_folder(args, "encore-int8-bench-") as workdir:
             encore = build_encore(args, workdir)
             model = build_model(args, encore, workdir)
             facts = model_facts(model)
@@ -990,9 +974,6 @@ def main(argv: list[str]) -> int:
                 }
                 Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
                 log(f"wrote {args.out}")
-        finally:
-            if tmp is not None:
-                tmp.cleanup()
     except BenchError as e:
         print(f"{benchlib.PROG}: error: {e}", file=sys.stderr)
         return 1

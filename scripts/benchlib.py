@@ -1,17 +1,21 @@
-"""Shared steps of the benchmark scripts (bench_fp32_vs_ort.py, bench_int8.py): errors, logging,
-running commands, the self-installing virtualenv, building the encore CLI and the model, and the
-machine facts every figure is reported with."""
+"""Shared steps of the benchmark scripts (bench_fp32_vs_ort.py, bench_fp32_torch.py, bench_int8.py):
+errors, logging, running commands, the common arguments' checks, the work folder, the
+self-installing virtualenv, building the encore CLI and the model, and the machine facts every
+figure is reported with."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,6 +64,34 @@ def load_1m() -> float | None:
         return os.getloadavg()[0]
     except OSError:
         return None
+
+
+def check_batches_and_counts(p: argparse.ArgumentParser, args: argparse.Namespace,
+                             counts: tuple[str, ...] = ("seq", "threads", "rounds")) -> None:
+    """Sets `args.batch_list` from `--batches` (comma-separated positive integers) and checks
+    that each option named in `counts` is at least 1; a bad value ends the script with a usage
+    error naming it."""
+    try:
+        args.batch_list = [int(b) for b in args.batches.split(",") if b.strip()]
+    except ValueError:
+        p.error(f"--batches {args.batches!r} is not a comma-separated list of integers")
+    if not args.batch_list or min(args.batch_list) < 1:
+        p.error("--batches needs positive integers")
+    for name in counts:
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+
+
+@contextlib.contextmanager
+def work_folder(args: argparse.Namespace, prefix: str) -> Iterator[Path]:
+    """`args.workdir` (made if missing, kept after), or a temporary folder removed after."""
+    if args.workdir:
+        workdir = Path(args.workdir).resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        yield workdir
+    else:
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            yield Path(tmp)
 
 
 def ensure_venv(script: str, args: argparse.Namespace, requirements: Path, marker: str) -> None:
