@@ -21,7 +21,7 @@ pub use einsum::{einsum_plan, EinsumPlan};
 pub use graph::{Graph, Node, NodeId, Outlet, Wire};
 pub use op::{
     qkv_pieces, u8_qparams, ActQuant, AttnProducts, Attr, BinaryOp, EpilogueStep, GeluApprox,
-    LoopParts, Op, OpKind, PadMode, ReduceOp, ScatterReduction, UnaryOp, INLINE_LIMIT,
+    LoopParts, Op, OpKind, OutU8, PadMode, ReduceOp, ScatterReduction, UnaryOp, INLINE_LIMIT,
     PACKED_TOKENS,
 };
 pub use shape::{fixed_shape, is_symbol, Dim, Shape, TensorType};

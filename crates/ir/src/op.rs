@@ -166,6 +166,22 @@ impl AttnProducts {
     }
 }
 
+/// A static u8 quantization an attention op applies to its output, moved there from the
+/// `qlinear` that reads it (the output projection): `quantize_u8(y·inv_smooth, scale,
+/// zero_point)` per element, the bytes that `qlinear` would have made of the f32 output, with
+/// `inv_smooth` (the reader's SmoothQuant factors, one per column) as the op's last input when
+/// `smooth`.
+///
+/// ```text
+/// %9 = attention_qkv[num_heads=12, scale=0.125, out_scale=0.002, out_zero=127, out_smooth=true](%8, %3, %5) : u8[B,S,768]
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OutU8 {
+    pub scale: f32,
+    pub zero_point: i32,
+    pub smooth: bool,
+}
+
 /// How `Pad` fills the border (ONNX `Pad`'s `mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PadMode {
@@ -740,10 +756,13 @@ pub enum Op {
     /// %9 = attention_qkv[num_heads=12, scale=0.125](%8, %3) : f32[B,S,768]
     /// %9 = attention_qkv[num_heads=12, scale=0.125, products="int8"](%8.0, %8.1, %8.2, %3) : f32[B,S,768]
     /// ```
+    ///
+    /// With `out_u8`, the output is u8 (see [`OutU8`]), its smoothing factors the last input.
     AttentionQkv {
         num_heads: usize,
         scale: f32,
         products: AttnProducts,
+        out_u8: Option<OutU8>,
     },
     /// `(qkv, mask, mask_bias?)`: [`Op::AttentionQkv`] on the packed real tokens of a batch
     /// (`qkv` is `[1, T, 3H]`, the rows that [`Op::PackRows`] keeps): each sequence attends over
@@ -763,6 +782,7 @@ pub enum Op {
         num_heads: usize,
         scale: f32,
         products: AttnProducts,
+        out_u8: Option<OutU8>,
     },
     /// `(x, mask)`: the rows of `x` (`[B, S, …]`) at the real tokens of `mask` (`[B, S]`,
     /// non-zero = real), in order, as `[1, T, …]` with `T` the number of real tokens: token-wise
@@ -1080,8 +1100,9 @@ impl Op {
             Op::MatMulInteger => (2, 4),
             Op::Attention { .. } => (3, 4),
             // One qkv input, or the three of a `quant_heads` epilogue (see `qkv_pieces`).
-            Op::AttentionQkv { .. } => (1, 4),
-            Op::AttentionPacked { .. } => (2, 5),
+            // Then the mask (packed), its bias, and the smoothing factors of `out_u8`.
+            Op::AttentionQkv { .. } => (1, 5),
+            Op::AttentionPacked { .. } => (2, 6),
             Op::PackRows | Op::UnpackRows => (2, 2),
             Op::FusedLinear { epilogue } => {
                 let n = 2 + EpilogueStep::count_operands(epilogue);
@@ -1187,26 +1208,19 @@ impl Op {
                 num_heads,
                 scale,
                 products,
-            }
-            | Op::AttentionQkv {
+            } => attention_attrs(*num_heads, *scale, *products, None),
+            Op::AttentionQkv {
                 num_heads,
                 scale,
                 products,
+                out_u8,
             }
             | Op::AttentionPacked {
                 num_heads,
                 scale,
                 products,
-            } => {
-                let mut attrs = vec![
-                    ("num_heads", Int(*num_heads as i64)),
-                    ("scale", Float(*scale)),
-                ];
-                if *products != AttnProducts::F32 {
-                    attrs.push(("products", Str(products.name().to_string())));
-                }
-                attrs
-            }
+                out_u8,
+            } => attention_attrs(*num_heads, *scale, *products, *out_u8),
             Op::FusedLinear { epilogue } => vec![("epilogue", epilogue_attr(epilogue))],
             Op::QLinear {
                 act,
@@ -1402,7 +1416,20 @@ impl Op {
                     Some(p) => AttnProducts::from_name(&p)
                         .ok_or_else(|| a.bad("products", "\"f32\" or \"int8\""))?,
                 };
+                let out_u8 = match a.take("out_scale") {
+                    None => None,
+                    Some(Attr::Float(scale)) => Some(OutU8 {
+                        scale,
+                        zero_point: i32::try_from(a.int("out_zero")?)
+                            .map_err(|_| a.bad("out_zero", "a 32-bit integer"))?,
+                        smooth: a.bool("out_smooth")?,
+                    }),
+                    Some(_) => return Err(a.bad("out_scale", "a float")),
+                };
                 match name {
+                    "attention" if out_u8.is_some() => {
+                        return Err(a.bad("out_scale", "no output quantization on `attention`"))
+                    }
                     "attention" => Op::Attention {
                         num_heads,
                         scale,
@@ -1412,11 +1439,13 @@ impl Op {
                         num_heads,
                         scale,
                         products,
+                        out_u8,
                     },
                     _ => Op::AttentionPacked {
                         num_heads,
                         scale,
                         products,
+                        out_u8,
                     },
                 }
             }
@@ -1439,6 +1468,28 @@ impl Op {
         a.finish()?;
         Ok(op)
     }
+}
+
+/// The attributes of the attention ops, `out_u8`'s only when it is set.
+fn attention_attrs(
+    num_heads: usize,
+    scale: f32,
+    products: AttnProducts,
+    out_u8: Option<OutU8>,
+) -> Vec<(&'static str, Attr)> {
+    let mut attrs = vec![
+        ("num_heads", Attr::Int(num_heads as i64)),
+        ("scale", Attr::Float(scale)),
+    ];
+    if products != AttnProducts::F32 {
+        attrs.push(("products", Attr::Str(products.name().to_string())));
+    }
+    if let Some(q) = out_u8 {
+        attrs.push(("out_scale", Attr::Float(q.scale)));
+        attrs.push(("out_zero", Attr::Int(i64::from(q.zero_point))));
+        attrs.push(("out_smooth", Attr::Bool(q.smooth)));
+    }
+    attrs
 }
 
 /// Takes attributes out of a parsed list by name, with errors that name the op and attribute.

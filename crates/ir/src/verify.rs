@@ -152,34 +152,85 @@ impl Graph {
             Op::AttentionQkv {
                 num_heads,
                 products,
+                out_u8,
                 ..
             }
             | Op::AttentionPacked {
                 num_heads,
                 products,
+                out_u8,
                 ..
-            } if input(0)?.dtype == DType::U8 => {
+            } => {
                 let name = node.op.name();
-                let masks = if matches!(node.op, Op::AttentionQkv { .. }) {
-                    0..=1
-                } else {
-                    1..=2
-                };
-                let (bytes, scales, v) = (input(0)?, input(1), input(2));
-                let (Some(scales), Some(v)) = (scales, v) else {
-                    return Some(format!("{name}: u8 q and k need their scales and v beside them"));
-                };
-                if *products != AttnProducts::Int8 || !masks.contains(&(ins.len() - 3)) {
+                let packed = matches!(node.op, Op::AttentionPacked { .. });
+                let pieces = crate::qkv_pieces(input(0)?.dtype);
+                // After q, k, v: the mask (packed), its optional bias, the smoothing factors.
+                let smoothing = out_u8.is_some_and(|q| q.smooth);
+                let fixed = usize::from(packed) + usize::from(smoothing);
+                let extra = ins.len().checked_sub(pieces + fixed);
+                if !matches!(extra, Some(0 | 1)) {
                     return Some(format!(
-                        "{name}: quantized heads are read by 8-bit products only, followed by the mask inputs"
+                        "{name}: {} inputs, expected q, k and v ({pieces}){}, a mask bias at most{}",
+                        ins.len(),
+                        if packed { ", the mask" } else { "" },
+                        if smoothing {
+                            " and the output's smoothing factors"
+                        } else {
+                            ""
+                        }
                     ));
                 }
-                if scales.dtype != DType::F32 || v.dtype != DType::F32 || v.dtype != out.dtype {
+                let head_dtype = if pieces == 3 {
+                    input(2)?.dtype
+                } else {
+                    input(0)?.dtype
+                };
+                let out_dtype = if out_u8.is_some() {
+                    DType::U8
+                } else {
+                    head_dtype
+                };
+                if out.dtype != out_dtype {
                     return Some(format!(
-                        "{name}: scales and v must be f32 like the output: {scales}, {v}, {out}"
+                        "{name}: the output is {out_dtype} ({}), declared {out}",
+                        if out_u8.is_some() {
+                            "quantized"
+                        } else {
+                            "v's type"
+                        }
                     ));
                 }
                 let width = |t: &TensorType| t.shape.as_ref()?.last()?.as_fixed();
+                if smoothing {
+                    let factors = input(ins.len() - 1)?;
+                    let bad_width =
+                        matches!((width(factors), width(out)), (Some(a), Some(b)) if a != b);
+                    if factors.dtype != DType::F32 || bad_width {
+                        return Some(format!(
+                            "{name}: smoothing factors {factors} must be f32, one per output column of {out}"
+                        ));
+                    }
+                }
+                if pieces == 1 {
+                    if let (Some(w), Some(h)) = (width(input(0)?), width(out)) {
+                        if w != 3 * h || *num_heads == 0 || h % num_heads != 0 {
+                            return Some(format!(
+                                "{name}: {} must hold q, k and v of {num_heads} heads each as wide as the output {out}",
+                                input(0)?
+                            ));
+                        }
+                    }
+                    return None;
+                }
+                let (bytes, scales, v) = (input(0)?, input(1)?, input(2)?);
+                if *products != AttnProducts::Int8 {
+                    return Some(format!(
+                        "{name}: quantized heads are read by 8-bit products only"
+                    ));
+                }
+                if scales.dtype != DType::F32 || v.dtype != DType::F32 {
+                    return Some(format!("{name}: scales and v must be f32: {scales}, {v}"));
+                }
                 if let (Some(b), Some(s), Some(h)) = (width(bytes), width(scales), width(v)) {
                     if *num_heads == 0 || b != 2 * h || s != 2 * num_heads || h % num_heads != 0 {
                         return Some(format!(
@@ -188,29 +239,6 @@ impl Graph {
                     }
                 }
                 None
-            }
-            Op::AttentionPacked { .. } if ins.len() > 3 => Some(format!(
-                "attention_packed: an f32 qkv is followed by the mask and its bias only, got {} inputs",
-                ins.len()
-            )),
-            Op::AttentionQkv { .. } if ins.len() > 2 => Some(format!(
-                "attention_qkv: an f32 qkv is followed by the mask bias only, got {} inputs",
-                ins.len()
-            )),
-            Op::AttentionQkv { num_heads, .. } => {
-                let qkv = input(0)?;
-                let width = qkv.shape.as_ref()?.last()?.as_fixed();
-                let out_width = out.shape.as_ref()?.last()?.as_fixed();
-                if let (Some(w), Some(h)) = (width, out_width) {
-                    if w != 3 * h || *num_heads == 0 || h % num_heads != 0 {
-                        return Some(format!(
-                            "attention_qkv: {qkv} must hold q, k and v of {num_heads} heads each as wide as the output {out}"
-                        ));
-                    }
-                }
-                (qkv.dtype != out.dtype).then(|| {
-                    format!("attention_qkv keeps the input's dtype: {qkv}, output declared {out}")
-                })
             }
             Op::Attention { num_heads, .. } => {
                 let q = input(0)?;

@@ -456,6 +456,18 @@ fn deeply_nested_blocks_are_an_error_not_a_stack_overflow() {
     assert!(e.contains("nest more than"), "{e}");
 }
 
+/// `good` with `from` replaced by `to` fails to parse or to verify, with an error containing
+/// `reason`.
+fn assert_refused(good: &str, from: &str, to: &str, reason: &str) {
+    assert!(good.contains(from), "{from}");
+    let text = good.replacen(from, to, 1);
+    let e = match text::parse(&text, None) {
+        Ok(g) => g.verify().expect_err(to).to_string(),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains(reason), "{to}: {e}");
+}
+
 /// `quant_heads` and the split q, k, v of attention: a graph that uses them right verifies and
 /// round-trips; each misuse is refused, naming what is wrong.
 #[test]
@@ -500,21 +512,68 @@ output \"y\" = %5
         (
             "(%4, %4.1, %4.2, %1)",
             "(%4, %4.1, %4.2, %1, %1)",
-            "takes 1 to 4 inputs",
+            "5 inputs, expected q, k and v (3), a mask bias at most",
         ),
-        ("(%4, %4.1, %4.2, %1)", "(%4, %4.1)", "need their scales and v"),
+        (
+            "(%4, %4.1, %4.2, %1)",
+            "(%4, %4.1)",
+            "2 inputs, expected q, k and v (3)",
+        ),
+        (
+            "(%4, %4.1, %4.2, %1) : f32[B,S,4]",
+            "(%4, %4.1, %4.2, %1) : u8[B,S,4]",
+            "the output is f32 (v's type), declared u8[B,S,4]",
+        ),
         (
             "num_heads=2, scale",
             "num_heads=4, scale",
             "are not the quantized q and k and the v of 4 heads",
         ),
     ] {
-        assert!(good.contains(from), "{from}");
-        let text = good.replacen(from, to, 1);
-        let e = match text::parse(&text, None) {
-            Ok(g) => g.verify().expect_err(to).to_string(),
-            Err(e) => e.to_string(),
-        };
-        assert!(e.contains(reason), "{to}: {e}");
+        assert_refused(&good, from, to, reason);
     }
+}
+
+/// An attention op that quantizes its output (`out_u8`, moved there from the output
+/// projection): the attributes round-trip, the output is u8 and the smoothing factors come
+/// last, after the optional mask bias; each misuse is refused, naming what is wrong.
+#[test]
+fn verifier_checks_attention_output_quantization() {
+    let good = "\
+%0 = input[name=\"qkv\"] : f32[B,S,12]
+%1 = input[name=\"m\"] : f32[B,1,1,S]
+%2 = input[name=\"smooth\"] : f32[4]
+%3 = attention_qkv[num_heads=2, scale=0.5, out_scale=0.02, out_zero=131, out_smooth=true](%0, %1, %2) : u8[B,S,4]
+output \"y\" = %3
+";
+    let g = text::parse(good, None).unwrap();
+    g.verify().unwrap();
+    assert_eq!(text::print(&g).unwrap(), good);
+    // Without smoothing factors, and without a mask bias.
+    let plain = good.replace("out_smooth=true](%0, %1, %2)", "out_smooth=false](%0)");
+    text::parse(&plain, None).unwrap().verify().unwrap();
+    let no_bias = good.replace("(%0, %1, %2)", "(%0, %2)");
+    text::parse(&no_bias, None).unwrap().verify().unwrap();
+    for (from, to, reason) in [
+        (": u8[B,S,4]", ": f32[B,S,4]", "the output is u8 (quantized), declared f32"),
+        (
+            "%2 = input[name=\"smooth\"] : f32[4]",
+            "%2 = input[name=\"smooth\"] : f32[5]",
+            "smoothing factors f32[5] must be f32, one per output column",
+        ),
+        (
+            "(%0, %1, %2)",
+            "(%0, %1, %2, %2)",
+            "4 inputs, expected q, k and v (1), a mask bias at most and the output's smoothing factors",
+        ),
+        ("(%0, %1, %2)", "(%0)", "expected q, k and v (1), a mask bias at most and the output's smoothing factors"),
+        ("out_zero=131, ", "", "out_zero"),
+        ("out_scale=0.02", "out_scale=\"x\"", "out_scale"),
+    ] {
+        assert_refused(good, from, to, reason);
+    }
+    let unmerged = "%0 = input[name=\"q\"] : f32[B,S,4]\n\
+                    %1 = attention[num_heads=2, scale=0.5, out_scale=0.02, out_zero=1, out_smooth=false](%0, %0, %0) : u8[B,S,4]\n";
+    let e = text::parse(unmerged, None).unwrap_err().to_string();
+    assert!(e.contains("no output quantization on `attention`"), "{e}");
 }

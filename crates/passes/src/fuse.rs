@@ -11,8 +11,11 @@
 //!
 //! [`FuseEpilogue`] makes every `Linear` a [`Op::FusedLinear`] and grows the epilogue of fused and
 //! quantized linears with what their only reader does: a constant bias `Add`, `Gelu`, a `Mul`
-//! by a constant per-column vector, a residual `Add`, and a `LayerNorm` over the last axis.
-//! A rule that sees a candidate but cannot take it says why in the report.
+//! by a constant per-column vector, a residual `Add`, and a `LayerNorm` over the last axis. It
+//! merges Q, K and V into one GEMM, and moves static activation quantizations into the op that
+//! produces the activation: a GEMM's epilogue (`requant_u8`, `fork_u8`, `quant_heads`) or an
+//! attention's output (`out_u8`). A rule that sees a candidate but cannot take it says why in
+//! the report.
 
 use ir::{
     ActQuant, AttnProducts, BinaryOp, DType, EpilogueStep, Graph, NodeId, Op, Outlet, Tensor,
@@ -431,7 +434,8 @@ impl Pass for FuseEpilogue {
         let c = apply(graph, FUSE, &mut ctx.report, merge_qkv)?;
         let d = apply(graph, FUSE, &mut ctx.report, requant_into_producer)?;
         let e = apply(graph, FUSE, &mut ctx.report, quantize_heads)?;
-        Ok(a || b || c || d || e)
+        let f = apply(graph, FUSE, &mut ctx.report, requant_into_attention)?;
+        Ok(a || b || c || d || e || f)
     }
 }
 
@@ -609,6 +613,75 @@ fn grow_epilogue(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool,
     Ok(true)
 }
 
+/// A static `QLinear` reading an f32 value: what moving its quantization into the value's
+/// producer takes from it.
+struct StaticReader {
+    id: NodeId,
+    name: String,
+    act: ActQuant,
+    scale: f32,
+    zero_point: i32,
+    smooth: bool,
+    epilogue: Vec<EpilogueStep>,
+    /// `(x, w, w_scale, inv_smooth?, operands…)`.
+    ins: Vec<Outlet>,
+}
+
+impl StaticReader {
+    fn of(g: &Graph, id: NodeId) -> Option<StaticReader> {
+        let Op::QLinear {
+            act: act @ ActQuant::Static { scale, zero_point },
+            smooth,
+            epilogue,
+        } = g.node(id).op.clone()
+        else {
+            return None;
+        };
+        let ins = g.node_inputs(id);
+        (g.outlet_type(ins[0]).dtype == DType::F32).then(|| StaticReader {
+            id,
+            name: g.node(id).name.clone(),
+            act,
+            scale,
+            zero_point,
+            smooth,
+            epilogue,
+            ins,
+        })
+    }
+
+    /// The f32 value it reads.
+    fn x(&self) -> Outlet {
+        self.ins[0]
+    }
+
+    /// Its SmoothQuant factors, when it has them.
+    fn factors(&self) -> Option<Outlet> {
+        self.smooth.then(|| self.ins[3])
+    }
+
+    /// Replaces the reader by one that reads `bytes`, the u8 values it would have made of its
+    /// input, quantizing nothing (all its outputs: a `fork_u8` epilogue gives it two).
+    fn read_bytes(self, g: &mut Graph, bytes: Outlet) -> Result<(), String> {
+        let mut inputs = vec![bytes, self.ins[1], self.ins[2]];
+        inputs.extend(&self.ins[3 + usize::from(self.smooth)..]);
+        let outputs = g.node(self.id).outputs.clone();
+        let op = Op::QLinear {
+            act: self.act,
+            smooth: false,
+            epilogue: self.epilogue,
+        };
+        let reader = g
+            .add_node(op, &self.name, &inputs, outputs.clone())
+            .map_err(|e| e.to_string())?;
+        for slot in 0..outputs.len() {
+            g.replace_uses(Outlet::new(self.id, slot), Outlet::new(reader, slot))
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
 /// A static `QLinear` whose input is another `QLinear`'s output takes its activation
 /// quantization out of itself and into that producer's epilogue, and runs on the bytes the
 /// producer writes, which are the ones it made itself:
@@ -620,20 +693,11 @@ fn grow_epilogue(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool,
 ///   value for them and the bytes beside it: the value is not read back to be quantized. One
 ///   producer forks for one reader.
 fn requant_into_producer(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, String> {
-    let Op::QLinear {
-        act: act @ ActQuant::Static { scale, zero_point },
-        smooth,
-        epilogue,
-    } = g.node(id).op.clone()
-    else {
+    let Some(reader) = StaticReader::of(g, id) else {
         return Ok(false);
     };
-    let ins = g.node_inputs(id);
-    let x = ins[0];
-    if g.outlet_type(x).dtype != DType::F32 {
-        return Ok(false);
-    }
-    let name = g.node(id).name.clone();
+    let (x, name) = (reader.x(), reader.name.clone());
+    let (scale, zero_point, smooth) = (reader.scale, reader.zero_point, reader.smooth);
     let producer = g.node(x.node).name.clone();
     let (producer_act, producer_smooth, mut steps) = match &g.node(x.node).op {
         Op::QLinear {
@@ -661,9 +725,7 @@ fn requant_into_producer(g: &mut Graph, id: NodeId, report: &mut Report) -> Resu
     }
     let fork = sole_consumer(g, x) != Some(id);
     let mut producer_inputs = g.node_inputs(x.node);
-    if smooth {
-        producer_inputs.push(ins[3]);
-    }
+    producer_inputs.extend(reader.factors());
     let f32_ty = g.node(x.node).outputs[0].clone();
     let u8_ty = TensorType {
         dtype: DType::U8,
@@ -695,16 +757,7 @@ fn requant_into_producer(g: &mut Graph, id: NodeId, report: &mut Report) -> Resu
         g.replace_uses(x, Outlet::new(new_producer, 0))
             .map_err(|e| e.to_string())?;
     }
-    let bytes = Outlet::new(new_producer, usize::from(fork));
-    let mut inputs = vec![bytes, ins[1], ins[2]];
-    inputs.extend(&ins[3 + usize::from(smooth)..]);
-    let ty = g.node(id).outputs[0].clone();
-    let op = Op::QLinear {
-        act,
-        smooth: false,
-        epilogue,
-    };
-    replace_with(g, id.into(), op, &name, &inputs, ty)?;
+    reader.read_bytes(g, Outlet::new(new_producer, usize::from(fork)))?;
     let how = if fork {
         "`fork_u8` (the f32 value has other readers)"
     } else {
@@ -714,6 +767,62 @@ fn requant_into_producer(g: &mut Graph, id: NodeId, report: &mut Report) -> Resu
         FUSE,
         &producer,
         format!("quantization of `{name}` → epilogue {how}"),
+    );
+    Ok(true)
+}
+
+/// A static `QLinear` reading an `AttentionQkv` output that it alone reads takes its
+/// activation quantization out of itself and into the attention, as [`requant_into_producer`]
+/// moves it into a GEMM: the attention writes the u8 bytes the `QLinear` would have made of its
+/// f32 output (`out_u8`, with the `QLinear`'s SmoothQuant factors as its last input when it has
+/// them), and the f32 output is never written nor read back.
+fn requant_into_attention(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, String> {
+    let Some(reader) = StaticReader::of(g, id) else {
+        return Ok(false);
+    };
+    let (x, name) = (reader.x(), reader.name.clone());
+    let Op::AttentionQkv {
+        num_heads,
+        scale: scores_scale,
+        products,
+        out_u8: None,
+    } = g.node(x.node).op
+    else {
+        return Ok(false);
+    };
+    let attention = g.node(x.node).name.clone();
+    if sole_consumer(g, x) != Some(id) {
+        report.declined(
+            FUSE,
+            &name,
+            format!("quantization not moved into `{attention}`: its output has other readers"),
+        );
+        return Ok(false);
+    }
+    let mut attention_inputs = g.node_inputs(x.node);
+    attention_inputs.extend(reader.factors());
+    let u8_ty = TensorType {
+        dtype: DType::U8,
+        ..g.outlet_type(x).clone()
+    };
+    let attention_op = Op::AttentionQkv {
+        num_heads,
+        scale: scores_scale,
+        products,
+        out_u8: Some(ir::OutU8 {
+            scale: reader.scale,
+            zero_point: reader.zero_point,
+            smooth: reader.smooth,
+        }),
+    };
+    let bytes = g
+        .add_node(attention_op, &attention, &attention_inputs, vec![u8_ty])
+        .map_err(|e| e.to_string())?;
+    reader.read_bytes(g, Outlet::new(bytes, 0))?;
+    report.fired(
+        FUSE,
+        &attention,
+        format!("quantization of `{name}` → u8 output"),
     );
     Ok(true)
 }
@@ -895,6 +1004,7 @@ fn merge_qkv(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, Str
             num_heads,
             scale,
             products,
+            out_u8: None,
         },
         &name,
         &att_inputs,
@@ -922,6 +1032,7 @@ fn quantize_heads(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool
         num_heads,
         scale,
         products: products @ AttnProducts::Int8,
+        out_u8,
     } = g.node(id).op
     else {
         return Ok(false);
@@ -988,12 +1099,13 @@ fn quantize_heads(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool
         .add_node(producer_op, &producer, &producer_inputs, outputs)
         .map_err(|e| e.to_string())?;
     let mut inputs: Vec<Outlet> = (0..3).map(|i| Outlet::new(new_producer, i)).collect();
-    inputs.extend(ins.get(1));
+    inputs.extend(&ins[1..]);
     let ty = g.node(id).outputs[0].clone();
     let op = Op::AttentionQkv {
         num_heads,
         scale,
         products,
+        out_u8,
     };
     replace_with(g, id.into(), op, &name, &inputs, ty)?;
     report.fired(

@@ -409,6 +409,7 @@ fn rewrite(
             num_heads,
             scale,
             products,
+            out_u8,
         } = g.node(id).op
         else {
             continue;
@@ -417,7 +418,7 @@ fn rewrite(
         let pieces = ir::qkv_pieces(g.outlet_type(ins[0]).dtype);
         let mut inputs = ins[..pieces].to_vec();
         inputs.push(mask);
-        inputs.extend(ins.get(pieces));
+        inputs.extend(&ins[pieces..]);
         let node = g.node(id);
         let (name, ty) = (node.name.clone(), node.outputs[0].clone());
         crate::rewrite::replace_with(
@@ -427,6 +428,7 @@ fn rewrite(
                 num_heads,
                 scale,
                 products,
+                out_u8,
             },
             &name,
             &inputs,

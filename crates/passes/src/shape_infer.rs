@@ -277,6 +277,20 @@ fn product(dims: &[Dim]) -> Result<Dim, String> {
         .ok_or_else(|| format!("the product of dims {dims:?} overflows"))
 }
 
+/// Whether an attention op quantizes its output (its `out_u8`).
+fn attention_out_u8(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::AttentionQkv {
+            out_u8: Some(_),
+            ..
+        } | Op::AttentionPacked {
+            out_u8: Some(_),
+            ..
+        }
+    )
+}
+
 fn check_inner(k1: &Dim, k2: &Dim, what: &str) -> Result<(), String> {
     match (k1.as_fixed(), k2.as_fixed()) {
         (Some(a), Some(b)) if a != b => Err(format!("{what}: inner dims {a} and {b} differ")),
@@ -1034,6 +1048,11 @@ fn infer(
         Op::AttentionQkv { num_heads, .. } | Op::AttentionPacked { num_heads, .. }
             if dtype(0) == DType::U8 =>
         {
+            let out = if attention_out_u8(op) {
+                DType::U8
+            } else {
+                dtype(2)
+            };
             // q and k quantized by a `quant_heads` epilogue: the output is v's type.
             if ins.len() < 3 {
                 return Err(format!(
@@ -1051,9 +1070,14 @@ fn infer(
                     ));
                 }
             }
-            one(dtype(2), s)
+            one(out, s)
         }
         Op::AttentionQkv { num_heads, .. } | Op::AttentionPacked { num_heads, .. } => {
+            let out = if attention_out_u8(op) {
+                DType::U8
+            } else {
+                dtype(0)
+            };
             let s = match &shapes {
                 None => None,
                 Some(ss) => {
@@ -1072,7 +1096,7 @@ fn infer(
                     Some(vec![ss[0][0].clone(), ss[0][1].clone(), Dim::fixed(h)])
                 }
             };
-            one(dtype(0), s)
+            one(out, s)
         }
         Op::Attention { num_heads, .. } => {
             if let Some(ss) = &shapes {

@@ -1457,3 +1457,109 @@ fn fuse_epilogue_quantizes_heads_for_int8_attention() {
         notes(&report)
     );
 }
+
+/// A static output projection reading attention alone moves its quantization into the
+/// attention (`out_u8`, its SmoothQuant factors the attention's last input), as
+/// `requant_into_producer` moves one into a GEMM; packing keeps the attributes and the factors
+/// after the mask and its bias. An attention output read elsewhere too keeps its f32 output,
+/// and the report says why; a dynamic projection is no candidate. (The numeric check, bit-equal
+/// results on the real kernels, is `runtime/tests/qkv_merge.rs`.)
+#[test]
+fn fuse_epilogue_moves_output_quantization_into_attention() {
+    let layer = |projection: &str, extra_output: &str| {
+        format!(
+            "%0 = input[name=\"qkv\"] : f32[B,S,12]\n\
+             %1 = input[name=\"mask\"] : i64[B,S]\n\
+             %2 = unsqueeze[axes=[1, 2]](%1) : i64[B,1,1,S]  # mask/unsqueeze\n\
+             %3 = cast[to=f32](%2) : f32[B,1,1,S]  # mask/cast\n\
+             %4 = const[value=f32[]{{-10000.0}}] : f32[]  # mask/big\n\
+             %5 = mul(%3, %4) : f32[B,1,1,S]  # mask/bias\n\
+             %6 = attention_qkv[num_heads=2, scale=0.5, products=\"int8\"](%0, %5) : f32[B,S,4]  # attn\n\
+             %7 = const[value=i8[4,4]{{{}}}] : i8[4,4]  # out/weight_s8\n\
+             %8 = {}  # out/weight_scale\n\
+             %9 = {}  # out/smooth\n\
+             %10 = {}  # out/bias\n\
+             %11 = {projection} : f32[B,S,4]  # out\n\
+             output \"y\" = %11\n{extra_output}",
+            (0..16)
+                .map(|i: i32| (i * 37 % 255 - 127).to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            f32_const(&[4], &[0.002, 0.004, 0.003, 0.001]),
+            f32_const(&[4], &[0.5, 2.0, 1.25, 0.75]),
+            f32_const(&[4], &[0.5, -0.75, 0.125, 1.0]),
+        )
+    };
+    let projection = "qlinear[act=\"static\", a_scale=0.02, a_zero=131, smooth=true, epilogue=(bias)](%6, %7, %8, %9, %10)";
+    let mut g = typed(&layer(projection, ""));
+    let before = print(&g);
+    let mut ctx = PassContext::default();
+    assert!(step(&FuseEpilogue, &mut g, &mut ctx));
+    let fused = print(&g);
+    let line = |text: &str, name: &str| -> String {
+        text.lines()
+            .find(|l| l.ends_with(&format!("# {name}")))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+            .to_string()
+    };
+    let attn = line(&fused, "attn");
+    assert!(
+        attn.contains("out_scale=0.02, out_zero=131, out_smooth=true](%0, %")
+            && attn.ends_with(") : u8[B,S,4]  # attn"),
+        "{fused}"
+    );
+    assert!(
+        line(&fused, "out").contains("smooth=false, epilogue=(bias)]("),
+        "{fused}"
+    );
+    assert!(has_note(
+        &ctx.report,
+        NoteKind::Fired,
+        "attn",
+        "quantization of `out` → u8 output"
+    ));
+    assert!(!step(&FuseEpilogue, &mut g, &mut ctx), "a fixpoint");
+    assert!(step(&PackTokens, &mut g, &mut ctx));
+    let packed = print(&g);
+    let attn = line(&packed, "attn");
+    assert!(
+        attn.contains("attention_packed[num_heads=2, scale=0.5, products=\"int8\", out_scale=0.02, out_zero=131, out_smooth=true](%")
+            && attn.contains(", %1, %")
+            && attn.ends_with(") : u8[1,packed_tokens,4]  # attn"),
+        "{packed}"
+    );
+    assert_eq!(print(&parse(&packed)), packed, "the text form round-trips");
+    insta::assert_snapshot!(snapshot(
+        &before,
+        &[("FuseEpilogue", fused), ("PackTokens", packed)],
+        &ctx.report
+    ));
+
+    // Without SmoothQuant factors: no factors input.
+    let unsmoothed = "qlinear[act=\"static\", a_scale=0.02, a_zero=131, smooth=false, epilogue=(bias)](%6, %7, %8, %10)";
+    let (_, changed, _, after, _) = one_pass(&FuseEpilogue, &layer(unsmoothed, ""));
+    assert!(changed);
+    let attn = line(&print(&after), "attn");
+    assert!(
+        attn.contains("out_smooth=false](%0, %") && attn.ends_with(") : u8[B,S,4]  # attn"),
+        "{attn}"
+    );
+
+    let (_, _, _, after, report) =
+        one_pass(&FuseEpilogue, &layer(projection, "output \"attn\" = %6\n"));
+    assert!(!print(&after).contains("out_scale"));
+    assert!(
+        has_note(
+            &report,
+            NoteKind::Declined,
+            "out",
+            "its output has other readers"
+        ),
+        "{}",
+        notes(&report)
+    );
+
+    let dynamic = "qlinear[act=\"token\", smooth=true, epilogue=(bias)](%6, %7, %8, %9, %10)";
+    let (_, _, _, after, _) = one_pass(&FuseEpilogue, &layer(dynamic, ""));
+    assert!(!print(&after).contains("out_scale"));
+}

@@ -1131,9 +1131,11 @@ impl Session {
                 num_heads,
                 scale,
                 products,
+                out_u8,
             } => {
                 let (qkv, at) = attention::QkvInput::of(ins, node)?;
-                let mask = ins.get(at).map(|i| i.get());
+                let (quant, rest) = attention_out(ins, *out_u8, node)?;
+                let mask = rest.get(at).map(|i| i.get());
                 one(attention::attention_qkv(
                     qkv,
                     mask,
@@ -1142,6 +1144,7 @@ impl Session {
                         scale: *scale,
                         products: *products,
                     },
+                    quant,
                     ctx,
                     node,
                 )?)
@@ -1150,12 +1153,14 @@ impl Session {
                 num_heads,
                 scale,
                 products,
+                out_u8,
             } => {
                 let (qkv, at) = attention::QkvInput::of(ins, node)?;
-                let mask = ins
+                let (quant, rest) = attention_out(ins, *out_u8, node)?;
+                let mask = rest
                     .get(at)
                     .ok_or_else(|| Error::op(node, "attention_packed", "no mask input"))?;
-                let bias = ins.get(at + 1).map(|i| i.get());
+                let bias = rest.get(at + 1).map(|i| i.get());
                 one(attention::attention_packed(
                     qkv,
                     mask.get(),
@@ -1165,6 +1170,7 @@ impl Session {
                         scale: *scale,
                         products: *products,
                     },
+                    quant,
                     ctx,
                     node,
                 )?)
@@ -1266,6 +1272,46 @@ impl Session {
             ),
         }
     }
+}
+
+/// The output quantization of an attention op (its `out_u8`) with its smoothing factors (the
+/// last input when it has them), and the inputs before them.
+fn attention_out<'i, 'v>(
+    ins: &'i [Input<'v>],
+    out_u8: Option<ir::OutU8>,
+    node: &str,
+) -> Result<
+    (
+        Option<crate::exec::attention::OutQuant<'i>>,
+        &'i [Input<'v>],
+    ),
+    Error,
+> {
+    let Some(q) = out_u8 else {
+        return Ok((None, ins));
+    };
+    let (inv_smooth, rest) = match (q.smooth, ins.split_last()) {
+        (true, Some((factors, rest))) => {
+            let f = factors.get().as_f32().ok_or_else(|| {
+                Error::op(
+                    node,
+                    "attention",
+                    "the output's smoothing factors must be f32",
+                )
+            })?;
+            (Some(f), rest)
+        }
+        (true, None) => {
+            return Err(Error::op(node, "attention", "no smoothing factors input"));
+        }
+        (false, _) => (None, ins),
+    };
+    let quant = crate::exec::attention::OutQuant {
+        inv_smooth,
+        scale: q.scale,
+        zero_point: q.zero_point as f32,
+    };
+    Ok((Some(quant), rest))
 }
 
 /// What a run keeps for the next one: the buffers of its values and its (empty) slot list.

@@ -136,6 +136,14 @@ fn int8_minilm_packed_equals_padded_at_real_tokens() {
         .map(|l| CalibrationBatch::from_feeds(feeds(&probe, l)))
         .collect();
     let fixed = quantize_static(&fp32, &batches);
+    // Static activations: attention writes the bytes its output projection reads (`out_u8`),
+    // packed and padded alike.
+    let session = Session::builder(&fixed).build().unwrap();
+    let text = ir::text::print(session.graph()).unwrap();
+    assert!(
+        text.contains("out_smooth=true]("),
+        "attention does not quantize its output:\n{text}"
+    );
     check("minilm-l6 int8 static", &fixed);
     // 8-bit attention products: q and k come quantized per head from the QKV GEMM's
     // `quant_heads` epilogue, into packed and padded attention alike.

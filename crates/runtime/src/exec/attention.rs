@@ -9,6 +9,7 @@ use super::simd::{
 use super::{broadcast_strides, Arena, Ctx, SharedPtr};
 use crate::value::TensorValue;
 use crate::Error;
+use crate::TensorData;
 use ir::AttnProducts;
 
 /// The attributes of an attention op: heads, the scale of the scores, and the arithmetic of
@@ -18,6 +19,29 @@ pub(crate) struct Heads {
     pub num_heads: usize,
     pub scale: f32,
     pub products: AttnProducts,
+}
+
+/// The static u8 quantization of an attention output (`out_u8`, moved there from the `qlinear`
+/// that reads it): each element `quantize_u8(y·inv_smooth[c], scale, zero_point)`, the bytes
+/// that `qlinear` makes of an f32 input.
+#[derive(Clone, Copy)]
+pub(crate) struct OutQuant<'a> {
+    pub inv_smooth: Option<&'a [f32]>,
+    pub scale: f32,
+    pub zero_point: f32,
+}
+
+impl OutQuant<'_> {
+    /// Checks that the smoothing factors, when given, are one per output column (`h`).
+    fn check(&self, h: usize, err: &dyn Fn(String) -> Error) -> Result<(), Error> {
+        match self.inv_smooth {
+            Some(f) if f.len() != h => Err(err(format!(
+                "the output's smoothing factors have {} values, expected {h}",
+                f.len()
+            ))),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Scores at or below this are padding: after the max-subtraction of softmax their exponential
@@ -266,6 +290,7 @@ pub(crate) fn attention(
         [b, sq, sk, h],
         mask,
         heads,
+        None,
         ctx,
         node,
     )
@@ -277,6 +302,7 @@ pub(crate) fn attention_qkv(
     qkv: QkvInput<'_>,
     mask: Option<&TensorValue>,
     heads: Heads,
+    quant: Option<OutQuant<'_>>,
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
@@ -293,7 +319,10 @@ pub(crate) fn attention_qkv(
     }
     let (b, s) = (first.shape()[0], first.shape()[1]);
     let (src, h) = qkv.source(&[b, s], heads, &err)?;
-    padded(src, [b, s, s, h], mask, heads, ctx, node)
+    if let Some(q) = quant {
+        q.check(h, &err)?;
+    }
+    padded(src, [b, s, s, h], mask, heads, quant, ctx, node)
 }
 
 /// q, k and v of rows holding the three side by side, each `h` wide.
@@ -321,6 +350,7 @@ fn padded(
     [b, sq, sk, h]: [usize; 4],
     mask: Option<&TensorValue>,
     heads: Heads,
+    quant: Option<OutQuant<'_>>,
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
@@ -332,9 +362,9 @@ fn padded(
     }
     let view = MaskView::new(mask, [b, num_heads, sq, sk], &err)?;
     let plans = padded_plans(b, sq, sk, view, ctx.arena);
-    let out = attend(qkv, [b * sq, h], &plans, view, heads, ctx);
+    let out = attend(qkv, [b * sq, h], &plans, view, heads, quant, ctx);
     plans.recycle(ctx.arena);
-    Ok(TensorValue::raw([b, sq, h].as_slice(), out))
+    Ok(TensorValue::raw_data([b, sq, h].as_slice(), out))
 }
 
 /// `kt[d, r] = k[k0 + keys[r], col + d]` for `d < dh`: one head's keys as columns, in 16×16
@@ -667,12 +697,13 @@ pub(crate) fn attention_packed(
     mask: &TensorValue,
     bias: Option<&TensorValue>,
     heads: Heads,
+    quant: Option<OutQuant<'_>>,
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
     let err = |m: String| Error::op(node, "attention_packed", m);
     RowMap::with(mask, ctx, node, "attention_packed", |map, ctx| {
-        attend_packed(qkv, map, bias, heads, ctx, &err)
+        attend_packed(qkv, map, bias, heads, quant, ctx, &err)
     })
 }
 
@@ -682,12 +713,16 @@ fn attend_packed(
     map: &RowMap,
     bias: Option<&TensorValue>,
     heads: Heads,
+    quant: Option<OutQuant<'_>>,
     ctx: &mut Ctx<'_>,
     err: &dyn Fn(String) -> Error,
 ) -> Result<TensorValue, Error> {
     let num_heads = heads.num_heads;
     // One row per real token of the mask.
     let (src, h) = qkv.source(&[1, map.rows.len()], heads, err)?;
+    if let Some(q) = quant {
+        q.check(h, err)?;
+    }
     let view = MaskView::new(bias, [map.batch, num_heads, map.seq, map.seq], err)?;
     let mut plans = Plans::new(ctx.arena, 2 * map.rows.len());
     let built = (|| {
@@ -727,21 +762,26 @@ fn attend_packed(
         }
         Ok(())
     })();
-    let out = built.map(|()| attend(src, [map.rows.len(), h], &plans, view, heads, ctx));
+    let out = built.map(|()| attend(src, [map.rows.len(), h], &plans, view, heads, quant, ctx));
     plans.recycle(ctx.arena);
-    Ok(TensorValue::raw([1, map.rows.len(), h].as_slice(), out?))
+    Ok(TensorValue::raw_data(
+        [1, map.rows.len(), h].as_slice(),
+        out?,
+    ))
 }
 
 /// The attention of q, k, v rows, sequence by sequence as `plans` say: `out_rows` rows of `h`
-/// (`num_heads` divide `h`: checked by the callers).
+/// (`num_heads` divide `h`, and `quant`'s factors are `h`: checked by the callers), f32, or u8
+/// quantized as `quant` says.
 fn attend(
     src: Source<'_>,
     [out_rows, h]: [usize; 2],
     plans: &Plans,
     mask: Option<MaskView<'_>>,
     heads: Heads,
+    quant: Option<OutQuant<'_>>,
     ctx: &mut Ctx<'_>,
-) -> Vec<f32> {
+) -> TensorData {
     let Heads {
         num_heads,
         scale,
@@ -749,11 +789,23 @@ fn attend(
     } = heads;
     let int8 = products == AttnProducts::Int8;
     let dh = h / num_heads;
+    let (mut out_f32, mut out_u8) = (Vec::new(), Vec::new());
     if out_rows * h == 0 {
-        return Vec::new();
+        return match quant {
+            Some(_) => TensorData::U8(out_u8),
+            None => TensorData::F32(out_f32),
+        };
     }
-    let mut out = ctx.arena.f32_for_overwrite(out_rows * h);
-    let optr = SharedPtr(out.as_mut_ptr());
+    let dst = match quant {
+        Some(q) => {
+            out_u8 = ctx.arena.bytes_for_overwrite(out_rows * h);
+            HeadDst::U8(SharedPtr(out_u8.as_mut_ptr()), q)
+        }
+        None => {
+            out_f32 = ctx.arena.f32_for_overwrite(out_rows * h);
+            HeadDst::F32(SharedPtr(out_f32.as_mut_ptr()))
+        }
+    };
     let tasks = plans.len() * num_heads;
     let work = plans
         .iter()
@@ -791,9 +843,10 @@ fn attend(
             }
             if int8 {
                 let out = HeadOut {
-                    ptr: optr,
+                    dst,
                     at: plan.q0 * h + hd * dh,
                     ld: h,
+                    col: hd * dh,
                 };
                 // SAFETY: task (sequence, hd) alone writes columns hd·dh..(hd+1)·dh of its
                 // sequence's rows, and `out` outlives the parallel call.
@@ -851,9 +904,10 @@ fn attend(
                 softmax_row(row);
             }
             let out = HeadOut {
-                ptr: optr,
+                dst,
                 at: o_at,
                 ld: h,
+                col: hd * dh,
             };
             let mut put = |p: &[f32], rows: std::ops::Range<usize>, m_block: usize| {
                 // SAFETY: task (sequence, hd) alone writes columns hd·dh..(hd+1)·dh of its
@@ -876,7 +930,10 @@ fn attend(
         }
     };
     ctx.par_tasks(tasks, work, run);
-    out
+    match quant {
+        Some(_) => TensorData::U8(out_u8),
+        None => TensorData::F32(out_f32),
+    }
 }
 
 /// Scratch of the 8-bit attention of one head, per thread, grown to the largest shape seen.
@@ -903,12 +960,21 @@ thread_local! {
     static I8_SCRATCH: std::cell::Cell<I8Scratch> = std::cell::Cell::new(I8Scratch::default());
 }
 
-/// Where a head's output rows go: element `(row, c)` at `ptr + at + row·ld + c`.
+/// The output of [`attend`]: f32, or u8 quantized as it is written.
 #[derive(Clone, Copy)]
-struct HeadOut {
-    ptr: SharedPtr<f32>,
+enum HeadDst<'a> {
+    F32(SharedPtr<f32>),
+    U8(SharedPtr<u8>, OutQuant<'a>),
+}
+
+/// Where a head's output rows go: element `(row, c)` at `at + row·ld + c` of `dst`, `c` being
+/// column `col + c` of the output.
+#[derive(Clone, Copy)]
+struct HeadOut<'a> {
+    dst: HeadDst<'a>,
     at: usize,
     ld: usize,
+    col: usize,
 }
 
 /// One (sequence, head) of [`attend`] with 8-bit products (see `attn_int8`): q quantized per
@@ -925,7 +991,7 @@ unsafe fn head_i8(
     dh: usize,
     mask: Option<MaskView<'_>>,
     scale: f32,
-    out: HeadOut,
+    out: HeadOut<'_>,
     s: &mut I8Scratch,
 ) {
     let sq = plan.nq;
@@ -1102,16 +1168,16 @@ unsafe fn head_i8(
 }
 
 /// Output rows `rows` of one head, a block of `m_block` rows of which `rows.len()` are real,
-/// made by `values(dst, ld, m_block)`: straight into the output when the block is whole and a
-/// head is whole kernel columns, else into `scratch` (`m_block` rows of the head padded to
-/// [`JB`]) and copied.
+/// made by `values(dst, ld, m_block)`: straight into an f32 output when the block is whole and
+/// a head is whole kernel columns, else into `scratch` (`m_block` rows of the head padded to
+/// [`JB`]) and copied, or quantized into a u8 output while the rows are in L1.
 ///
 /// # Safety
 /// `out` must address this head's rows `rows` (`dh` columns each), writable and touched by no
 /// other thread during the call; `values` must write exactly `m_block` rows of the padded head
 /// at the pointer and stride it is given.
 unsafe fn put_head_rows(
-    out: HeadOut,
+    out: HeadOut<'_>,
     rows: std::ops::Range<usize>,
     m_block: usize,
     dh: usize,
@@ -1119,22 +1185,35 @@ unsafe fn put_head_rows(
     values: impl FnOnce(*mut f32, usize, usize),
 ) {
     let dh_pad = dh.div_ceil(JB) * JB;
-    if dh == dh_pad && rows.len() == m_block {
-        // SAFETY: the block is the caller's rows, whole.
-        values(
-            unsafe { out.ptr.get().add(out.at + rows.start * out.ld) },
-            out.ld,
-            m_block,
-        );
-        return;
+    if let HeadDst::F32(ptr) = out.dst {
+        if dh == dh_pad && rows.len() == m_block {
+            // SAFETY: the block is the caller's rows, whole.
+            values(
+                unsafe { ptr.get().add(out.at + rows.start * out.ld) },
+                out.ld,
+                m_block,
+            );
+            return;
+        }
     }
     scratch.resize(m_block * dh_pad, 0.0);
     values(scratch.as_mut_ptr(), dh_pad, m_block);
     for (r, i) in rows.enumerate() {
-        // SAFETY: row i of this head, the caller's.
-        let dst =
-            unsafe { std::slice::from_raw_parts_mut(out.ptr.get().add(out.at + i * out.ld), dh) };
-        dst.copy_from_slice(&scratch[r * dh_pad..][..dh]);
+        let y = &scratch[r * dh_pad..][..dh];
+        // SAFETY (both arms): row i of this head, the caller's.
+        match out.dst {
+            HeadDst::F32(ptr) => {
+                unsafe { std::slice::from_raw_parts_mut(ptr.get().add(out.at + i * out.ld), dh) }
+                    .copy_from_slice(y)
+            }
+            HeadDst::U8(ptr, q) => {
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(ptr.get().add(out.at + i * out.ld), dh)
+                };
+                let inv = q.inv_smooth.map(|f| &f[out.col..out.col + dh]);
+                super::fused::quantize_row_u8(y, inv, q.scale, q.zero_point, dst);
+            }
+        }
     }
 }
 

@@ -146,6 +146,8 @@ impl QuantizedRows {
     }
 }
 
+pub(crate) use row::quantize as quantize_row_u8;
+
 /// Row quantizers: the range of a row (times the smoothing factors) and its quantization. The
 /// AVX-512 versions compute exactly what the scalar ones do (IEEE division, round half to even,
 /// NaN as 0), so results never depend on the CPU.
