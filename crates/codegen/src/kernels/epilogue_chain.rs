@@ -291,55 +291,76 @@ unsafe fn run_with<const F: u32>(
         // SAFETY (all loads in it): masked to the block's columns below `c0 + w`; the vectors
         // indexed by absolute column hold the problem's columns and the residual its rows at
         // stride `ld` (validated); row `i` of `acc` is in the block.
-        macro_rules! value {
-            ($j:expr, $m:expr) => {{
+        // The chain's values at the `N` vectors of columns `j + 16·u` (relative to the block)
+        // of row `r`, lanes outside `m` 0: each op applied to all `N` before the next op, so
+        // that the `N` independent dependency chains (GELU's is long) sit side by side in the
+        // instruction stream and overlap; one at a time, the erf GELU chain ran at the latency
+        // of its FMAs (a standalone FFN1 chain 7.1 -> 5.7 ns per vector with 4 at a time).
+        //
+        // SAFETY (all loads in it): masked to the block's columns below `c0 + w`; the vectors
+        // indexed by absolute column hold the problem's columns and the residual its rows at
+        // stride `ld` (validated); row `i` of `acc` is in the block.
+        macro_rules! values {
+            ($n:expr, $j:expr, $m:expr) => {{
                 let (j, m): (usize, __mmask16) = ($j, $m);
-                let c = c0 + j;
-                let a = _mm512_maskz_loadu_epi32(m, acc.add(i * ld + j));
-                let mut v = match ctx.folded {
-                    Some(f) => {
-                        let comp = _mm512_maskz_loadu_epi32(m, f.comp.as_ptr().add(c));
-                        let sc = _mm512_maskz_loadu_ps(m, f.scale.as_ptr().add(c));
-                        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a, comp)), sc)
-                    }
-                    None => {
-                        let cs = _mm512_maskz_loadu_epi32(m, ctx.colsum.as_ptr().add(c));
-                        let q = _mm512_sub_epi32(a, _mm512_mullo_epi32(_mm512_set1_epi32(zp), cs));
-                        let scale = if w_scale.len() == 1 {
-                            _mm512_set1_ps(s * w_scale[0])
-                        } else {
-                            let ws = _mm512_maskz_loadu_ps(m, w_scale.as_ptr().add(c));
-                            _mm512_mul_ps(_mm512_set1_ps(s), ws)
-                        };
-                        _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale)
-                    }
-                };
+                let mut v = [_mm512_setzero_ps(); $n];
+                for (u, v) in v.iter_mut().enumerate() {
+                    let (j, c) = (j + 16 * u, c0 + j + 16 * u);
+                    let a = _mm512_maskz_loadu_epi32(m, acc.add(i * ld + j));
+                    *v = match ctx.folded {
+                        Some(f) => {
+                            let comp = _mm512_maskz_loadu_epi32(m, f.comp.as_ptr().add(c));
+                            let sc = _mm512_maskz_loadu_ps(m, f.scale.as_ptr().add(c));
+                            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a, comp)), sc)
+                        }
+                        None => {
+                            let cs = _mm512_maskz_loadu_epi32(m, ctx.colsum.as_ptr().add(c));
+                            let q =
+                                _mm512_sub_epi32(a, _mm512_mullo_epi32(_mm512_set1_epi32(zp), cs));
+                            let scale = if w_scale.len() == 1 {
+                                _mm512_set1_ps(s * w_scale[0])
+                            } else {
+                                let ws = _mm512_maskz_loadu_ps(m, w_scale.as_ptr().add(c));
+                                _mm512_mul_ps(_mm512_set1_ps(s), ws)
+                            };
+                            _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale)
+                        }
+                    };
+                }
+                // A macro, not a closure: a closure holding `v` kept it on the stack.
+                macro_rules! each {
+                    ($kind:expr, $p:expr) => {
+                        for (u, v) in v.iter_mut().enumerate() {
+                            *v = step($kind, $p, &gelu, *v, m, r, c0 + j + 16 * u);
+                        }
+                    };
+                }
                 if F == INTERPRETED {
                     for op in rest {
                         let mut p = Fixed::NONE;
                         let kind = p.set(op).expect("eligible: elementwise ops only");
-                        v = step(kind, &p, &gelu, v, m, r, c);
+                        each!(kind, &p);
                     }
                 } else {
                     // One `if` per kind rather than a loop over the kinds: the loop was not
                     // unrolled into constants (the FFN1 chain's share 7.9 -> 9.5 % of a run).
                     if F & BIAS != 0 {
-                        v = step(BIAS, &fixed, &gelu, v, m, r, c);
+                        each!(BIAS, &fixed);
                     }
                     if F & SCALE != 0 {
-                        v = step(SCALE, &fixed, &gelu, v, m, r, c);
+                        each!(SCALE, &fixed);
                     }
                     if F & GELU != 0 {
-                        v = step(GELU, &fixed, &gelu, v, m, r, c);
+                        each!(GELU, &fixed);
                     }
                     if F & MUL_COL != 0 {
-                        v = step(MUL_COL, &fixed, &gelu, v, m, r, c);
+                        each!(MUL_COL, &fixed);
                     }
                     if F & RESIDUAL != 0 {
-                        v = step(RESIDUAL, &fixed, &gelu, v, m, r, c);
+                        each!(RESIDUAL, &fixed);
                     }
                     if F & REQUANT != 0 {
-                        v = step(REQUANT, &fixed, &gelu, v, m, r, c);
+                        each!(REQUANT, &fixed);
                     }
                 }
                 v
@@ -349,7 +370,7 @@ unsafe fn run_with<const F: u32>(
             // Row `r`, whole heads (`eligible` and the drivers) of a QKV product: each head of
             // q and k as `math::quantize_sym` makes it (the same lanes for the absolute
             // maximum, the same fold, product, rounding and clamp; q shifted by 128) with its
-            // scale, v as f32. Written out here rather than in a function taking `value!` as a
+            // scale, v as f32. Written out here rather than in a function taking `values!` as a
             // closure: a closure capturing the row's state by reference kept it on the stack
             // for the other outputs' loop too (the FFN1 chain ran 2x slower).
             let (dh, hidden) = (h.head_dim, h.hidden);
@@ -363,7 +384,7 @@ unsafe fn run_with<const F: u32>(
                         unsafe {
                             _mm512_storeu_ps(
                                 h.v.add(r * h.ld_v + c - 2 * hidden + 16 * t),
-                                value!(hc + 16 * t, 0xffff),
+                                values!(1, hc + 16 * t, 0xffff)[0],
                             )
                         };
                     }
@@ -373,7 +394,7 @@ unsafe fn run_with<const F: u32>(
                 // replacing what it holds (`if b > a { b } else { a }` is `vmaxps b, a`).
                 let mut amax = _mm512_setzero_ps();
                 for (t, v) in head.iter_mut().enumerate().take(vectors) {
-                    *v = value!(hc + 16 * t, 0xffff);
+                    *v = values!(1, hc + 16 * t, 0xffff)[0];
                     amax = _mm512_max_ps(_mm512_abs_ps(*v), amax);
                 }
                 let mut lanes = [0f32; 16];
@@ -405,36 +426,50 @@ unsafe fn run_with<const F: u32>(
             }
             continue;
         }
+        // The value `v` of the lanes `m` of columns `j..j + 16` (relative to the block) into
+        // `out`.
+        //
+        // SAFETY: the stores are masked to the block's columns of row `r` of `out`, which is
+        // ours.
+        macro_rules! store {
+            ($j:expr, $m:expr, $v:expr) => {{
+                let (c, m, v): (usize, __mmask16, __m512) = (c0 + $j, $m, $v);
+                unsafe {
+                    match out {
+                        OutPtr::F32(p, ldc) => _mm512_mask_storeu_ps(p.add(r * ldc + c), m, v),
+                        // Integral values (the chain ends in Requant): their low byte, as
+                        // `int_byte`.
+                        OutPtr::U8(p, ldc) => _mm512_mask_cvtepi32_storeu_epi8(
+                            p.add(r * ldc + c) as *mut i8,
+                            m,
+                            _mm512_cvtps_epi32(v),
+                        ),
+                        OutPtr::S8(p, ldc) => _mm512_mask_cvtepi32_storeu_epi8(
+                            p.add(r * ldc + c),
+                            m,
+                            _mm512_cvtps_epi32(v),
+                        ),
+                        _ => unreachable!("eligible: f32, byte or heads outputs only"),
+                    }
+                }
+            }};
+        }
+        const AT_ONCE: usize = 4;
         let mut j = 0;
+        while w - j >= 16 * AT_ONCE {
+            let v = values!(AT_ONCE, j, 0xffff);
+            for (u, v) in v.into_iter().enumerate() {
+                store!(j + 16 * u, 0xffff, v);
+            }
+            j += 16 * AT_ONCE;
+        }
         while j < w {
             let m: __mmask16 = if w - j >= 16 {
                 0xffff
             } else {
                 (1u16 << (w - j)) - 1
             };
-            let c = c0 + j;
-            // SAFETY: the value's loads as above; the stores are masked to the block's columns
-            // of row `r` of `out`, which is ours.
-            unsafe {
-                let v = value!(j, m);
-                match out {
-                    OutPtr::F32(p, ldc) => _mm512_mask_storeu_ps(p.add(r * ldc + c), m, v),
-                    // Integral values (the chain ends in Requant): their low byte, as `int_byte`.
-                    OutPtr::U8(p, ldc) => {
-                        _mm512_mask_cvtepi32_storeu_epi8(
-                            p.add(r * ldc + c) as *mut i8,
-                            m,
-                            _mm512_cvtps_epi32(v),
-                        );
-                    }
-                    OutPtr::S8(p, ldc) => _mm512_mask_cvtepi32_storeu_epi8(
-                        p.add(r * ldc + c),
-                        m,
-                        _mm512_cvtps_epi32(v),
-                    ),
-                    _ => unreachable!("eligible: f32, byte or heads outputs only"),
-                }
-            }
+            store!(j, m, values!(1, j, m)[0]);
             j += 16;
         }
     }
