@@ -1416,15 +1416,14 @@ impl Op {
                     Some(p) => AttnProducts::from_name(&p)
                         .ok_or_else(|| a.bad("products", "\"f32\" or \"int8\""))?,
                 };
-                let out_u8 = match a.take("out_scale") {
+                let out_u8 = match a.opt_float("out_scale")? {
                     None => None,
-                    Some(Attr::Float(scale)) => Some(OutU8 {
+                    Some(scale) => Some(OutU8 {
                         scale,
                         zero_point: i32::try_from(a.int("out_zero")?)
                             .map_err(|_| a.bad("out_zero", "a 32-bit integer"))?,
                         smooth: a.bool("out_smooth")?,
                     }),
-                    Some(_) => return Err(a.bad("out_scale", "a float")),
                 };
                 match name {
                     "attention" if out_u8.is_some() => {
@@ -1535,6 +1534,13 @@ impl AttrReader<'_> {
             Attr::Float(v) => Ok(v),
             Attr::Int(v) => Ok(v as f32),
             _ => Err(self.bad(key, "a float")),
+        }
+    }
+    fn opt_float(&mut self, key: &str) -> Result<Option<f32>, IrError> {
+        if self.attrs.iter().any(|(k, _)| k == key) {
+            self.float(key).map(Some)
+        } else {
+            Ok(None)
         }
     }
     fn bool(&mut self, key: &str) -> Result<bool, IrError> {
