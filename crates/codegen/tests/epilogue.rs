@@ -1107,3 +1107,156 @@ fn register_chains_equal_the_multi_pass_epilogue() {
         }
     }
 }
+
+/// The register path of LayerNorm epilogues (the ops before the LayerNorm into one scratch row,
+/// then the mean, the variance and the normalisation with everything after it in three passes)
+/// gives the multi-pass path's bits: with and without a `ForkU8` copy (with and without its
+/// factors), ops after the LayerNorm ending in a u8 requantization, residuals with NaN and
+/// infinities (a row of NaN), per-row and folded dequantization; on rows one block holds
+/// (n = 70, the tile pass) and rows that go through a strip (n = 1200 at k = 2100: 2.5 MB of
+/// weights, more than a whole-row block may take on these machines' L2), 1 and 2 threads,
+/// through every int8 kernel this CPU runs; and on the f32 GEMM (bias, residual, LayerNorm).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn register_layer_norm_equals_the_multi_pass_epilogue() {
+    use codegen::kernels::epilogue_chain::set_register_chains;
+    /// The `ForkU8` copy a program ends with: none, without factors, with them.
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum Fork {
+        No,
+        Plain,
+        Smoothed,
+    }
+    codegen::kernels::pool::set_min_parallel_macs(0);
+    for (m, n, k) in [(29, 70, 52), (9, 1200, 2100)] {
+        let mut rng = Rng(0x1a7e + n as u64);
+        let a: Vec<u8> = (0..m * k).map(|_| rng.u8()).collect();
+        let w: Vec<i8> = (0..n * k).map(|_| rng.i8()).collect();
+        let ws: Vec<f32> = (0..n).map(|_| (rng.f32().abs() + 0.1) * 1e-3).collect();
+        let bias = rng.vec_f32(n);
+        let gamma: Vec<f32> = (0..n).map(|_| rng.f32() + 1.5).collect();
+        let beta = rng.vec_f32(n);
+        let smooth: Vec<f32> = (0..n).map(|_| rng.f32().abs() + 0.5).collect();
+        let mut residual: Vec<f32> = (0..m * n).map(|_| rng.f32() * 4.0).collect();
+        residual[n + 5] = f32::NAN;
+        residual[2 * n + 3] = f32::INFINITY;
+        residual[3 * n + n - 1] = f32::NEG_INFINITY;
+        let (row_scales, row_zeros): (Vec<f32>, Vec<i32>) = (0..m)
+            .map(|i| (0.01 + i as f32 * 1e-3, i as i32 - 5))
+            .unzip();
+        let ln = EpilogueOp::LayerNorm {
+            gamma: &gamma,
+            beta: &beta,
+            eps: 1e-5,
+        };
+        let res = EpilogueOp::AddResidual {
+            data: &residual,
+            ld: n,
+        };
+        for kern in common::coverage::int8("register_layer_norm_equals_the_multi_pass_epilogue") {
+            let b = PackedI8::pack_for(kern, &w, k, n, k, true).unwrap();
+            for dequant in [
+                EpilogueOp::Dequant {
+                    a_scale: RowParam::PerRow(&row_scales),
+                    a_zero: RowParam::PerRow(&row_zeros),
+                    w_scale: &ws,
+                },
+                EpilogueOp::Dequant {
+                    a_scale: RowParam::PerTensor(0.013),
+                    a_zero: RowParam::PerTensor(7),
+                    w_scale: &ws,
+                },
+            ] {
+                // (ops, the `ForkU8` copy appended, output u8 instead of f32)
+                let programs: Vec<(Vec<EpilogueOp<'_>>, Fork, bool)> = vec![
+                    (
+                        vec![dequant, EpilogueOp::Bias(&bias), res, ln],
+                        Fork::No,
+                        false,
+                    ),
+                    (
+                        vec![dequant, EpilogueOp::Bias(&bias), res, ln],
+                        Fork::Smoothed,
+                        false,
+                    ),
+                    (vec![dequant, res, ln], Fork::Plain, false),
+                    (vec![dequant, ln], Fork::No, false),
+                    (
+                        vec![
+                            dequant,
+                            EpilogueOp::Bias(&bias),
+                            ln,
+                            EpilogueOp::MulCol(&smooth),
+                            EpilogueOp::Requant {
+                                scale: 0.02,
+                                zero_point: 100,
+                                ty: QType::U8,
+                            },
+                        ],
+                        Fork::No,
+                        true,
+                    ),
+                ];
+                for (index, (ops, fork, bytes_out)) in programs.iter().enumerate() {
+                    for threads in [1, 2] {
+                        let run = |chains: bool| {
+                            set_register_chains(chains);
+                            let mut f = vec![0f32; m * n];
+                            let mut bytes = vec![0u8; m * n];
+                            let mut copy = vec![0u8; m * n];
+                            let mut ops = ops.clone();
+                            if *fork != Fork::No {
+                                ops.push(EpilogueOp::ForkU8 {
+                                    smooth: (*fork == Fork::Smoothed).then_some(&smooth[..]),
+                                    scale: 0.015,
+                                    zero_point: 117,
+                                    out: ForkOut::new(&mut copy, n),
+                                });
+                            }
+                            let out = if *bytes_out {
+                                Output::U8 {
+                                    c: &mut bytes,
+                                    ldc: n,
+                                }
+                            } else {
+                                Output::F32 { c: &mut f, ldc: n }
+                            };
+                            let ep = Epilogue::new(ops);
+                            gemm_i8_with(kern, m, Activations::U8(&a), k, &b, out, &ep, threads)
+                                .unwrap();
+                            set_register_chains(true);
+                            let f: Vec<u32> = f.iter().map(|x| x.to_bits()).collect();
+                            (f, bytes, copy)
+                        };
+                        let (fast, slow) = (run(true), run(false));
+                        assert!(
+                            fast.0.iter().any(|&x| x != 0) || fast.1.iter().any(|&x| x != 0),
+                            "nothing written"
+                        );
+                        assert_eq!(
+                            fast,
+                            slow,
+                            "{} m={m} n={n} t={threads} program {index} ({fork:?} copy)",
+                            kern.name()
+                        );
+                    }
+                }
+            }
+        }
+        // The f32 GEMM's LayerNorm epilogue, the same comparison.
+        let af: Vec<f32> = (0..m * k).map(|_| rng.f32()).collect();
+        let wf: Vec<f32> = (0..n * k).map(|_| rng.f32() * 0.05).collect();
+        let bf = PackedF32::pack(&wf, k, n, false);
+        for threads in [1, 2] {
+            let run = |chains: bool| {
+                set_register_chains(chains);
+                let mut c = vec![0f32; m * n];
+                let ep = Epilogue::new(vec![EpilogueOp::Bias(&bias), res, ln]);
+                gemm_f32(m, &af, k, &bf, &mut c, n, &ep, threads);
+                set_register_chains(true);
+                c.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            };
+            assert_eq!(run(true), run(false), "f32 m={m} n={n} t={threads}");
+        }
+    }
+}

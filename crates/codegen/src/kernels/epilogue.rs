@@ -137,9 +137,9 @@ pub enum EpilogueOp<'a> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[repr(C)]
 pub struct ForkOut {
-    ptr: *mut u8,
+    pub(crate) ptr: *mut u8,
     len: usize,
-    ld: usize,
+    pub(crate) ld: usize,
 }
 
 // SAFETY: the GEMM drivers write disjoint elements from each thread, as for the main output.
@@ -612,12 +612,21 @@ unsafe fn run_block_avx512(
     out: OutPtr,
     tmp: &mut [f32],
 ) {
-    if let (Src::I32(acc, ld), Some(ctx)) = (src, int8) {
-        if super::epilogue_chain::eligible(ops, &out) {
+    match (src, int8) {
+        (Src::I32(acc, ld), Some(ctx)) if super::epilogue_chain::eligible(ops, &out) => {
             // SAFETY: forwarded caller contract; the chain is eligible and the CPU has
-            // AVX-512F/BW/VL (this function's features).
-            return unsafe { super::epilogue_chain::run(ops, ctx, acc, ld, rows, cols, out) };
+            // AVX-512F/BW/VL (this function's features); `tmp` holds `cols.len()` values.
+            return unsafe {
+                super::epilogue_chain::run(ops, ctx, acc, ld, rows, cols, out, tmp.as_mut_ptr())
+            };
         }
+        (Src::F32(y, ld), _) if super::epilogue_chain::norm_eligible(ops, &out) => {
+            // SAFETY: as above; `LayerNorm` blocks span whole rows (caller contract).
+            return unsafe {
+                super::epilogue_chain::run_norm_f32(ops, y, ld, rows, cols, out, tmp.as_mut_ptr())
+            };
+        }
+        _ => {}
     }
     // SAFETY: forwarded caller contract.
     unsafe { run_block_generic(ops, int8, src, rows, cols, out, tmp) }

@@ -8,8 +8,12 @@
 //! On BERT-base the chains are the FFN up-projection (`bias, gelu_erf, mul_col, requant_u8`,
 //! the widest GEMM), the QKV projection feeding int8 attention (`bias, quant_heads`: each head
 //! of q and k quantized from the registers that hold it, v stored as f32) and the
-//! dynamic-activation paths; the ones ending in LayerNorm or a u8 fork still take the
-//! multi-pass path.
+//! dynamic-activation paths. A chain with a `LayerNorm` (the attention output projection and
+//! FFN down-projection: `bias, residual, layer_norm, fork_u8`) runs its ops up to the LayerNorm
+//! the same way into one scratch row, then three passes over that row in L1 (the mean, the
+//! variance, then the normalisation with everything after it, the u8 copy included) instead of
+//! eight; [`run_norm_f32`] runs that row step on f32 rows, for the GEMMs whose rows do not fit
+//! one block and for the f32 GEMMs.
 
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,7 +36,32 @@ pub fn set_register_chains(on: bool) {
     REGISTER_CHAINS.store(on, Ordering::Relaxed);
 }
 
-/// Whether `ops` on an i32 source into `out` is a chain this path runs.
+/// Whether `op` is one of the element- or column-wise ops a chain applies vector by vector.
+fn elementwise(op: &EpilogueOp<'_>) -> bool {
+    matches!(
+        op,
+        EpilogueOp::Bias(_)
+            | EpilogueOp::Scale(_)
+            | EpilogueOp::MulCol(_)
+            | EpilogueOp::GeluErf
+            | EpilogueOp::AddResidual { .. }
+            | EpilogueOp::Requant { .. }
+    )
+}
+
+/// Whether the output `out` can take what a chain ending in `last` leaves.
+fn output_fits(last: Option<&EpilogueOp<'_>>, out: &OutPtr) -> bool {
+    let ends_requant = matches!(last, Some(EpilogueOp::Requant { .. }));
+    match out {
+        OutPtr::F32(..) => !ends_requant,
+        // Bytes hold integral values only, which a final requantization leaves.
+        OutPtr::U8(..) | OutPtr::S8(..) => ends_requant,
+        _ => false,
+    }
+}
+
+/// Whether `ops` on an i32 source into `out` is a chain this path runs: a `Dequant`, then
+/// elementwise ops, optionally a `LayerNorm` and the ops [`NormTail`] takes after it.
 pub(crate) fn eligible(ops: &[EpilogueOp<'_>], out: &OutPtr) -> bool {
     if !REGISTER_CHAINS.load(Ordering::Relaxed) {
         return false;
@@ -40,40 +69,127 @@ pub(crate) fn eligible(ops: &[EpilogueOp<'_>], out: &OutPtr) -> bool {
     let Some((EpilogueOp::Dequant { .. }, rest)) = ops.split_first() else {
         return false;
     };
-    let elementwise = rest.iter().all(|op| {
-        matches!(
-            op,
-            EpilogueOp::Bias(_)
-                | EpilogueOp::Scale(_)
-                | EpilogueOp::MulCol(_)
-                | EpilogueOp::GeluErf
-                | EpilogueOp::AddResidual { .. }
-                | EpilogueOp::Requant { .. }
-        )
-    });
-    let ends_requant = matches!(rest.last(), Some(EpilogueOp::Requant { .. }));
-    elementwise
-        && match out {
-            OutPtr::F32(..) => true,
-            // Bytes hold integral values only, which a final requantization leaves.
-            OutPtr::U8(..) | OutPtr::S8(..) => ends_requant,
-            // Whole heads in whole vectors (the drivers keep every block on whole heads).
-            OutPtr::Heads(h) => {
-                !ends_requant && h.head_dim.is_multiple_of(16) && h.head_dim <= MAX_HEAD
-            }
-            _ => false,
+    if let Some(p) = rest.iter().position(is_norm) {
+        return rest[..p].iter().all(elementwise)
+            && NormTail::decode(&rest[p..]).is_some()
+            && output_fits(rest.last(), out);
+    }
+    if !rest.iter().all(elementwise) {
+        return false;
+    }
+    match out {
+        // Whole heads in whole vectors (the drivers keep every block on whole heads).
+        OutPtr::Heads(h) => {
+            !matches!(rest.last(), Some(EpilogueOp::Requant { .. }))
+                && h.head_dim.is_multiple_of(16)
+                && h.head_dim <= MAX_HEAD
         }
+        _ => output_fits(rest.last(), out),
+    }
+}
+
+fn is_norm(op: &EpilogueOp<'_>) -> bool {
+    matches!(op, EpilogueOp::LayerNorm { .. })
+}
+
+/// Whether `ops` on f32 rows into `out` is a row step this path runs: at most [`MAX_OPS`]
+/// elementwise ops, a `LayerNorm`, and the ops [`NormTail`] takes after it (the second pass of
+/// an int8 GEMM whose row does not fit one block, and the LayerNorm epilogues of f32 GEMMs).
+pub(crate) fn norm_eligible(ops: &[EpilogueOp<'_>], out: &OutPtr) -> bool {
+    if !REGISTER_CHAINS.load(Ordering::Relaxed) {
+        return false;
+    }
+    let Some(p) = ops.iter().position(is_norm) else {
+        return false;
+    };
+    p <= MAX_OPS
+        && ops[..p].iter().all(elementwise)
+        && NormTail::decode(&ops[p..]).is_some()
+        && output_fits(ops.last(), out)
+}
+
+/// The most elementwise ops [`norm_eligible`] takes before, and [`NormTail`] after, a
+/// `LayerNorm` (an encoder has two before it and none or a `ForkU8` after).
+const MAX_OPS: usize = 4;
+
+/// A `LayerNorm` and the ops after it (elementwise ones, then at most a `ForkU8`), decoded once
+/// per block: the row step of a chain.
+struct NormTail {
+    gamma: *const f32,
+    beta: *const f32,
+    eps: f32,
+    /// The elementwise ops after the `LayerNorm`, kind and parameters, in order.
+    post: [(u32, Fixed); MAX_OPS],
+    posts: usize,
+    /// `ForkU8`: the factors (null for none), the requantization and the buffer with its stride.
+    fork: Option<Fork>,
+}
+
+#[derive(Clone, Copy)]
+struct Fork {
+    smooth: *const f32,
+    requant: (f32, f32, f32, f32),
+    out: *mut u8,
+    ld: usize,
+}
+
+impl NormTail {
+    /// `ops[0]` must be the `LayerNorm`; None when the ops after it are not ones this path runs.
+    fn decode(ops: &[EpilogueOp<'_>]) -> Option<NormTail> {
+        let Some((&EpilogueOp::LayerNorm { gamma, beta, eps }, rest)) = ops.split_first() else {
+            return None;
+        };
+        let mut tail = NormTail {
+            gamma: gamma.as_ptr(),
+            beta: beta.as_ptr(),
+            eps,
+            post: [(0, Fixed::NONE); MAX_OPS],
+            posts: 0,
+            fork: None,
+        };
+        for (i, op) in rest.iter().enumerate() {
+            if let EpilogueOp::ForkU8 {
+                smooth,
+                scale,
+                zero_point,
+                out,
+            } = *op
+            {
+                if i + 1 != rest.len() {
+                    return None;
+                }
+                tail.fork = Some(Fork {
+                    smooth: smooth.map_or(std::ptr::null(), |s| s.as_ptr()),
+                    requant: (scale, zero_point as f32, 0.0, 255.0),
+                    out: out.ptr,
+                    ld: out.ld,
+                });
+                continue;
+            }
+            if tail.posts == MAX_OPS || !elementwise(op) {
+                return None;
+            }
+            let mut p = Fixed::NONE;
+            let kind = p.set(op)?;
+            tail.post[tail.posts] = (kind, p);
+            tail.posts += 1;
+        }
+        Some(tail)
+    }
 }
 
 /// Runs the chain `ops` (see [`eligible`]) on the block `rows × cols` of accumulators at `acc`
-/// (row stride `ld`, element (0, 0) of the block) into `out`.
+/// (row stride `ld`, element (0, 0) of the block) into `out`; `tmp` is scratch for a row of a
+/// chain with a `LayerNorm`.
 ///
 /// # Safety
 /// As [`super::epilogue::run_block`] for an i32 source: `acc` addresses `rows.len()` rows of
 /// `cols.len()` readable i32; `out` the absolute elements `rows × cols`, writable and ours; the
-/// program was validated for a problem containing the block; `eligible(ops, &out)` holds; the
-/// CPU has AVX-512F/BW/VL.
+/// program was validated for a problem containing the block (and `cols` is the whole row when
+/// it has a `LayerNorm`); `eligible(ops, &out)` holds; `tmp` addresses `cols.len()` writable
+/// f32 no one else touches; the CPU has AVX-512F/BW/VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn run(
     ops: &[EpilogueOp<'_>],
     ctx: Int8Ctx<'_>,
@@ -82,15 +198,28 @@ pub(crate) unsafe fn run(
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
     out: OutPtr,
+    tmp: *mut f32,
 ) {
-    let (flags, fixed) = Fixed::decode(&ops[1..]);
+    let (dequant, rest) = ops.split_first().expect("eligible: a Dequant first");
+    let (pre, norm) = match rest.iter().position(is_norm) {
+        Some(p) => (&rest[..p], NormTail::decode(&rest[p..])),
+        None => (rest, None),
+    };
+    let (flags, fixed) = Fixed::decode(pre);
+    let chain = Chain {
+        dequant,
+        pre,
+        fixed,
+        norm: norm.as_ref(),
+        tmp,
+    };
     macro_rules! specialised {
         ($($f:literal)*) => {
             match flags {
-                // SAFETY: the caller's contract, passed on; `fixed` was decoded from `ops`.
-                $($f => unsafe { run_with::<$f>(ops, ctx, acc, ld, rows, cols, out, fixed) },)*
+                // SAFETY: the caller's contract, passed on; `fixed` was decoded from `pre`.
+                $($f => unsafe { run_with::<$f>(&chain, ctx, acc, ld, rows, cols, out) },)*
                 // SAFETY: as above.
-                _ => unsafe { run_with::<INTERPRETED>(ops, ctx, acc, ld, rows, cols, out, fixed) },
+                _ => unsafe { run_with::<INTERPRETED>(&chain, ctx, acc, ld, rows, cols, out) },
             }
         };
     }
@@ -99,6 +228,17 @@ pub(crate) unsafe fn run(
         32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61
         62 63
     )
+}
+
+/// A chain decoded for [`run_with`]: the `Dequant`, the elementwise ops after it (`pre`, with
+/// their parameters in `fixed` when they are in canonical order), and the `LayerNorm` step
+/// with its scratch row, if any.
+struct Chain<'o, 'a> {
+    dequant: &'o EpilogueOp<'a>,
+    pre: &'o [EpilogueOp<'a>],
+    fixed: Fixed,
+    norm: Option<&'o NormTail>,
+    tmp: *mut f32,
 }
 
 /// Op kinds of a chain in the order a specialised chain runs them (each a bit of its `F`): a
@@ -238,28 +378,26 @@ fn requantize(v: __m512, (scale, zero_point, lo, hi): (f32, f32, f32, f32)) -> _
 /// [`run`] for the chain kinds `F` (bits of the canonical order, or [`INTERPRETED`]).
 ///
 /// # Safety
-/// As [`run`], with `fixed` decoded from `ops[1..]` into `F`.
+/// As [`run`], with `chain` decoded from its ops and `F` the kinds of `chain.pre`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn run_with<const F: u32>(
-    ops: &[EpilogueOp<'_>],
+    chain: &Chain<'_, '_>,
     ctx: Int8Ctx<'_>,
     acc: *const i32,
     ld: usize,
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
     out: OutPtr,
-    fixed: Fixed,
 ) {
     let EpilogueOp::Dequant {
         a_scale,
         a_zero,
         w_scale,
-    } = &ops[0]
+    } = chain.dequant
     else {
         unreachable!("eligible: the chain starts with Dequant")
     };
-    let rest = &ops[1..];
+    let (rest, fixed) = (chain.pre, chain.fixed);
     let gelu = GeluErf512::new();
     let (c0, w) = (cols.start, cols.len());
     // The residual comes from far (a tensor written a layer ago), the rest from the tile just
@@ -286,11 +424,6 @@ unsafe fn run_with<const F: u32>(
         }
         let zp = ctx.shift + a_zero.at(r);
         let s = a_scale.at(r);
-        // The chain's value at columns `c..c + 16` (absolute) of row `r`, lanes outside `m` 0.
-        //
-        // SAFETY (all loads in it): masked to the block's columns below `c0 + w`; the vectors
-        // indexed by absolute column hold the problem's columns and the residual its rows at
-        // stride `ld` (validated); row `i` of `acc` is in the block.
         // The chain's values at the `N` vectors of columns `j + 16·u` (relative to the block)
         // of row `r`, lanes outside `m` 0: each op applied to all `N` before the next op, so
         // that the `N` independent dependency chains (GELU's is long) sit side by side in the
@@ -366,6 +499,29 @@ unsafe fn run_with<const F: u32>(
                 v
             }};
         }
+        if let Some(norm) = chain.norm {
+            // The row (whole: a `LayerNorm` block spans it) up to the `LayerNorm` into the
+            // scratch row, then the row step from there.
+            //
+            // SAFETY: `tmp` holds `w` values (caller contract); row `r` of `out` is ours.
+            unsafe {
+                let mut j = 0;
+                while w - j >= 16 * AT_ONCE {
+                    let v = values!(AT_ONCE, j, 0xffff);
+                    for (u, v) in v.into_iter().enumerate() {
+                        _mm512_storeu_ps(chain.tmp.add(j + 16 * u), v);
+                    }
+                    j += 16 * AT_ONCE;
+                }
+                while j < w {
+                    let m = lanes_below(w - j);
+                    _mm512_mask_storeu_ps(chain.tmp.add(j), m, values!(1, j, m)[0]);
+                    j += 16;
+                }
+                norm_row(norm, &gelu, chain.tmp, w, r, c0, out);
+            }
+            continue;
+        }
         if let OutPtr::Heads(h) = out {
             // Row `r`, whole heads (`eligible` and the drivers) of a QKV product: each head of
             // q and k as `math::quantize_sym` makes it (the same lanes for the absolute
@@ -426,51 +582,241 @@ unsafe fn run_with<const F: u32>(
             }
             continue;
         }
-        // The value `v` of the lanes `m` of columns `j..j + 16` (relative to the block) into
-        // `out`.
-        //
-        // SAFETY: the stores are masked to the block's columns of row `r` of `out`, which is
-        // ours.
-        macro_rules! store {
-            ($j:expr, $m:expr, $v:expr) => {{
-                let (c, m, v): (usize, __mmask16, __m512) = (c0 + $j, $m, $v);
-                unsafe {
-                    match out {
-                        OutPtr::F32(p, ldc) => _mm512_mask_storeu_ps(p.add(r * ldc + c), m, v),
-                        // Integral values (the chain ends in Requant): their low byte, as
-                        // `int_byte`.
-                        OutPtr::U8(p, ldc) => _mm512_mask_cvtepi32_storeu_epi8(
-                            p.add(r * ldc + c) as *mut i8,
-                            m,
-                            _mm512_cvtps_epi32(v),
-                        ),
-                        OutPtr::S8(p, ldc) => _mm512_mask_cvtepi32_storeu_epi8(
-                            p.add(r * ldc + c),
-                            m,
-                            _mm512_cvtps_epi32(v),
-                        ),
-                        _ => unreachable!("eligible: f32, byte or heads outputs only"),
-                    }
-                }
-            }};
-        }
-        const AT_ONCE: usize = 4;
         let mut j = 0;
         while w - j >= 16 * AT_ONCE {
             let v = values!(AT_ONCE, j, 0xffff);
             for (u, v) in v.into_iter().enumerate() {
-                store!(j + 16 * u, 0xffff, v);
+                // SAFETY: masked to the block's columns of row `r` of `out`, which is ours.
+                unsafe { store(out, r, c0 + j + 16 * u, 0xffff, v) };
             }
             j += 16 * AT_ONCE;
         }
         while j < w {
-            let m: __mmask16 = if w - j >= 16 {
-                0xffff
-            } else {
-                (1u16 << (w - j)) - 1
-            };
-            store!(j, m, values!(1, j, m)[0]);
+            let m = lanes_below(w - j);
+            // SAFETY: as above.
+            unsafe { store(out, r, c0 + j, m, values!(1, j, m)[0]) };
             j += 16;
+        }
+    }
+}
+
+/// How many vectors a chain carries at once: each op applied to all of them before the next,
+/// so that their independent dependency chains (GELU's is long) overlap.
+const AT_ONCE: usize = 4;
+
+/// The mask of the lanes below `n` (all 16 from 16 on).
+#[inline]
+fn lanes_below(n: usize) -> __mmask16 {
+    if n >= 16 {
+        0xffff
+    } else {
+        (1u16 << n) - 1
+    }
+}
+
+/// The lanes `m` of `v` into row `r`, columns `c..c + 16` (absolute) of `out`: f32 as they
+/// are; for byte outputs, the integral values a final `Requant` leaves, as their low byte
+/// (`int_byte`).
+///
+/// # Safety
+/// The masked elements of row `r` of `out` are writable and ours.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn store(out: OutPtr, r: usize, c: usize, m: __mmask16, v: __m512) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match out {
+            OutPtr::F32(p, ldc) => _mm512_mask_storeu_ps(p.add(r * ldc + c), m, v),
+            OutPtr::U8(p, ldc) => _mm512_mask_cvtepi32_storeu_epi8(
+                p.add(r * ldc + c) as *mut i8,
+                m,
+                _mm512_cvtps_epi32(v),
+            ),
+            OutPtr::S8(p, ldc) => {
+                _mm512_mask_cvtepi32_storeu_epi8(p.add(r * ldc + c), m, _mm512_cvtps_epi32(v))
+            }
+            _ => unreachable!("eligible: f32, byte or heads outputs only"),
+        }
+    }
+}
+
+/// The row step: `LayerNorm` of the `w` values at `y` (row `r`, columns `c0..c0 + w` absolute,
+/// `c0` = 0: the whole row), the ops after it, the `ForkU8` copy, into `out`. The multi-pass
+/// path's bits: the mean and the variance summed as `math::lane_sum` and the epilogue's
+/// `sum_sq_f32` do (element `i` into lane `i mod 16`, in order, the lanes folded by
+/// `fold_lanes`), the same divisions, the same `(d · inv) · gamma + beta` with one rounding
+/// in the fused multiply-add.
+///
+/// # Safety
+/// `y` addresses `w` readable f32 (they may be the output row itself: each vector is read
+/// before it is written); the tail was decoded from a validated program for a problem holding
+/// row `r`, whose elements of `out` and of the fork buffer are ours.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn norm_row(
+    t: &NormTail,
+    gelu: &GeluErf512,
+    y: *const f32,
+    w: usize,
+    r: usize,
+    c0: usize,
+    out: OutPtr,
+) {
+    debug_assert_eq!(c0, 0, "a LayerNorm block spans the row");
+    // SAFETY (every load and store): inside the `w` values at `y`, the problem's `w` columns of
+    // gamma, beta and the ops' vectors, and row `r` of the outputs (caller contract), the
+    // last vector masked to the lanes below `w`.
+    unsafe {
+        let mut sum = _mm512_setzero_ps();
+        let mut j = 0;
+        while j < w {
+            let m = lanes_below(w - j);
+            sum = _mm512_mask_add_ps(sum, m, sum, _mm512_maskz_loadu_ps(m, y.add(j)));
+            j += 16;
+        }
+        let mean = _mm512_set1_ps(fold_sum(sum) / w as f32);
+        let mut sq = _mm512_setzero_ps();
+        let mut j = 0;
+        while j < w {
+            let m = lanes_below(w - j);
+            let d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, y.add(j)), mean);
+            sq = _mm512_mask3_fmadd_ps(d, d, sq, m);
+            j += 16;
+        }
+        let var = fold_sum(sq) / w as f32;
+        let inv = _mm512_set1_ps(1.0 / (var + t.eps).sqrt());
+        let mut j = 0;
+        while w - j >= 16 * AT_ONCE {
+            norm_out::<AT_ONCE>(t, gelu, y, j, [0xffff; AT_ONCE], (mean, inv), r, c0, out);
+            j += 16 * AT_ONCE;
+        }
+        while j < w {
+            norm_out::<1>(t, gelu, y, j, [lanes_below(w - j)], (mean, inv), r, c0, out);
+            j += 16;
+        }
+    }
+}
+
+/// The last pass of [`norm_row`] over the `N` vectors at columns `j..j + 16·N` (relative) with
+/// lanes `masks`: `(y − mean) · inv · gamma + beta`, the ops after the LayerNorm, the fork's
+/// copy, the store; `N` a constant so that the vectors stay in registers.
+///
+/// # Safety
+/// As [`norm_row`], for these columns.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn norm_out<const N: usize>(
+    t: &NormTail,
+    gelu: &GeluErf512,
+    y: *const f32,
+    j: usize,
+    masks: [__mmask16; N],
+    (mean, inv): (__m512, __m512),
+    r: usize,
+    c0: usize,
+    out: OutPtr,
+) {
+    // SAFETY (every load and store): masked to the lanes of `masks` inside the row (caller
+    // contract).
+    unsafe {
+        let mut v = [_mm512_setzero_ps(); N];
+        for (u, v) in v.iter_mut().enumerate() {
+            let (c, m) = (c0 + j + 16 * u, masks[u]);
+            let d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, y.add(j + 16 * u)), mean);
+            *v = _mm512_fmadd_ps(
+                _mm512_mul_ps(d, inv),
+                _mm512_maskz_loadu_ps(m, t.gamma.add(c)),
+                _mm512_maskz_loadu_ps(m, t.beta.add(c)),
+            );
+        }
+        for (kind, p) in &t.post[..t.posts] {
+            for (u, v) in v.iter_mut().enumerate() {
+                *v = step(*kind, p, gelu, *v, masks[u], r, c0 + j + 16 * u);
+            }
+        }
+        if let Some(f) = t.fork {
+            for (u, v) in v.iter().enumerate() {
+                let (c, m) = (c0 + j + 16 * u, masks[u]);
+                let x = if f.smooth.is_null() {
+                    *v
+                } else {
+                    _mm512_mul_ps(*v, _mm512_maskz_loadu_ps(m, f.smooth.add(c)))
+                };
+                _mm512_mask_cvtepi32_storeu_epi8(
+                    f.out.add(r * f.ld + c) as *mut i8,
+                    m,
+                    _mm512_cvtps_epi32(requantize(x, f.requant)),
+                );
+            }
+        }
+        for (u, v) in v.into_iter().enumerate() {
+            store(out, r, c0 + j + 16 * u, masks[u], v);
+        }
+    }
+}
+
+/// `fold_lanes` of the 16 lanes of `v` by addition.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn fold_sum(v: __m512) -> f32 {
+    let mut lanes = [0f32; 16];
+    // SAFETY: 16 f32 into a local array.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
+    super::math::fold_lanes(lanes, |a, b| a + b)
+}
+
+/// The row step of a program on f32 rows (see [`norm_eligible`]): its elementwise ops before the
+/// `LayerNorm` into the scratch row `tmp` (or none), then [`norm_row`].
+///
+/// # Safety
+/// As [`super::epilogue::run_block`] for an f32 source: `y` addresses `rows.len()` rows of
+/// `cols.len()` readable f32 at stride `ld` (possibly the output rows themselves); `cols` is the
+/// whole row; `out` the absolute elements `rows × cols`, writable and ours; the program was
+/// validated for a problem containing the block; `norm_eligible(ops, &out)` holds; `tmp`
+/// addresses `cols.len()` writable f32 no one else touches; the CPU has AVX-512F/BW/VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+pub(crate) unsafe fn run_norm_f32(
+    ops: &[EpilogueOp<'_>],
+    y: *mut f32,
+    ld: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    out: OutPtr,
+    tmp: *mut f32,
+) {
+    let p = ops.iter().position(is_norm).expect("norm_eligible");
+    let norm = NormTail::decode(&ops[p..]).expect("norm_eligible");
+    let mut pre = [(0, Fixed::NONE); MAX_OPS];
+    for (slot, op) in pre.iter_mut().zip(&ops[..p]) {
+        slot.0 = slot
+            .1
+            .set(op)
+            .expect("norm_eligible: elementwise ops first");
+    }
+    let pre = &pre[..p];
+    let gelu = GeluErf512::new();
+    let (c0, w) = (cols.start, cols.len());
+    for (i, r) in rows.enumerate() {
+        // SAFETY: row `i` of the source holds `w` values, `tmp` `w` more (caller contract);
+        // the loads of the last vector are masked to the lanes below `w`.
+        unsafe {
+            let row = y.add(i * ld);
+            let src = if pre.is_empty() {
+                row
+            } else {
+                let mut j = 0;
+                while j < w {
+                    let m = lanes_below(w - j);
+                    let mut v = _mm512_maskz_loadu_ps(m, row.add(j));
+                    for (kind, p) in pre {
+                        v = step(*kind, p, &gelu, v, m, r, c0 + j);
+                    }
+                    _mm512_mask_storeu_ps(tmp.add(j), m, v);
+                    j += 16;
+                }
+                tmp
+            };
+            norm_row(&norm, &gelu, src, w, r, c0, out);
         }
     }
 }
