@@ -418,6 +418,9 @@ unsafe fn run_with<const F: u32>(
         }
     };
     rows.clone().take(AHEAD).for_each(fetch);
+    // A head's values between its absolute maximum and its quantization (`OutPtr::Heads`):
+    // made once, not zeroed again for every row.
+    let mut head = [_mm512_setzero_ps(); MAX_HEAD / 16];
     for (i, r) in rows.clone().enumerate() {
         if r + AHEAD < rows.end {
             fetch(r + AHEAD);
@@ -531,9 +534,13 @@ unsafe fn run_with<const F: u32>(
             // for the other outputs' loop too (the FFN1 chain ran 2x slower).
             let (dh, hidden) = (h.head_dim, h.hidden);
             let vectors = dh / 16;
-            let mut head = [_mm512_setzero_ps(); MAX_HEAD / 16];
-            for hc in (0..w).step_by(dh) {
+            // A `while` rather than `step_by`, whose trip count cost an integer division per
+            // row.
+            let mut hc = 0;
+            while hc < w {
                 let c = c0 + hc;
+                hc += dh;
+                let hc = hc - dh;
                 if c >= 2 * hidden {
                     for t in 0..vectors {
                         // SAFETY: row r of v, columns c − 2h.. of this head (caller contract).
