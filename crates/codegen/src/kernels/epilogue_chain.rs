@@ -36,17 +36,11 @@ pub fn set_register_chains(on: bool) {
     REGISTER_CHAINS.store(on, Ordering::Relaxed);
 }
 
-/// Whether `op` is one of the element- or column-wise ops a chain applies vector by vector.
+/// Whether `op` is one of the element- or column-wise ops a chain applies vector by vector:
+/// one [`Fixed::set`] takes.
 fn elementwise(op: &EpilogueOp<'_>) -> bool {
-    matches!(
-        op,
-        EpilogueOp::Bias(_)
-            | EpilogueOp::Scale(_)
-            | EpilogueOp::MulCol(_)
-            | EpilogueOp::GeluErf
-            | EpilogueOp::AddResidual { .. }
-            | EpilogueOp::Requant { .. }
-    )
+    let mut scratch = Fixed::NONE;
+    scratch.set(op).is_some()
 }
 
 /// Whether the output `out` can take what a chain ending in `last` leaves.
@@ -166,7 +160,7 @@ impl NormTail {
                 });
                 continue;
             }
-            if tail.posts == MAX_OPS || !elementwise(op) {
+            if tail.posts == MAX_OPS {
                 return None;
             }
             let mut p = Fixed::NONE;
