@@ -563,6 +563,32 @@ fn check_all(kernel: Option<Int8Kernel>, m: usize, n: usize, k: usize, threads: 
     }
 }
 
+/// Random operands of an `m × n × k` int8 GEMM with a LayerNorm epilogue: u8 activations, s8
+/// weights with per-column scales, a bias, LayerNorm gamma and beta, positive per-column factors.
+struct NormCase {
+    a: Vec<u8>,
+    w: Vec<i8>,
+    ws: Vec<f32>,
+    bias: Vec<f32>,
+    gamma: Vec<f32>,
+    beta: Vec<f32>,
+    smooth: Vec<f32>,
+}
+
+impl NormCase {
+    fn new(rng: &mut Rng, m: usize, n: usize, k: usize) -> Self {
+        NormCase {
+            a: (0..m * k).map(|_| rng.u8()).collect(),
+            w: (0..n * k).map(|_| rng.i8()).collect(),
+            ws: (0..n).map(|_| (rng.f32().abs() + 0.1) * 1e-3).collect(),
+            bias: rng.vec_f32(n),
+            gamma: (0..n).map(|_| rng.f32() + 1.5).collect(),
+            beta: rng.vec_f32(n),
+            smooth: (0..n).map(|_| rng.f32().abs() + 0.5).collect(),
+        }
+    }
+}
+
 /// `ForkU8` after a LayerNorm: the f32 output is bit for bit the one without the fork, and the
 /// u8 copy is `quantize_div` of it times the factors, on every kernel (AMX on the tile model),
 /// 1 and 2 threads, a row that one block holds and rows that take several blocks through a
@@ -578,13 +604,15 @@ fn fork_u8_copies_the_quantized_output() {
     runs.push((None, 37, 70, 100));
     for (kern, m, n, k) in runs {
         let mut rng = Rng(0xf0_0000 + (m * n + k) as u64);
-        let a: Vec<u8> = (0..m * k).map(|_| rng.u8()).collect();
-        let w: Vec<i8> = (0..n * k).map(|_| rng.i8()).collect();
-        let ws: Vec<f32> = (0..n).map(|_| (rng.f32().abs() + 0.1) * 1e-3).collect();
-        let bias = rng.vec_f32(n);
-        let gamma: Vec<f32> = (0..n).map(|_| rng.f32() + 1.5).collect();
-        let beta = rng.vec_f32(n);
-        let smooth: Vec<f32> = (0..n).map(|_| rng.f32().abs() + 0.5).collect();
+        let NormCase {
+            a,
+            w,
+            ws,
+            bias,
+            gamma,
+            beta,
+            smooth,
+        } = NormCase::new(&mut rng, m, n, k);
         let pk = kern.unwrap_or(Int8Kernel::Amx);
         let b = PackedI8::pack_for(pk, &w, k, n, k, true).unwrap();
         let base = vec![
@@ -1130,13 +1158,15 @@ fn register_layer_norm_equals_the_multi_pass_epilogue() {
     codegen::kernels::pool::set_min_parallel_macs(0);
     for (m, n, k) in [(29, 70, 52), (9, 1200, 2100)] {
         let mut rng = Rng(0x1a7e + n as u64);
-        let a: Vec<u8> = (0..m * k).map(|_| rng.u8()).collect();
-        let w: Vec<i8> = (0..n * k).map(|_| rng.i8()).collect();
-        let ws: Vec<f32> = (0..n).map(|_| (rng.f32().abs() + 0.1) * 1e-3).collect();
-        let bias = rng.vec_f32(n);
-        let gamma: Vec<f32> = (0..n).map(|_| rng.f32() + 1.5).collect();
-        let beta = rng.vec_f32(n);
-        let smooth: Vec<f32> = (0..n).map(|_| rng.f32().abs() + 0.5).collect();
+        let NormCase {
+            a,
+            w,
+            ws,
+            bias,
+            gamma,
+            beta,
+            smooth,
+        } = NormCase::new(&mut rng, m, n, k);
         let mut residual: Vec<f32> = (0..m * n).map(|_| rng.f32() * 4.0).collect();
         residual[n + 5] = f32::NAN;
         residual[2 * n + 3] = f32::INFINITY;
