@@ -227,6 +227,7 @@ impl HeadRow<'_> {
 
 impl<'a> Source<'a> {
     /// Head `hd` (`dh` wide) of q (`which` 0) or k (1) at `row`.
+    #[inline(always)]
     fn head(&self, which: usize, row: usize, hd: usize, dh: usize) -> HeadRow<'a> {
         let col = hd * dh;
         match *self {
@@ -430,6 +431,19 @@ unsafe fn transpose16_avx512(tile: &[[f32; 16]; 16], out: *mut f32, ld: usize) {
         // SAFETY: each row of `tile` is 16 floats.
         *v = unsafe { _mm512_loadu_ps(row.as_ptr()) };
     }
+    for (c, v) in transpose16_regs(r).into_iter().enumerate() {
+        // SAFETY: row `c` < 16 of the caller's block.
+        unsafe { _mm512_storeu_ps(out.add(c * ld), v) };
+    }
+}
+
+/// The 16×16 transpose of sixteen rows of 32-bit lanes (floats or any 4 bytes: the shuffles
+/// move bits): lane `r` of result `c` is lane `c` of row `r`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16_regs(r: [std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
     // 32-bit interleave of row pairs, then 64-bit interleave of pairs of pairs: lane L of
     // u[4j + c] holds rows 4j..4j+3 of column 4L + c.
     let mut t = [_mm512_setzero_ps(); 16];
@@ -455,18 +469,14 @@ unsafe fn transpose16_avx512(tile: &[[f32; 16]; 16], out: *mut f32, ld: usize) {
             w[rows + 4 + c] = _mm512_shuffle_f32x4::<0xdd>(u[rows + c], u[rows + c + 4]);
         }
     }
+    let mut cols = [_mm512_setzero_ps(); 16];
     for c in 0..4 {
-        let cols = [
-            (c, _mm512_shuffle_f32x4::<0x88>(w[c], w[8 + c])),
-            (8 + c, _mm512_shuffle_f32x4::<0xdd>(w[c], w[8 + c])),
-            (4 + c, _mm512_shuffle_f32x4::<0x88>(w[4 + c], w[12 + c])),
-            (12 + c, _mm512_shuffle_f32x4::<0xdd>(w[4 + c], w[12 + c])),
-        ];
-        for (col, v) in cols {
-            // SAFETY: row `col` < 16 of the caller's block.
-            unsafe { _mm512_storeu_ps(out.add(col * ld), v) };
-        }
+        cols[c] = _mm512_shuffle_f32x4::<0x88>(w[c], w[8 + c]);
+        cols[8 + c] = _mm512_shuffle_f32x4::<0xdd>(w[c], w[8 + c]);
+        cols[4 + c] = _mm512_shuffle_f32x4::<0x88>(w[4 + c], w[12 + c]);
+        cols[12 + c] = _mm512_shuffle_f32x4::<0xdd>(w[4 + c], w[12 + c]);
     }
+    cols
 }
 
 /// Asks for every cache line of `row` (a head's few lines of q, k or v) to be brought to L1.
@@ -1004,32 +1014,43 @@ unsafe fn head_i8(
     let ldq = 4 * dh4;
     let col = hd * dh;
 
-    // q: rows past the real ones quantize nothing (scale 0).
-    let q8 = grown(&mut s.q8, m_pad * ldq);
+    // q: the producer's rows in whole register blocks are read where they are (row stride
+    // 2H); the others (all of them when q is quantized here) go through `q8`, rows past the
+    // real ones quantizing nothing (scale 0).
+    let in_place = match src {
+        Source::HeadsI8 { bytes, v, .. } if dh == ldq => Some((bytes, 2 * v.ld)),
+        _ => None,
+    };
+    let first_copied = if in_place.is_some() { sq / IB * IB } else { 0 };
+    let q8 = grown(&mut s.q8, (m_pad - first_copied) * ldq);
     q8.fill(128);
     let qs = zeroed(&mut s.qs, m_pad);
     // Rows of q, k and v are a head's few cache lines every 3H floats (or 2H bytes), just
-    // written by the QKV GEMM and mostly out of L2: each is asked for `AHEAD` rows before it
-    // is read, or every row would wait on L3.
+    // written by the QKV GEMM and mostly out of L2: each is asked for before it is read (the
+    // rows read in place all now, for the scores kernel after the keys), or every row would
+    // wait on L3.
     const AHEAD: usize = 8;
-    for i in 0..AHEAD.min(sq) {
+    for i in 0..(first_copied + AHEAD).min(sq) {
         src.head(0, plan.q0 + i, hd, dh).prefetch();
     }
-    for (i, (qr, qs)) in q8
-        .chunks_exact_mut(ldq)
-        .zip(qs.iter_mut())
-        .take(sq)
-        .enumerate()
-    {
+    for (i, qs) in qs.iter_mut().enumerate().take(sq) {
+        let head = src.head(0, plan.q0 + i, hd, dh);
+        if i < first_copied {
+            if let HeadRow::Quantized(_, scale) = head {
+                *qs = scale;
+            }
+            continue;
+        }
         if i + AHEAD < sq {
             src.head(0, plan.q0 + i + AHEAD, hd, dh).prefetch();
         }
-        *qs = match src.head(0, plan.q0 + i, hd, dh) {
+        let qr = &mut q8[(i - first_copied) * ldq..][..dh];
+        *qs = match head {
             HeadRow::Quantized(bytes, scale) => {
-                copy_bytes(&mut qr[..dh], bytes);
+                copy_bytes(qr, bytes);
                 scale
             }
-            HeadRow::F32(q) => quantize_sym_row(q, &mut qr[..dh], 128),
+            HeadRow::F32(q) => quantize_sym_row(q, qr, 128),
         };
     }
 
@@ -1040,31 +1061,46 @@ unsafe fn head_i8(
     }
     let kcomp = zeroed(&mut s.kcomp, n_pad);
     let ks = zeroed(&mut s.ks, n_pad);
-    let row8 = zeroed(&mut s.row8, ldq);
-    for &key in keys.iter().take(AHEAD) {
-        src.head(1, plan.k0 + key, hd, dh).prefetch();
-    }
-    for r in 0..n {
-        if r + AHEAD < n {
-            src.head(1, plan.k0 + keys[r + AHEAD], hd, dh).prefetch();
-        }
-        // The key's bytes: the producer's when it quantized the heads, else made here (a
-        // head whose width is not a multiple of 4 ends in zero bytes either way).
-        let (k8, k_scale) = match src.head(1, plan.k0 + keys[r], hd, dh) {
-            HeadRow::Quantized(bytes, k_scale) if dh == ldq => (bytes, k_scale),
-            HeadRow::Quantized(bytes, k_scale) => {
-                row8[..dh].copy_from_slice(bytes);
-                (&row8[..], k_scale)
-            }
-            HeadRow::F32(k) => {
-                let k_scale = quantize_sym_row(k, &mut row8[..dh], 0);
-                (&row8[..], k_scale)
-            }
+    #[cfg(target_arch = "x86_64")]
+    let vector_keys = matches!(src, Source::HeadsI8 { .. })
+        && dh == ldq
+        && codegen::kernels::cpu_features().avx512vnni;
+    #[cfg(not(target_arch = "x86_64"))]
+    let vector_keys = false;
+    if vector_keys {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX-512 F/BW and VNNI; the producer's key rows are whole words
+        // (dh == ldq); kt, kcomp and ks were sized for n_pad keys of dh4 words above.
+        unsafe {
+            keys_vnni(&src, plan, [hd, dh], scale, (kt, kcomp, ks), n_pad)
         };
-        ks[r] = k_scale * scale;
-        kcomp[r] = 128 * k8.iter().map(|&b| i32::from(b as i8)).sum::<i32>();
-        for (d4, w) in k8.chunks_exact(4).enumerate() {
-            kt[d4 * n_pad + r] = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+    } else {
+        let row8 = zeroed(&mut s.row8, ldq);
+        for &key in keys.iter().take(AHEAD) {
+            src.head(1, plan.k0 + key, hd, dh).prefetch();
+        }
+        for r in 0..n {
+            if r + AHEAD < n {
+                src.head(1, plan.k0 + keys[r + AHEAD], hd, dh).prefetch();
+            }
+            // The key's bytes: the producer's when it quantized the heads, else made here (a
+            // head whose width is not a multiple of 4 ends in zero bytes either way).
+            let (k8, k_scale) = match src.head(1, plan.k0 + keys[r], hd, dh) {
+                HeadRow::Quantized(bytes, k_scale) if dh == ldq => (bytes, k_scale),
+                HeadRow::Quantized(bytes, k_scale) => {
+                    row8[..dh].copy_from_slice(bytes);
+                    (&row8[..], k_scale)
+                }
+                HeadRow::F32(k) => {
+                    let k_scale = quantize_sym_row(k, &mut row8[..dh], 0);
+                    (&row8[..], k_scale)
+                }
+            };
+            ks[r] = k_scale * scale;
+            kcomp[r] = 128 * k8.iter().map(|&b| i32::from(b as i8)).sum::<i32>();
+            for (d4, w) in k8.chunks_exact(4).enumerate() {
+                kt[d4 * n_pad + r] = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+            }
         }
     }
     let v = match src {
@@ -1112,7 +1148,7 @@ unsafe fn head_i8(
     }
 
     let scores = grown(&mut s.scores, m_pad * n_pad);
-    let ops = ScoreOperands {
+    let keys = |q8, ldq, qs| ScoreOperands {
         q8,
         ldq,
         qs,
@@ -1121,7 +1157,18 @@ unsafe fn head_i8(
         ks,
         dh4,
     };
-    scores_i8(&ops, scores, m_pad, n_pad);
+    if let (Some((bytes, ld)), true) = (in_place, first_copied > 0) {
+        let at = plan.q0 * ld + col;
+        scores_i8(&keys(&bytes[at..], ld, qs), scores, first_copied, n_pad);
+    }
+    if m_pad > first_copied {
+        scores_i8(
+            &keys(q8, ldq, &qs[first_copied..]),
+            &mut scores[first_copied * n_pad..],
+            m_pad - first_copied,
+            n_pad,
+        );
+    }
 
     let ldp = 4 * n4;
     let p8 = grown(&mut s.p8, m_pad * ldp);
@@ -1164,6 +1211,74 @@ unsafe fn head_i8(
                 values_i8(&tail, o, ldo, m, dh_pad)
             });
         }
+    }
+}
+
+/// The key side of [`head_i8`] from the producer's bytes, sixteen keys at a time: their rows
+/// (a 4-byte word per 4 dimensions) transposed in registers into `kt` (word `d4·n_pad + r` holds
+/// dimensions `4·d4..4·d4 + 4` of key `r`), `kcomp[r] = 128·Σ_d k8[r, d]` by `vpdpbusd` of the
+/// transposed words with bytes of 128 (the same exact sum the scalar loop makes), and `ks[r]`
+/// the key's scale times `scale`. Keys past the real ones are left as they are (zero).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW and VNNI; `src` holds quantized heads whose width `dh` is a
+/// multiple of 4; `kt` holds `dh/4` rows of `n_pad` words, `kcomp` and `ks` `n_pad` values, and
+/// `n_pad` is a multiple of 16 not below the plan's key count.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn keys_vnni(
+    src: &Source<'_>,
+    plan: &SeqPlan<'_>,
+    [hd, dh]: [usize; 2],
+    scale: f32,
+    (kt, kcomp, ks): (&mut [u32], &mut [i32], &mut [f32]),
+    n_pad: usize,
+) {
+    use std::arch::x86_64::*;
+    let (keys, dh4) = (plan.keys, dh / 4);
+    let n = keys.len();
+    assert!(n <= n_pad && n_pad.is_multiple_of(16) && dh.is_multiple_of(4));
+    assert!(kt.len() >= dh4 * n_pad && kcomp.len() >= n_pad && ks.len() >= n_pad);
+    let row = |r: usize| match src.head(1, plan.k0 + keys[r], hd, dh) {
+        HeadRow::Quantized(bytes, k_scale) => (bytes, k_scale),
+        HeadRow::F32(_) => unreachable!("the caller checked that the heads are quantized"),
+    };
+    let bytes_128 = _mm512_set1_epi32(0x8080_8080u32 as i32);
+    for r in 0..16.min(n) {
+        prefetch(row(r).0);
+    }
+    for r0 in (0..n).step_by(16) {
+        let rn = (n - r0).min(16);
+        for r in r0 + 16..(r0 + 32).min(n) {
+            prefetch(row(r).0);
+        }
+        let mut at = [std::ptr::null::<u8>(); 16];
+        for (i, at) in at.iter_mut().enumerate().take(rn) {
+            let (bytes, k_scale) = row(r0 + i);
+            *at = bytes.as_ptr();
+            ks[r0 + i] = k_scale * scale;
+        }
+        let mut comp = _mm512_setzero_si512();
+        for c0 in (0..dh4).step_by(16) {
+            let cn = (dh4 - c0).min(16);
+            let m: __mmask16 = if cn == 16 { !0 } else { (1 << cn) - 1 };
+            let mut rows = [_mm512_setzero_ps(); 16];
+            for (v, &p) in rows.iter_mut().zip(&at).take(rn) {
+                // SAFETY: words c0..c0 + cn of a key row of dh4 words (masked).
+                *v = unsafe { _mm512_maskz_loadu_ps(m, p.add(4 * c0) as *const f32) };
+            }
+            let cols = transpose16_regs(rows);
+            for (d, &col) in cols.iter().enumerate().take(cn) {
+                let words = _mm512_castps_si512(col);
+                // SAFETY: row c0 + d < dh4 of kt, keys r0..r0 + 16 ≤ n_pad (asserted).
+                unsafe {
+                    _mm512_storeu_si512(kt.as_mut_ptr().add((c0 + d) * n_pad + r0) as *mut _, words)
+                };
+                comp = _mm512_dpbusd_epi32(comp, bytes_128, words);
+            }
+        }
+        // SAFETY: keys r0..r0 + 16 ≤ n_pad (asserted).
+        unsafe { _mm512_storeu_si512(kcomp.as_mut_ptr().add(r0) as *mut _, comp) };
     }
 }
 
