@@ -1108,42 +1108,30 @@ unsafe fn head_i8(
     };
 
     // v: per-column scales over this sequence's keys, then 4 keys per word.
-    let vmax = zeroed(&mut s.vmax, dh_pad);
     let v_row = |r: usize| {
         let at = (plan.k0 + keys[r]) * v.ld + v.offset + col;
         &v.data[at..at + dh]
     };
-    for r in 0..AHEAD.min(n) {
-        prefetch(v_row(r));
-    }
-    for r in 0..n {
-        if r + AHEAD < n {
-            prefetch(v_row(r + AHEAD));
-        }
-        abs_max_into(&mut vmax[..dh], v_row(r));
-    }
     let vs = zeroed(&mut s.vs, dh_pad);
-    let vinv = zeroed(&mut s.vinv, dh_pad);
-    for ((m, sc), inv) in vmax.iter().zip(vs.iter_mut()).zip(vinv.iter_mut()) {
-        *sc = *m / 127.0;
-        *inv = if *m > 0.0 { 127.0 / *m } else { 0.0 };
-    }
-    let zeros = zeroed(&mut s.zeros, dh);
     let vt = grown(&mut s.vt, n4 * dh_pad);
-    for (j4, words) in vt.chunks_exact_mut(dh_pad).enumerate() {
-        words[dh..].fill(0);
-        let row = |t: usize| {
-            let r = 4 * j4 + t;
-            if r < n {
-                v_row(r)
-            } else {
-                &zeros[..]
-            }
+    #[cfg(target_arch = "x86_64")]
+    let vector_values = codegen::kernels::cpu_features().avx512;
+    #[cfg(not(target_arch = "x86_64"))]
+    let vector_values = false;
+    if vector_values {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX-512F; `vs` holds dh_pad scales and `vt` n4 rows of dh_pad
+        // words, dh_pad a multiple of 16 not below dh.
+        unsafe {
+            quantize_values_avx512(&v_row, n, dh, vs, vt)
         };
-        quantize_interleave4(
-            [row(0), row(1), row(2), row(3)],
-            &vinv[..dh],
-            &mut words[..dh],
+    } else {
+        quantize_values(
+            &v_row,
+            n,
+            dh,
+            (vs, vt),
+            (&mut s.vmax, &mut s.vinv, &mut s.zeros),
         );
     }
 
@@ -1282,6 +1270,152 @@ unsafe fn keys_vnni(
     }
 }
 
+/// The v of one (sequence, head) as [`values_i8`] reads it, from its `n` rows `v_row(r)` of
+/// `dh` floats: `vs[c]` the largest `|v[·, c]|` over 127 (0 past `dh`), and word
+/// `j4·dh_pad + c` of `vt` the four s8 `v[4·j4 + t, c]·127/max_c` (rounded half to even, NaN as
+/// 0, within ±127; rows past `n` as zeros; columns past `dh` zero words), row `4·j4` lowest.
+fn quantize_values<'v>(
+    v_row: &impl Fn(usize) -> &'v [f32],
+    n: usize,
+    dh: usize,
+    (vs, vt): (&mut [f32], &mut [u32]),
+    (vmax, vinv, zeros): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>),
+) {
+    let dh_pad = vs.len();
+    let vmax = zeroed(vmax, dh_pad);
+    const AHEAD: usize = 8;
+    for r in 0..AHEAD.min(n) {
+        prefetch(v_row(r));
+    }
+    for r in 0..n {
+        if r + AHEAD < n {
+            prefetch(v_row(r + AHEAD));
+        }
+        abs_max_into(&mut vmax[..dh], v_row(r));
+    }
+    let vinv = zeroed(vinv, dh_pad);
+    for ((m, sc), inv) in vmax.iter().zip(vs.iter_mut()).zip(vinv.iter_mut()) {
+        *sc = *m / 127.0;
+        *inv = if *m > 0.0 { 127.0 / *m } else { 0.0 };
+    }
+    let zeros = zeroed(zeros, dh);
+    for (j4, words) in vt.chunks_exact_mut(dh_pad).enumerate() {
+        words[dh..].fill(0);
+        let row = |t: usize| {
+            let r = 4 * j4 + t;
+            if r < n {
+                v_row(r)
+            } else {
+                &zeros[..]
+            }
+        };
+        quantize_interleave4(
+            [row(0), row(1), row(2), row(3)],
+            &vinv[..dh],
+            &mut words[..dh],
+        );
+    }
+}
+
+/// [`quantize_values`] with AVX-512, the column maxima and reciprocals in registers, 64
+/// columns at a time: the same operations, so the same bits.
+///
+/// # Safety
+/// The CPU has AVX-512F; `vs.len()` (`dh_pad`) is a multiple of 16 not below `dh`, `vt` holds
+/// `n.div_ceil(4)` rows of `dh_pad` words, and every `v_row(r)` for `r < n` is `dh` floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn quantize_values_avx512<'v>(
+    v_row: &impl Fn(usize) -> &'v [f32],
+    n: usize,
+    dh: usize,
+    vs: &mut [f32],
+    vt: &mut [u32],
+) {
+    use std::arch::x86_64::*;
+    const AHEAD: usize = 8;
+    // Columns per pass: four vectors of maxima and reciprocals held in registers.
+    const SPAN: usize = 64;
+    let dh_pad = vs.len();
+    let n4 = n.div_ceil(4);
+    assert!(dh_pad.is_multiple_of(16) && dh_pad >= dh && vt.len() >= n4 * dh_pad);
+    let lanes = |c: usize| -> __mmask16 {
+        if c >= dh {
+            0
+        } else if dh - c >= 16 {
+            !0
+        } else {
+            (1 << (dh - c)) - 1
+        }
+    };
+    for r in 0..AHEAD.min(n) {
+        prefetch(v_row(r));
+    }
+    let magic = _mm512_set1_ps(12_582_912.0);
+    let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+    for c0 in (0..dh_pad).step_by(SPAN) {
+        let vecs = ((dh_pad - c0) / 16).min(SPAN / 16);
+        // `abs_max_into`'s `if x > a { x } else { a }` from 0 is `max_ps(x, a)`.
+        let mut amax = [_mm512_setzero_ps(); SPAN / 16];
+        for r in 0..n {
+            if c0 == 0 && r + AHEAD < n {
+                prefetch(v_row(r + AHEAD));
+            }
+            let row = v_row(r).as_ptr();
+            for (u, a) in amax.iter_mut().enumerate().take(vecs) {
+                let c = c0 + 16 * u;
+                // SAFETY: the lanes of the row below dh.
+                let x = unsafe { _mm512_maskz_loadu_ps(lanes(c), row.add(c.min(dh))) };
+                *a = _mm512_max_ps(_mm512_abs_ps(x), *a);
+            }
+        }
+        let mut inv = [_mm512_setzero_ps(); SPAN / 16];
+        for (u, (a, inv)) in amax.iter().zip(inv.iter_mut()).enumerate().take(vecs) {
+            let c = c0 + 16 * u;
+            // SAFETY: columns c..c + 16 ≤ dh_pad of `vs`.
+            unsafe { _mm512_storeu_ps(vs.as_mut_ptr().add(c), _mm512_div_ps(*a, hi)) };
+            let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(*a, _mm512_setzero_ps());
+            *inv = _mm512_maskz_div_ps(positive, hi, *a);
+        }
+        for j4 in 0..n4 {
+            let rows: [Option<*const f32>; 4] = std::array::from_fn(|t| {
+                let r = 4 * j4 + t;
+                (r < n).then(|| v_row(r).as_ptr())
+            });
+            for (u, &inv) in inv.iter().enumerate().take(vecs) {
+                let c = c0 + 16 * u;
+                let mut word = _mm512_setzero_si512();
+                for (t, row) in rows.iter().enumerate() {
+                    let x = match row {
+                        // SAFETY: as above.
+                        Some(p) => unsafe { _mm512_maskz_loadu_ps(lanes(c), p.add(c.min(dh))) },
+                        None => _mm512_setzero_ps(),
+                    };
+                    let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                        _mm512_mul_ps(x, inv),
+                    );
+                    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(q, q);
+                    let q = _mm512_mask_mov_ps(q, nan, _mm512_setzero_ps());
+                    let q = _mm512_min_ps(_mm512_max_ps(q, lo), hi);
+                    // `int_byte`: the low byte of the bits of q + 1.5·2^23.
+                    let byte = _mm512_and_si512(
+                        _mm512_castps_si512(_mm512_add_ps(q, magic)),
+                        _mm512_set1_epi32(0xff),
+                    );
+                    word = _mm512_or_si512(
+                        word,
+                        _mm512_sllv_epi32(byte, _mm512_set1_epi32(8 * t as i32)),
+                    );
+                }
+                // SAFETY: words c..c + 16 ≤ dh_pad of row j4 < n4.
+                unsafe {
+                    _mm512_storeu_si512(vt.as_mut_ptr().add(j4 * dh_pad + c) as *mut _, word)
+                };
+            }
+        }
+    }
+}
+
 /// Output rows `rows` of one head, a block of `m_block` rows of which `rows.len()` are real,
 /// made by `values(dst, ld, m_block)`: straight into an f32 output when the block is whole and
 /// a head is whole kernel columns, else into `scratch` (`m_block` rows of the head padded to
@@ -1334,6 +1468,58 @@ unsafe fn put_head_rows(
 
 #[cfg(test)]
 mod tests {
+    /// The AVX-512 quantization of v against the plain one, bit for bit: head widths that are
+    /// whole vectors, partial ones and wider than one pass, key counts that leave 0-3 rows of
+    /// the last word empty, values from tiny to large with NaN, ±inf and an all-zero column.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn quantized_values_are_the_same_with_avx512() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            eprintln!("SKIP quantized_values_are_the_same_with_avx512: no AVX-512F on this CPU");
+            return;
+        }
+        let mut state = 3u32;
+        let mut next = move || {
+            state = state.wrapping_mul(1664525).wrapping_add(1013904223);
+            (state >> 8) as f32 / (1 << 24) as f32 - 0.5
+        };
+        for dh in [8usize, 16, 24, 64, 80, 128] {
+            for n in [1usize, 2, 3, 5, 33, 128] {
+                for special in [false, true] {
+                    let ld = dh + 7;
+                    let mut data: Vec<f32> = (0..n * ld).map(|_| next() * 10.0).collect();
+                    for r in 0..n {
+                        data[r * ld + dh / 2] = 0.0;
+                    }
+                    if special {
+                        data[(n / 2) * ld + 1] = f32::NAN;
+                        data[(n - 1) * ld] = f32::INFINITY;
+                        data[3 % dh] = f32::NEG_INFINITY;
+                        data[ld * (n / 3) + dh - 1] = 1e-30;
+                    }
+                    let v_row = |r: usize| &data[r * ld..r * ld + dh];
+                    let dh_pad = dh.div_ceil(32) * 32;
+                    let n4 = n.div_ceil(4);
+                    let (mut vs_a, mut vt_a) = (vec![f32::NAN; dh_pad], vec![7u32; n4 * dh_pad]);
+                    let (mut vs_b, mut vt_b) = (vec![f32::NAN; dh_pad], vec![9u32; n4 * dh_pad]);
+                    // SAFETY: AVX-512F checked; the sizes are those the function asks for.
+                    unsafe { super::quantize_values_avx512(&v_row, n, dh, &mut vs_a, &mut vt_a) };
+                    let mut scratch = (Vec::new(), Vec::new(), Vec::new());
+                    super::quantize_values(
+                        &v_row,
+                        n,
+                        dh,
+                        (&mut vs_b, &mut vt_b),
+                        (&mut scratch.0, &mut scratch.1, &mut scratch.2),
+                    );
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&vs_a), bits(&vs_b), "scales, dh {dh} n {n}");
+                    assert_eq!(vt_a, vt_b, "words, dh {dh} n {n} special {special}");
+                }
+            }
+        }
+    }
+
     /// The in-register 16×16 transpose against its definition, into a wider destination.
     #[cfg(target_arch = "x86_64")]
     #[test]
