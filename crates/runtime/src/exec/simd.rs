@@ -77,22 +77,22 @@ fn lane_max(v: &[f32]) -> f32 {
     math::fold_lanes(acc, max)
 }
 
-/// `row[i] = exp(row[i] − max)` in place; returns their sum. The exponentials are summed as
-/// they are made, in the lanes of `lane_sum`.
+/// `row[i] = exp(row[i] − max)` in place with the exponential `exp`; returns their sum. The
+/// exponentials are summed as they are made, in the lanes of `lane_sum`.
 #[inline(always)]
-fn exp_shifted(row: &mut [f32]) -> f32 {
+fn exp_shifted(row: &mut [f32], exp: impl Fn(f32) -> f32) -> f32 {
     let max = lane_max(row);
     let mut acc = [0.0f32; JB];
     let mut chunks = row.chunks_exact_mut(JB);
     for c in &mut chunks {
         for l in 0..JB {
-            let e = math::exp(c[l] - max);
+            let e = exp(c[l] - max);
             c[l] = e;
             acc[l] += e;
         }
     }
     for (a, v) in acc.iter_mut().zip(chunks.into_remainder()) {
-        *v = math::exp(*v - max);
+        *v = exp(*v - max);
         *a += *v;
     }
     math::fold_lanes(acc, |a, b| a + b)
@@ -102,7 +102,7 @@ multiversion! {
     /// Softmax of one row in place: max-subtracted exponentials over their sum, with the
     /// vectorised `exp` of codegen (≤ 2 ulp). Used inside the fused attention.
     fn softmax_row(row: &mut [f32]) {
-        let inv = 1.0 / exp_shifted(row);
+        let inv = 1.0 / exp_shifted(row, math::exp);
         for v in row.iter_mut() {
             *v *= inv;
         }
@@ -147,12 +147,92 @@ multiversion! {
     }
 }
 
+/// Softmax numerators of one row of scores quantized to u8: `e = exp(s − max)` (in (0, 1], 1 at
+/// the maximum, by [`math::softmax_exp`]: the bytes need no more) stored as `round(255·e)` in
+/// `p8`; returns `Σ e` in f32, so that the probabilities are `p8 / (255·Σ e)`. `row` is left
+/// holding the exponentials.
+///
+/// With AVX-512 in intrinsics (`vscalefps`, which LLVM does not make of the plain loops), the
+/// same operations in the same order, so the same bits on every CPU.
+pub(crate) fn softmax_quant_row(row: &mut [f32], p8: &mut [u8]) -> f32 {
+    assert!(p8.len() >= row.len(), "one byte per score");
+    #[cfg(target_arch = "x86_64")]
+    if codegen::kernels::cpu_features().avx512 {
+        // SAFETY: the CPU has AVX-512F/BW (and FMA); `p8` holds a byte per score (asserted).
+        return unsafe { softmax_quant_row_avx512(row, p8) };
+    }
+    softmax_quant_row_lanes(row, p8)
+}
+
+/// [`softmax_quant_row`] with AVX-512: [`lane_max`], then [`exp_shifted`]'s exponentials and
+/// lane sums (added in the same order), each byte made as its exponential is.
+///
+/// # Safety
+/// AVX-512F/BW and FMA; `p8.len() >= row.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,fma")]
+unsafe fn softmax_quant_row_avx512(row: &mut [f32], p8: &mut [u8]) -> f32 {
+    use codegen::kernels::math::lanes16::softmax_exp;
+    use std::arch::x86_64::*;
+    let n = row.len();
+    let (x, d) = (row.as_mut_ptr(), p8.as_mut_ptr());
+    let lanes = |v: __m512| {
+        let mut out = [0f32; JB];
+        // SAFETY: sixteen f32 into a local array of sixteen.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), v) };
+        out
+    };
+    // SAFETY (every load and store): elements j..j + 16 of `row` and `p8`, masked to the
+    // lanes below `n`; `p8` is at least as long as `row` (caller contract).
+    unsafe {
+        // `lane_max`'s `if b > a { b } else { a }` is `max_ps(b, a)`.
+        let mut acc = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut j = 0;
+        while j < n {
+            let m = lanes_below(n - j);
+            acc = _mm512_mask_max_ps(acc, m, _mm512_maskz_loadu_ps(m, x.add(j)), acc);
+            j += JB;
+        }
+        let max = _mm512_set1_ps(math::fold_lanes(
+            lanes(acc),
+            |a, b| if b > a { b } else { a },
+        ));
+        let (scale, magic) = (_mm512_set1_ps(255.0), _mm512_set1_ps(12_582_912.0));
+        let mut sum = _mm512_setzero_ps();
+        let mut j = 0;
+        while j < n {
+            let m = lanes_below(n - j);
+            let e = softmax_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x.add(j)), max));
+            _mm512_mask_storeu_ps(x.add(j), m, e);
+            sum = _mm512_mask_add_ps(sum, m, sum, e);
+            // `int_byte(round_ties_even(255·e))`: the low byte of the bits of the rounded
+            // product plus 1.5·2^23.
+            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_mul_ps(e, scale),
+            );
+            let q = _mm512_castps_si512(_mm512_add_ps(r, magic));
+            _mm512_mask_cvtepi32_storeu_epi8(d.add(j) as *mut i8, m, q);
+            j += JB;
+        }
+        math::fold_lanes(lanes(sum), |a, b| a + b)
+    }
+}
+
+/// The lanes of the last vector of a row of `left` elements: all 16, or the first `left`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn lanes_below(left: usize) -> std::arch::x86_64::__mmask16 {
+    if left >= JB {
+        !0
+    } else {
+        (1 << left) - 1
+    }
+}
+
 multiversion! {
-    /// Softmax numerators of one row of scores quantized to u8: `e = exp(s − max)` (in (0, 1],
-    /// 1 at the maximum) stored as `round(255·e)` in `p8`; returns `Σ e` in f32, so that the
-    /// probabilities are `p8 / (255·Σ e)`. `row` is left holding the exponentials.
-    fn softmax_quant_row(row: &mut [f32], p8: &mut [u8]) -> f32 {
-        let sum = exp_shifted(row);
+    /// [`softmax_quant_row`] as plain loops (compiled for AVX2 and the baseline).
+    fn softmax_quant_row_lanes(row: &mut [f32], p8: &mut [u8]) -> f32 {
+        let sum = exp_shifted(row, math::softmax_exp);
         for (d, &e) in p8.iter_mut().zip(row.iter()) {
             *d = int_byte((e * 255.0).round_ties_even());
         }
@@ -244,6 +324,43 @@ mod tests {
             "gelu_erf: worst abs error {:.2e} at x = {}",
             worst.0, worst.1
         );
+    }
+
+    /// The AVX-512 softmax numerators against the plain loops, bit for bit: rows of every
+    /// length to 200 (whole vectors and tails), scores spread so that some exponentials
+    /// underflow, with -inf, +inf and a NaN with a payload in some rows.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn softmax_quant_row_is_the_same_with_avx512() {
+        if !codegen::kernels::cpu_features().avx512 {
+            eprintln!("SKIP softmax_quant_row_is_the_same_with_avx512: no AVX-512 on this CPU");
+            return;
+        }
+        let mut state = 7u32;
+        let mut next = move || {
+            state = state.wrapping_mul(1664525).wrapping_add(1013904223);
+            (state >> 8) as f32 / (1 << 24) as f32
+        };
+        for n in 1..=200 {
+            for case in 0..4 {
+                let mut row: Vec<f32> = (0..n).map(|_| (next() - 0.5) * 240.0).collect();
+                match case {
+                    1 => row[n / 2] = f32::NEG_INFINITY,
+                    2 => row[n - 1] = f32::INFINITY,
+                    3 => row[n / 3] = f32::from_bits(0x7fc0_0013),
+                    _ => {}
+                }
+                let (mut a, mut b) = (row.clone(), row);
+                let (mut pa, mut pb) = (vec![7u8; n + 3], vec![7u8; n + 3]);
+                // SAFETY: the features were checked; `pa` is longer than the row.
+                let sa = unsafe { softmax_quant_row_avx512(&mut a, &mut pa) };
+                let sb = softmax_quant_row_lanes(&mut b, &mut pb);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(sa.to_bits(), sb.to_bits(), "sum, n {n} case {case}");
+                assert_eq!(bits(&a), bits(&b), "exponentials, n {n} case {case}");
+                assert_eq!(pa, pb, "bytes, n {n} case {case}");
+            }
+        }
     }
 
     #[test]
