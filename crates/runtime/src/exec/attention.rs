@@ -1468,6 +1468,92 @@ unsafe fn put_head_rows(
 
 #[cfg(test)]
 mod tests {
+    /// The vectorised key side against its definition (the scalar loop of `head_i8`): head
+    /// widths below, at and above one 16-word chunk, a plan that skips keys and ends in a
+    /// partial group of 16, bytes over the whole u8 range; the words, compensations and scales
+    /// bit for bit, and nothing written for the keys past the plan's.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_keys_equal_their_definition() {
+        if !codegen::kernels::cpu_features().avx512vnni {
+            eprintln!("SKIP vector_keys_equal_their_definition: no AVX512-VNNI on this CPU");
+            return;
+        }
+        let mut state = 5u32;
+        let mut next = move || {
+            state = state.wrapping_mul(1664525).wrapping_add(1013904223);
+            state >> 8
+        };
+        let (heads, tokens, scale) = (2usize, 53usize, 0.125f32);
+        for dh in [8usize, 24, 64, 80, 128] {
+            let h = heads * dh;
+            let bytes: Vec<u8> = (0..tokens * 2 * h).map(|_| next() as u8).collect();
+            let scales: Vec<f32> = (0..tokens * 2 * heads)
+                .map(|_| (next() % 1000) as f32 * 1e-3)
+                .collect();
+            let v = vec![0f32; tokens * h];
+            let src = super::Source::HeadsI8 {
+                bytes: &bytes,
+                scales: &scales,
+                v: super::Rows {
+                    data: &v,
+                    ld: h,
+                    offset: 0,
+                },
+            };
+            let keys: Vec<usize> = (0..50).filter(|k| k % 7 != 3).collect();
+            let plan = super::SeqPlan {
+                batch: 0,
+                q0: 0,
+                nq: 1,
+                k0: 2,
+                keys: &keys,
+                positions: None,
+                mask_adds: false,
+            };
+            let (n, n_pad, dh4) = (keys.len(), keys.len().div_ceil(32) * 32, dh / 4);
+            for hd in 0..heads {
+                let mut kt = vec![0u32; dh4 * n_pad];
+                let (mut kcomp, mut ks) = (vec![0i32; n_pad], vec![0f32; n_pad]);
+                // SAFETY: the CPU has AVX512-VNNI (checked); sizes as the function asks.
+                unsafe {
+                    super::keys_vnni(
+                        &src,
+                        &plan,
+                        [hd, dh],
+                        scale,
+                        (&mut kt, &mut kcomp, &mut ks),
+                        n_pad,
+                    )
+                };
+                for (r, &key) in keys.iter().enumerate() {
+                    let row = plan.k0 + key;
+                    let at = row * 2 * h + h + hd * dh;
+                    let k8 = &bytes[at..at + dh];
+                    let want_scale = scales[row * 2 * heads + heads + hd] * scale;
+                    assert_eq!(ks[r].to_bits(), want_scale.to_bits(), "dh {dh} key {r}");
+                    let sum: i32 = k8.iter().map(|&b| i32::from(b as i8)).sum();
+                    assert_eq!(kcomp[r], 128 * sum, "dh {dh} key {r}");
+                    for (d4, w) in k8.chunks_exact(4).enumerate() {
+                        let word = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                        assert_eq!(kt[d4 * n_pad + r], word, "dh {dh} key {r} word {d4}");
+                    }
+                }
+                for r in n..n_pad {
+                    assert_eq!(
+                        (kcomp[r], ks[r]),
+                        (0, 0.0),
+                        "dh {dh}: key {r} past the plan"
+                    );
+                    assert!(
+                        (0..dh4).all(|d4| kt[d4 * n_pad + r] == 0),
+                        "dh {dh} key {r}"
+                    );
+                }
+            }
+        }
+    }
+
     /// The AVX-512 quantization of v against the plain one, bit for bit: head widths that are
     /// whole vectors, partial ones and wider than one pass, key counts that leave 0-3 rows of
     /// the last word empty, values from tiny to large with NaN, ±inf and an all-zero column.
