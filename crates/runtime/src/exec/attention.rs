@@ -1136,7 +1136,7 @@ unsafe fn head_i8(
     }
 
     let scores = grown(&mut s.scores, m_pad * n_pad);
-    let keys = |q8, ldq, qs| ScoreOperands {
+    let score_operands = |q8, ldq, qs| ScoreOperands {
         q8,
         ldq,
         qs,
@@ -1147,11 +1147,16 @@ unsafe fn head_i8(
     };
     if let (Some((bytes, ld)), true) = (in_place, first_copied > 0) {
         let at = plan.q0 * ld + col;
-        scores_i8(&keys(&bytes[at..], ld, qs), scores, first_copied, n_pad);
+        scores_i8(
+            &score_operands(&bytes[at..], ld, qs),
+            scores,
+            first_copied,
+            n_pad,
+        );
     }
     if m_pad > first_copied {
         scores_i8(
-            &keys(q8, ldq, &qs[first_copied..]),
+            &score_operands(q8, ldq, &qs[first_copied..]),
             &mut scores[first_copied * n_pad..],
             m_pad - first_copied,
             n_pad,
@@ -1339,15 +1344,7 @@ unsafe fn quantize_values_avx512<'v>(
     let dh_pad = vs.len();
     let n4 = n.div_ceil(4);
     assert!(dh_pad.is_multiple_of(16) && dh_pad >= dh && vt.len() >= n4 * dh_pad);
-    let lanes = |c: usize| -> __mmask16 {
-        if c >= dh {
-            0
-        } else if dh - c >= 16 {
-            !0
-        } else {
-            (1 << (dh - c)) - 1
-        }
-    };
+    let lanes = |c: usize| super::simd::lanes_below(dh.saturating_sub(c));
     for r in 0..AHEAD.min(n) {
         prefetch(v_row(r));
     }
@@ -1479,11 +1476,7 @@ mod tests {
             eprintln!("SKIP vector_keys_equal_their_definition: no AVX512-VNNI on this CPU");
             return;
         }
-        let mut state = 5u32;
-        let mut next = move || {
-            state = state.wrapping_mul(1664525).wrapping_add(1013904223);
-            state >> 8
-        };
+        let mut next = super::super::lcg24(5);
         let (heads, tokens, scale) = (2usize, 53usize, 0.125f32);
         for dh in [8usize, 24, 64, 80, 128] {
             let h = heads * dh;
@@ -1564,11 +1557,8 @@ mod tests {
             eprintln!("SKIP quantized_values_are_the_same_with_avx512: no AVX-512F on this CPU");
             return;
         }
-        let mut state = 3u32;
-        let mut next = move || {
-            state = state.wrapping_mul(1664525).wrapping_add(1013904223);
-            (state >> 8) as f32 / (1 << 24) as f32 - 0.5
-        };
+        let mut draw = super::super::lcg24(3);
+        let mut next = move || draw() as f32 / (1 << 24) as f32 - 0.5;
         for dh in [8usize, 16, 24, 64, 80, 128] {
             for n in [1usize, 2, 3, 5, 33, 128] {
                 for special in [false, true] {

@@ -262,14 +262,6 @@ mod vnni {
 mod tests {
     use super::*;
 
-    fn rng(seed: u32) -> impl FnMut() -> u32 {
-        let mut state = seed;
-        move || {
-            state = state.wrapping_mul(1664525).wrapping_add(1013904223);
-            state >> 8
-        }
-    }
-
     /// Both kernels (the picked one and the portable one) against the definition with random
     /// bytes at the extremes of their ranges (q8 up to 255, k8 and v8 down to −128), rows read
     /// at wider strides: bit-exact.
@@ -283,7 +275,7 @@ mod tests {
     type Values = unsafe fn(&ValueOperands<'_>, *mut f32, usize, usize, usize);
 
     fn kernels_equal_their_definition_with(scores_i8: Scores, values_i8: Values) {
-        let mut r = rng(11);
+        let mut r = super::super::lcg24(11);
         let (m_pad, n, dh) = (16usize, 45usize, 24usize);
         let (n_pad, dh4) = (n.div_ceil(JB) * JB, dh.div_ceil(4));
         let ldq = 4 * dh4 + 5;

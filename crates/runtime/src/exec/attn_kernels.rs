@@ -218,11 +218,8 @@ mod tests {
     /// rows read and written at strides wider than a head (heads in place in `[S, H]`).
     #[test]
     fn kernels_equal_the_sequential_fma_chain() {
-        let mut state = 7u32;
-        let mut rnd = || {
-            state = state.wrapping_mul(1664525).wrapping_add(1013904223);
-            (state >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut draw = super::super::lcg24(7);
+        let mut rnd = || draw() as f32 / (1u32 << 24) as f32 * 2.0 - 1.0;
         let (m_pad, n, dh): (usize, usize, usize) = (16, 45, 24);
         let n_pad = n.div_ceil(JB) * JB;
         let dh_pad = dh.div_ceil(JB) * JB;

@@ -212,15 +212,6 @@ mod row {
             }
         }
 
-        fn mask(len: usize, i: usize) -> __mmask16 {
-            let left = len - i;
-            if left >= 16 {
-                0xFFFF
-            } else {
-                ((1u32 << left) - 1) as __mmask16
-            }
-        }
-
         #[target_feature(enable = "avx512f")]
         pub unsafe fn range(x: &[f32], inv: Option<&[f32]>) -> (f32, f32) {
             let mut lo = _mm512_setzero_ps();
@@ -228,7 +219,7 @@ mod row {
             let mut i = 0;
             while i < x.len() {
                 // SAFETY: masked to the slice.
-                let v = unsafe { load(x, inv, i, mask(x.len(), i)) };
+                let v = unsafe { load(x, inv, i, crate::exec::simd::lanes_below(x.len() - i)) };
                 // min/max return the second operand when one is NaN: NaN lanes keep the bound.
                 lo = _mm512_min_ps(v, lo);
                 hi = _mm512_max_ps(v, hi);
@@ -249,7 +240,7 @@ mod row {
             let (v0, v255) = (_mm512_setzero_ps(), _mm512_set1_ps(255.0));
             let mut i = 0;
             while i < x.len() {
-                let m = mask(x.len(), i);
+                let m = crate::exec::simd::lanes_below(x.len() - i);
                 // SAFETY: masked to the slice.
                 let v = unsafe { load(x, inv, i, m) };
                 let v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v), v);
@@ -611,11 +602,8 @@ mod tests {
     /// without smoothing, including NaN, infinities and exact .5 ties.
     #[test]
     fn vector_rows_equal_the_scalar_formula() {
-        let mut state = 12345u32;
-        let mut rnd = || {
-            state = state.wrapping_mul(1664525).wrapping_add(1013904223);
-            (state >> 8) as f32 / (1u32 << 24) as f32 * 8.0 - 4.0
-        };
+        let mut draw = super::super::lcg24(12345);
+        let mut rnd = || draw() as f32 / (1u32 << 24) as f32 * 8.0 - 4.0;
         for len in [0usize, 1, 15, 16, 17, 33, 100] {
             let mut x: Vec<f32> = (0..len).map(|_| rnd()).collect();
             if len > 3 {

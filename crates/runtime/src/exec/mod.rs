@@ -551,6 +551,17 @@ macro_rules! map_data {
     };
 }
 
+/// The unit tests' pseudo-random numbers: a linear congruential generator from `seed`, each
+/// draw its state's top 24 bits (divide by 2^24 for [0, 1)).
+#[cfg(test)]
+pub(crate) fn lcg24(seed: u32) -> impl FnMut() -> u32 {
+    let mut state = seed;
+    move || {
+        state = state.wrapping_mul(1664525).wrapping_add(1013904223);
+        state >> 8
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -218,10 +218,11 @@ unsafe fn softmax_quant_row_avx512(row: &mut [f32], p8: &mut [u8]) -> f32 {
     }
 }
 
-/// The lanes of the last vector of a row of `left` elements: all 16, or the first `left`.
+/// The lanes of the vector that starts `left` elements before the end of a row: all 16, or
+/// the first `left` (none for 0).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn lanes_below(left: usize) -> std::arch::x86_64::__mmask16 {
+pub(crate) fn lanes_below(left: usize) -> std::arch::x86_64::__mmask16 {
     if left >= JB {
         !0
     } else {
@@ -336,11 +337,8 @@ mod tests {
             eprintln!("SKIP softmax_quant_row_is_the_same_with_avx512: no AVX-512 on this CPU");
             return;
         }
-        let mut state = 7u32;
-        let mut next = move || {
-            state = state.wrapping_mul(1664525).wrapping_add(1013904223);
-            (state >> 8) as f32 / (1 << 24) as f32
-        };
+        let mut draw = super::super::lcg24(7);
+        let mut next = move || draw() as f32 / (1 << 24) as f32;
         for n in 1..=200 {
             for case in 0..4 {
                 let mut row: Vec<f32> = (0..n).map(|_| (next() - 0.5) * 240.0).collect();
