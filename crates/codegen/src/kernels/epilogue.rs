@@ -814,9 +814,9 @@ fn apply_op(op: &EpilogueOp<'_>, r: usize, c0: usize, y: &mut [f32]) {
         }
         EpilogueOp::LayerNorm { gamma, beta, eps } => {
             debug_assert_eq!(c0, 0);
-            let mean = math::lane_sum(y) / w as f32;
+            let mean = math::wide_sum(y) / w as f32;
             y.iter_mut().for_each(|v| *v -= mean);
-            let var = sum_sq_f32(y) / w as f32;
+            let var = math::wide_sum_sq(y) / w as f32;
             let inv = 1.0 / (var + eps).sqrt();
             for ((v, g), b) in y.iter_mut().zip(&gamma[..w]).zip(&beta[..w]) {
                 *v = (*v * inv).mul_add(*g, *b);
@@ -853,21 +853,6 @@ fn apply_op(op: &EpilogueOp<'_>, r: usize, c0: usize, y: &mut [f32]) {
                 .for_each(|v| *v = math::quantize_div(*v, scale, zp, lo, hi));
         }
     }
-}
-
-#[inline(always)]
-fn sum_sq_f32(y: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let mut ch = y.chunks_exact(16);
-    for c in &mut ch {
-        for j in 0..16 {
-            acc[j] = c[j].mul_add(c[j], acc[j]);
-        }
-    }
-    for (j, v) in ch.remainder().iter().enumerate() {
-        acc[j] = v.mul_add(*v, acc[j]);
-    }
-    math::fold_lanes(acc, |a, b| a + b)
 }
 
 #[inline(always)]

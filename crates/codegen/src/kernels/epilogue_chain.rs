@@ -498,24 +498,33 @@ unsafe fn run_with<const F: u32>(
         }
         if let Some(norm) = chain.norm {
             // The row (whole: a `LayerNorm` block spans it) up to the `LayerNorm` into the
-            // scratch row, then the row step from there.
+            // scratch row, summed on the way in the lanes of `math::wide_sum` (the four
+            // vectors made at once are its four accumulators), then the row step from there.
             //
             // SAFETY: `tmp` holds `w` values (caller contract); row `r` of `out` is ours.
             unsafe {
+                let mut sum = [_mm512_setzero_ps(); AT_ONCE];
                 let mut j = 0;
                 while w - j >= 16 * AT_ONCE {
                     let v = values!(AT_ONCE, j, 0xffff);
                     for (u, v) in v.into_iter().enumerate() {
                         _mm512_storeu_ps(chain.tmp.add(j + 16 * u), v);
+                        sum[u] = _mm512_add_ps(sum[u], v);
                     }
                     j += 16 * AT_ONCE;
                 }
-                while j < w {
-                    let m = lanes_below(w - j);
-                    _mm512_mask_storeu_ps(chain.tmp.add(j), m, values!(1, j, m)[0]);
-                    j += 16;
+                for sum in sum.iter_mut() {
+                    if j < w {
+                        let m = lanes_below(w - j);
+                        let v = values!(1, j, m)[0];
+                        _mm512_mask_storeu_ps(chain.tmp.add(j), m, v);
+                        *sum = _mm512_mask_add_ps(*sum, m, *sum, v);
+                        j += 16;
+                    }
                 }
-                norm_row(norm, &gelu, chain.tmp, w, r, c0, out);
+                let [s0, s1, s2, s3] = sum;
+                let sum = fold_sum(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+                norm_row(norm, &gelu, chain.tmp, w, Some(sum), r, c0, out);
             }
             continue;
         }
@@ -604,6 +613,8 @@ unsafe fn run_with<const F: u32>(
 /// How many vectors a chain carries at once: each op applied to all of them before the next,
 /// so that their independent dependency chains (GELU's is long) overlap.
 const AT_ONCE: usize = 4;
+// The LayerNorm chains sum the row in the vectors they make at once: `math::wide_sum`'s lanes.
+const _: () = assert!(16 * AT_ONCE == super::math::WIDE_LANES);
 
 /// The mask of the lanes below `n` (all 16 from 16 on).
 #[inline]
@@ -643,21 +654,24 @@ unsafe fn store(out: OutPtr, r: usize, c: usize, m: __mmask16, v: __m512) {
 
 /// The row step: `LayerNorm` of the `w` values at `y` (row `r`, columns `c0..c0 + w` absolute,
 /// `c0` = 0: the whole row), the ops after it, the `ForkU8` copy, into `out`. The multi-pass
-/// path's bits: the mean and the variance summed as `math::lane_sum` and the epilogue's
-/// `sum_sq_f32` do (element `i` into lane `i mod 16`, in order, the lanes folded by
+/// path's bits: the mean and the variance summed as `math::wide_sum` and `math::wide_sum_sq`
+/// do (element `i` into lane `i mod 64`, four vectors of 16 added pairwise, the lanes folded by
 /// `fold_lanes`), the same divisions, the same `(d · inv) · gamma + beta` with one rounding
-/// in the fused multiply-add.
+/// in the fused multiply-add. `sum`, when the caller took it on the way, is the row's sum in
+/// that order (else it is summed here).
 ///
 /// # Safety
 /// `y` addresses `w` readable f32 (they may be the output row itself: each vector is read
 /// before it is written); the tail was decoded from a validated program for a problem holding
 /// row `r`, whose elements of `out` and of the fork buffer are ours.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn norm_row(
     t: &NormTail,
     gelu: &GeluErf512,
     y: *const f32,
     w: usize,
+    sum: Option<f32>,
     r: usize,
     c0: usize,
     out: OutPtr,
@@ -667,23 +681,17 @@ unsafe fn norm_row(
     // gamma, beta and the ops' vectors, and row `r` of the outputs (caller contract), the
     // last vector masked to the lanes below `w`.
     unsafe {
-        let mut sum = _mm512_setzero_ps();
-        let mut j = 0;
-        while j < w {
-            let m = lanes_below(w - j);
-            sum = _mm512_mask_add_ps(sum, m, sum, _mm512_maskz_loadu_ps(m, y.add(j)));
-            j += 16;
-        }
-        let mean = _mm512_set1_ps(fold_sum(sum) / w as f32);
-        let mut sq = _mm512_setzero_ps();
-        let mut j = 0;
-        while j < w {
-            let m = lanes_below(w - j);
+        let sum = sum.unwrap_or_else(|| {
+            wide_pass(w, |j, m, acc| {
+                _mm512_mask_add_ps(acc, m, acc, _mm512_maskz_loadu_ps(m, y.add(j)))
+            })
+        });
+        let mean = _mm512_set1_ps(sum / w as f32);
+        let sq = wide_pass(w, |j, m, acc| {
             let d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, y.add(j)), mean);
-            sq = _mm512_mask3_fmadd_ps(d, d, sq, m);
-            j += 16;
-        }
-        let var = fold_sum(sq) / w as f32;
+            _mm512_mask3_fmadd_ps(d, d, acc, m)
+        });
+        let var = sq / w as f32;
         let inv = _mm512_set1_ps(1.0 / (var + t.eps).sqrt());
         let mut j = 0;
         while w - j >= 16 * AT_ONCE {
@@ -756,6 +764,30 @@ unsafe fn norm_out<const N: usize>(
     }
 }
 
+/// The reduction of a row of `w` values in the lanes and order of `math::wide_sum`: `add(j,
+/// m, acc)` adds the values at columns `j..j + 16` (lanes of `m`) into the accumulator of
+/// their lanes mod 64, four accumulators so that four additions are in flight.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn wide_pass(w: usize, mut add: impl FnMut(usize, __mmask16, __m512) -> __m512) -> f32 {
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut j = 0;
+    while w - j >= 64 {
+        for (u, a) in acc.iter_mut().enumerate() {
+            *a = add(j + 16 * u, 0xffff, *a);
+        }
+        j += 64;
+    }
+    for a in acc.iter_mut() {
+        if j < w {
+            *a = add(j, lanes_below(w - j), *a);
+            j += 16;
+        }
+    }
+    let [a0, a1, a2, a3] = acc;
+    fold_sum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)))
+}
+
 /// `fold_lanes` of the 16 lanes of `v` by addition.
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -817,7 +849,7 @@ pub(crate) unsafe fn run_norm_f32(
                 }
                 tmp
             };
-            norm_row(&norm, &gelu, src, w, r, c0, out);
+            norm_row(&norm, &gelu, src, w, None, r, c0, out);
         }
     }
 }
