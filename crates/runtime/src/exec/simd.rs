@@ -149,12 +149,13 @@ multiversion! {
 
 /// Softmax numerators of one row of scores quantized to u8: `e = exp(s − max)` (in (0, 1], 1 at
 /// the maximum, by [`math::softmax_exp`]: the bytes need no more) stored as `round(255·e)` in
-/// `p8`; returns `Σ e` in f32, so that the probabilities are `p8 / (255·Σ e)`. `row` is left
-/// holding the exponentials.
+/// `p8`; returns `Σ e` in f32, so that the probabilities are `p8 / (255·Σ e)`. The
+/// exponentials themselves are not kept: the bytes and their sum are all the values product
+/// reads.
 ///
 /// With AVX-512 in intrinsics (`vscalefps`, which LLVM does not make of the plain loops), the
 /// same operations in the same order, so the same bits on every CPU.
-pub(crate) fn softmax_quant_row(row: &mut [f32], p8: &mut [u8]) -> f32 {
+pub(crate) fn softmax_quant_row(row: &[f32], p8: &mut [u8]) -> f32 {
     assert!(p8.len() >= row.len(), "one byte per score");
     #[cfg(target_arch = "x86_64")]
     if codegen::kernels::cpu_features().avx512 {
@@ -171,11 +172,11 @@ pub(crate) fn softmax_quant_row(row: &mut [f32], p8: &mut [u8]) -> f32 {
 /// AVX-512F/BW and FMA; `p8.len() >= row.len()`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,fma")]
-unsafe fn softmax_quant_row_avx512(row: &mut [f32], p8: &mut [u8]) -> f32 {
+unsafe fn softmax_quant_row_avx512(row: &[f32], p8: &mut [u8]) -> f32 {
     use codegen::kernels::math::lanes16::softmax_exp;
     use std::arch::x86_64::*;
     let n = row.len();
-    let (x, d) = (row.as_mut_ptr(), p8.as_mut_ptr());
+    let (x, d) = (row.as_ptr(), p8.as_mut_ptr());
     let lanes = |v: __m512| {
         let mut out = [0f32; JB];
         // SAFETY: sixteen f32 into a local array of sixteen.
@@ -203,7 +204,6 @@ unsafe fn softmax_quant_row_avx512(row: &mut [f32], p8: &mut [u8]) -> f32 {
         while j < n {
             let m = lanes_below(n - j);
             let e = softmax_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x.add(j)), max));
-            _mm512_mask_storeu_ps(x.add(j), m, e);
             sum = _mm512_mask_add_ps(sum, m, sum, e);
             // `int_byte(round_ties_even(255·e))`: the low byte of the bits of the rounded
             // product plus 1.5·2^23.
@@ -232,12 +232,27 @@ pub(crate) fn lanes_below(left: usize) -> std::arch::x86_64::__mmask16 {
 
 multiversion! {
     /// [`softmax_quant_row`] as plain loops (compiled for AVX2 and the baseline).
-    fn softmax_quant_row_lanes(row: &mut [f32], p8: &mut [u8]) -> f32 {
-        let sum = exp_shifted(row, math::softmax_exp);
-        for (d, &e) in p8.iter_mut().zip(row.iter()) {
-            *d = int_byte((e * 255.0).round_ties_even());
+    fn softmax_quant_row_lanes(row: &[f32], p8: &mut [u8]) -> f32 {
+        // `exp_shifted`'s maximum, exponentials and lane sums, the exponentials not stored.
+        let max = lane_max(row);
+        let byte = |e: f32| int_byte((e * 255.0).round_ties_even());
+        let mut acc = [0.0f32; JB];
+        let p8 = &mut p8[..row.len()];
+        let mut chunks = row.chunks_exact(JB);
+        let mut bytes = p8.chunks_exact_mut(JB);
+        for (c, d) in (&mut chunks).zip(&mut bytes) {
+            for l in 0..JB {
+                let e = math::softmax_exp(c[l] - max);
+                acc[l] += e;
+                d[l] = byte(e);
+            }
         }
-        sum
+        for ((a, &x), d) in acc.iter_mut().zip(chunks.remainder()).zip(bytes.into_remainder()) {
+            let e = math::softmax_exp(x - max);
+            *a += e;
+            *d = byte(e);
+        }
+        math::fold_lanes(acc, |a, b| a + b)
     }
 }
 
@@ -348,15 +363,26 @@ mod tests {
                     3 => row[n / 3] = f32::from_bits(0x7fc0_0013),
                     _ => {}
                 }
-                let (mut a, mut b) = (row.clone(), row);
                 let (mut pa, mut pb) = (vec![7u8; n + 3], vec![7u8; n + 3]);
                 // SAFETY: the features were checked; `pa` is longer than the row.
-                let sa = unsafe { softmax_quant_row_avx512(&mut a, &mut pa) };
-                let sb = softmax_quant_row_lanes(&mut b, &mut pb);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let sa = unsafe { softmax_quant_row_avx512(&row, &mut pa) };
+                let sb = softmax_quant_row_lanes(&row, &mut pb);
                 assert_eq!(sa.to_bits(), sb.to_bits(), "sum, n {n} case {case}");
-                assert_eq!(bits(&a), bits(&b), "exponentials, n {n} case {case}");
                 assert_eq!(pa, pb, "bytes, n {n} case {case}");
+                assert_eq!(pa[n..], [7; 3], "nothing past the row, n {n} case {case}");
+                // The definition: exp_shifted's sum and round(255·e) of its exponentials.
+                let mut e = row.clone();
+                let sum = exp_shifted(&mut e, math::softmax_exp);
+                assert_eq!(
+                    sb.to_bits(),
+                    sum.to_bits(),
+                    "sum as exp_shifted, n {n} case {case}"
+                );
+                let want: Vec<u8> = e
+                    .iter()
+                    .map(|&e| int_byte((e * 255.0).round_ties_even()))
+                    .collect();
+                assert_eq!(pb[..n], want[..], "bytes of exp_shifted, n {n} case {case}");
             }
         }
     }
