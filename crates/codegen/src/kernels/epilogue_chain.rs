@@ -522,9 +522,7 @@ unsafe fn run_with<const F: u32>(
                         j += 16;
                     }
                 }
-                let [s0, s1, s2, s3] = sum;
-                let sum = fold_sum(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-                norm_row(norm, &gelu, chain.tmp, w, Some(sum), r, c0, out);
+                norm_row(norm, &gelu, chain.tmp, w, Some(fold_wide(sum)), r, c0, out);
             }
             continue;
         }
@@ -784,7 +782,14 @@ fn wide_pass(w: usize, mut add: impl FnMut(usize, __mmask16, __m512) -> __m512) 
             j += 16;
         }
     }
-    let [a0, a1, a2, a3] = acc;
+    fold_wide(acc)
+}
+
+/// `math::wide_sum`'s fold of its four accumulators: `(a0 + a1) + (a2 + a3)` lane by lane, then
+/// the lanes by [`fold_sum`].
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn fold_wide([a0, a1, a2, a3]: [__m512; 4]) -> f32 {
     fold_sum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)))
 }
 
