@@ -46,14 +46,27 @@ pub struct UnitShape {
 /// `(env, micro-panel row index, first panel, end panel)`.
 pub type EpilogueCallback = unsafe extern "C" fn(*mut c_void, usize, usize, usize);
 
-/// A compiled unit: `(a_rows, b_panels, acc, env, rows, pan_start, pan_end, chunk)`.
+/// A compiled unit: `(a_rows, b_panels, acc, env, rows, pan_start, pan_end, chunk, next,
+/// next_len)`.
 ///
 /// For each micro-panel row `ip < ceil(rows / mr)` and each chunk `[p0, p1)` of at most `chunk`
 /// panels of `[pan_start, pan_end)`: the microkernel on every panel `p` of the chunk, with A at
-/// `a_rows + ip·mr·k_pad`, B at `b_panels + p·k_pad·nr` and C at `acc + (p − pan_start)·nr` i32,
-/// then the epilogue callback with `(env, ip, p0, p1)`.
-pub type UnitFn =
-    unsafe extern "C" fn(*const u8, *const i8, *mut i32, *mut c_void, usize, usize, usize, usize);
+/// `a_rows + ip·mr·k_pad`, B at `b_panels + p·k_pad·nr`, C at `acc + (p − pan_start)·nr` i32 and
+/// its prefetch hint (`next`) taken from `[next, next + next_len)`: null in row 0 and once the
+/// range is used up, else the range's next `k_pad / 4` lines (the cursor then moves by `16·k_pad`
+/// bytes); then the epilogue callback with `(env, ip, p0, p1)`.
+pub type UnitFn = unsafe extern "C" fn(
+    *const u8,
+    *const i8,
+    *mut i32,
+    *mut c_void,
+    usize,
+    usize,
+    usize,
+    usize,
+    *const i8,
+    usize,
+);
 
 /// A compiled loop nest and what it cost: its shape, the microkernel and callback its code
 /// calls (addresses baked in), the code, and Cranelift's time for it (when it was first asked
@@ -204,7 +217,7 @@ pub fn compile_unit(
         shape,
         ukernel,
         callback: epilogue,
-        // SAFETY: `build` made this code with exactly `UnitFn`'s signature (eight
+        // SAFETY: `build` made this code with exactly `UnitFn`'s signature (ten
         // pointer-sized integers, the platform's C convention, no return value), finalized.
         f: unsafe { std::mem::transmute::<*const u8, UnitFn>(code) },
         compile_time,
@@ -249,13 +262,13 @@ fn build(
 ) -> Result<*const u8, JitError> {
     let i64t = types::I64;
     debug_assert_eq!(jit.module.target_config().pointer_type(), i64t);
-    let ukernel_sig = c_signature(&jit.module, 5, &[], false);
+    let ukernel_sig = c_signature(&jit.module, 6, &[], false);
     let epilogue_sig = c_signature(&jit.module, 4, &[], false);
     let name = format!(
         "unit_mr{}_nr{}_k{}_ld{}",
         shape.mr, shape.nr, shape.k_pad, shape.ldacc
     );
-    let id = start_function(jit, &name, c_signature(&jit.module, 8, &[], false))?;
+    let id = start_function(jit, &name, c_signature(&jit.module, 10, &[], false))?;
     let frontend_config = jit.module.target_config();
     let ctx = &mut jit.ctx;
     {
@@ -276,6 +289,10 @@ fn build(
         let p = b.block_params(entry).to_vec();
         let (a_rows, b_panels, acc, env, rows, pan_start, pan_end, chunk) =
             (p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
+        let (next_start, next_len) = (p[8], p[9]);
+        let next_end = b.ins().iadd(next_start, next_len);
+        let cursor = b.declare_var(i64t);
+        b.def_var(cursor, next_start);
         let ip = b.declare_var(i64t);
         let p0 = b.declare_var(i64t);
         let p1 = b.declare_var(i64t);
@@ -323,9 +340,19 @@ fn build(
         let c_ptr = b.ins().iadd(acc, c_off);
         let kc4 = b.ins().iconst(i64t, (shape.k_pad / 4) as i64);
         let ldacc = b.ins().iconst(i64t, shape.ldacc as i64);
+        // The prefetch hint: the next lines of the range in rows after the first.
+        let nextv = b.use_var(cursor);
+        let later = b.ins().icmp_imm_u(IntCC::NotEqual, ipv, 0);
+        let left = b.ins().icmp(IntCC::UnsignedLessThan, nextv, next_end);
+        let take = b.ins().band(later, left);
+        let null = b.ins().iconst(i64t, 0);
+        let hint = b.ins().select(take, nextv, null);
+        let moved = b.ins().iadd_imm_u(nextv, (16 * shape.k_pad) as i64);
+        let nextv = b.ins().select(take, moved, nextv);
+        b.def_var(cursor, nextv);
         let callee = b.ins().iconst(i64t, ukernel as usize as i64);
         b.ins()
-            .call_indirect(uk_ref, callee, &[kc4, a_ptr, b_ptr, c_ptr, ldacc]);
+            .call_indirect(uk_ref, callee, &[kc4, a_ptr, b_ptr, c_ptr, ldacc, hint]);
         let next = b.ins().iadd_imm_u(panv, 1i64);
         b.def_var(pan, next);
         b.ins().jump(pan_head, &[]);

@@ -173,9 +173,119 @@ fn a_unit_for_another_shape_is_not_used() {
     assert_eq!(want, got);
 }
 
+/// One call a compiled unit made: a microkernel call `(kc4, a, b, c, ldc, next)` or an epilogue
+/// call `(ip, p0, p1)`, as addresses and integers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Kernel([usize; 6]),
+    Epilogue([usize; 3]),
+}
+
+std::thread_local! {
+    static CALLS: std::cell::RefCell<Vec<Call>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+extern "C" fn record_kernel(
+    kc4: usize,
+    a: *const u8,
+    b: *const i8,
+    c: *mut i32,
+    ldc: usize,
+    next: *const i8,
+) {
+    let call = [kc4, a as usize, b as usize, c as usize, ldc, next as usize];
+    CALLS.with_borrow_mut(|v| v.push(Call::Kernel(call)));
+}
+
+extern "C" fn record_epilogue(_: *mut std::ffi::c_void, ip: usize, p0: usize, p1: usize) {
+    CALLS.with_borrow_mut(|v| v.push(Call::Epilogue([ip, p0, p1])));
+}
+
+/// A compiled unit makes exactly the calls `UnitFn` documents, in order, prefetch hints included
+/// (which change no result, so the bit-for-bit tests above cannot see them): a recording
+/// microkernel and epilogue against the documented nest, for hint ranges that run out in the
+/// second row, last past the unit, or are empty.
+#[test]
+fn a_compiled_unit_makes_the_documented_calls() {
+    let shape = UnitShape {
+        mr: 8,
+        nr: 48,
+        k_pad: 96,
+        ldacc: 5 * 48,
+    };
+    let unit = compile_unit(shape, record_kernel, record_epilogue).expect("the JIT on this host");
+    let (a, b, acc) = (0x10_0000usize, 0x20_0000usize, 0x30_0000usize);
+    let (rows, pan_start, pan_end, chunk): (usize, usize, usize, usize) = (21, 3, 8, 2);
+    let line_block = 16 * shape.k_pad; // k_pad / 4 lines of 64 bytes
+    for next_len in [0, 1, 3 * line_block, 2 * line_block + 5, 100 * line_block] {
+        let next = 0x40_0000usize;
+        let mut want = Vec::new();
+        let mut cursor = next;
+        for ip in 0..rows.div_ceil(shape.mr) {
+            let mut p0 = pan_start;
+            while p0 < pan_end {
+                let p1 = (p0 + chunk).min(pan_end);
+                for p in p0..p1 {
+                    let hint = if ip > 0 && cursor < next + next_len {
+                        cursor += line_block;
+                        cursor - line_block
+                    } else {
+                        0
+                    };
+                    want.push(Call::Kernel([
+                        shape.k_pad / 4,
+                        a + ip * shape.mr * shape.k_pad,
+                        b + p * shape.k_pad * shape.nr,
+                        acc + (p - pan_start) * shape.nr * 4,
+                        shape.ldacc,
+                        hint,
+                    ]));
+                }
+                want.push(Call::Epilogue([ip, p0, p1]));
+                p0 = p1;
+            }
+        }
+        CALLS.with_borrow_mut(|v| v.clear());
+        // SAFETY: the recording callbacks dereference nothing; every address is only recorded.
+        unsafe {
+            (unit.f)(
+                a as *const u8,
+                b as *const i8,
+                acc as *mut i32,
+                std::ptr::null_mut(),
+                rows,
+                pan_start,
+                pan_end,
+                chunk,
+                next as *const i8,
+                next_len,
+            )
+        };
+        let got = CALLS.with_borrow_mut(std::mem::take);
+        assert_eq!(got, want, "next_len = {next_len}");
+        let hints = got
+            .iter()
+            .filter(|c| matches!(c, Call::Kernel(k) if k[5] != 0))
+            .count();
+        assert_eq!(
+            hints,
+            next_len.div_ceil(line_block).min(10),
+            "next_len = {next_len}"
+        );
+    }
+}
+
 #[test]
 fn a_malformed_shape_is_refused() {
-    extern "C" fn nothing(_: usize, _: *const u8, _: *const i8, _: *mut i32, _: usize) {}
+    extern "C" fn nothing(
+        _: usize,
+        _: *const u8,
+        _: *const i8,
+        _: *mut i32,
+        _: usize,
+        _: *const i8,
+    ) {
+    }
     extern "C" fn no_epilogue(_: *mut std::ffi::c_void, _: usize, _: usize, _: usize) {}
     let bad = UnitShape {
         mr: 0,

@@ -386,6 +386,7 @@ pub(crate) struct PartWork {
     mc: usize,
     nc_panels: usize,
     units_m: usize,
+    units: usize,
     /// `front << 32 | back`: units `front..back` are still unclaimed.
     queue: std::sync::atomic::AtomicU64,
 }
@@ -421,8 +422,14 @@ impl PartWork {
             mc,
             nc_panels,
             units_m,
+            units: total as usize,
             queue: std::sync::atomic::AtomicU64::new(total),
         }
+    }
+
+    /// How many units the part holds.
+    pub(crate) fn units(&self) -> usize {
+        self.units
     }
 
     /// Rows and panels of unit `u`. Rows vary fastest: consecutive units share a panel block,

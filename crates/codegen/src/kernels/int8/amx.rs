@@ -313,7 +313,9 @@ pub fn peak_loop(tiles: &mut HwTiles, iters: usize) -> i32 {
 
 /// The hardware kernel body with the C calling convention, for JIT-compiled unit loops: the
 /// GEMM driver configures the tiles on each thread before its units run (`begin`) and releases
-/// them after (`end`), so this is [`ukernel_body`] on the hardware unit and nothing else.
+/// them after (`end`), so this is [`ukernel_body`] on the hardware unit and nothing else. The
+/// prefetch hint (`next`, see [`super::UKernel`]) is not used: AMX has not been on a machine
+/// where its effect could be measured.
 ///
 /// # Safety
 /// As [`ukernel_body`]; AMX usable and the tiles configured with [`kernel_config`] on this
@@ -325,6 +327,7 @@ pub unsafe extern "C" fn ukernel_configured(
     b: *const i8,
     c: *mut i32,
     ldc: usize,
+    _next: *const i8,
 ) {
     let mut t = HwTiles(());
     // SAFETY: forwarded caller contract.

@@ -22,17 +22,30 @@ pub const NR: usize = 16;
 ///
 /// # Safety
 /// CPU must support AVX2. `a` holds `kc4·MR·4` bytes, `b` holds `kc4·NR·4` bytes (32-byte
-/// aligned), `c` addresses `MR` rows (stride `ldc`) of `NR` writable i32.
+/// aligned), `c` addresses `MR` rows (stride `ldc`) of `NR` writable i32; `next` (a prefetch
+/// hint, see [`super::UKernel`]) is only prefetched.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-pub unsafe extern "C" fn ukernel(kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
+pub unsafe extern "C" fn ukernel(
+    kc4: usize,
+    a: *const u8,
+    b: *const i8,
+    c: *mut i32,
+    ldc: usize,
+    next: *const i8,
+) {
     let ones = _mm256_set1_epi16(1);
     let lo_mask = _mm256_set1_epi8(0x7f);
     let hi_mask = _mm256_set1_epi8(0x80u8 as i8);
     let mut acc = [[_mm256_setzero_si256(); 2]; MR];
     for g in 0..kc4 {
-        // SAFETY: g < kc4, reads inside the panels (caller contract).
+        // SAFETY: g < kc4, reads inside the panels (caller contract); a prefetch is only a
+        // hint (it never faults).
         unsafe {
+            if !next.is_null() {
+                // The caller's next weights, into L2 (see `UKernel`).
+                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(64 * g));
+            }
             let b0 = _mm256_load_si256(b.add(g * NR * 4) as *const __m256i);
             let b1 = _mm256_load_si256(b.add(g * NR * 4 + 32) as *const __m256i);
             for (i, acc) in acc.iter_mut().enumerate() {

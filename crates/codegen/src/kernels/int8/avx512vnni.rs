@@ -23,22 +23,38 @@ const PREFETCH_AHEAD: usize = 4096;
 
 /// `C[MR×NR] = Σ_g A_panel[g] · B_panel[g]`.
 ///
+/// Without `next` the kernel prefetches its own panel [`PREFETCH_AHEAD`] bytes ahead; with it,
+/// `kc4` lines from `next` into L2 (see [`super::UKernel`]).
+///
 /// # Safety
 /// CPU must support AVX512-F and AVX512-VNNI. `a` holds `MR` rows of `kc4·4` bytes at stride
 /// `kc4·4`, `b` holds `kc4·NR·4` bytes (64-byte aligned), `c` addresses `MR` rows (stride `ldc`)
-/// of `NR` i32.
+/// of `NR` i32; `next` is only prefetched (any value).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vnni")]
-pub unsafe extern "C" fn ukernel(kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
+pub unsafe extern "C" fn ukernel(
+    kc4: usize,
+    a: *const u8,
+    b: *const i8,
+    c: *mut i32,
+    ldc: usize,
+    next: *const i8,
+) {
     let mut acc = [[_mm512_setzero_si512(); NV]; MR];
-    let (mut a, mut b) = (a, b);
+    let (mut a, mut b, mut next) = (a, b, next);
     let lda = 4 * kc4;
     for _ in 0..kc4 {
         // SAFETY: each step reads 4 bytes of each of the MR rows of A and NR·4 of B inside the
         // panels; a prefetch is only a hint and may point past the panel (it never faults).
         unsafe {
-            for line in 0..NV {
-                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH_AHEAD + 64 * line));
+            if next.is_null() {
+                for line in 0..NV {
+                    _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH_AHEAD + 64 * line));
+                }
+            } else {
+                // The caller's next weights, into L2 only: this panel is already in cache.
+                _mm_prefetch::<_MM_HINT_T1>(next);
+                next = next.wrapping_add(64);
             }
             let mut bv = [_mm512_setzero_si512(); NV];
             for (v, bv) in bv.iter_mut().enumerate() {

@@ -11,8 +11,15 @@ pub const NR: usize = 16;
 ///
 /// # Safety
 /// `a` holds `kc4·MR·4` bytes, `b` holds `kc4·NR·4` bytes, `c` addresses `MR` rows (stride
-/// `ldc`) of `NR` writable i32.
-pub unsafe extern "C" fn ukernel(kc4: usize, a: *const u8, b: *const i8, c: *mut i32, ldc: usize) {
+/// `ldc`) of `NR` writable i32. `next` (a prefetch hint, see [`super::UKernel`]) is ignored.
+pub unsafe extern "C" fn ukernel(
+    kc4: usize,
+    a: *const u8,
+    b: *const i8,
+    c: *mut i32,
+    ldc: usize,
+    _next: *const i8,
+) {
     let mut acc = [[0i32; NR]; MR];
     for g in 0..kc4 {
         // SAFETY: g < kc4: both reads are inside the panels.
