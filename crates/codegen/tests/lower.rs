@@ -107,3 +107,60 @@ fn a_weight_that_is_not_constant_is_refused_by_name() {
         "node `proj` (fused_linear): the weight must be a constant"
     );
 }
+
+/// Three int8 GEMMs with an f32 op between the first two: each int8 weight GEMM names the next
+/// one in program order (whatever runs between), with what its thread plan depends on (the
+/// second ends in a LayerNorm: row-wide), and the last names none.
+#[test]
+fn each_int8_gemm_names_the_next_one() {
+    let text = "\
+%0 = input[name=\"x\"] : f32[B,4]
+%1 = const[value=i8[4,4]{1, -2, 3, -4, 5, -6, 7, -8, 9, -10, 11, -12, 13, -14, 15, -16}] : i8[4,4]  # a/weight
+%2 = const[value=f32[4]{0.01, 0.02, 0.03, 0.04}] : f32[4]  # a/w_scale
+%3 = const[value=f32[4]{0.5, -0.25, 1.0, 0.0}] : f32[4]  # a/bias
+%4 = const[value=f32[4]{1.5, 0.75, 1.0, 1.0}] : f32[4]  # gamma
+%5 = const[value=f32[4]{0.1, 0.0, -0.2, 0.0}] : f32[4]  # beta
+%6 = qlinear[act=\"static\", a_scale=0.02, a_zero=120, smooth=false, epilogue=(bias)](%0, %1, %2, %3) : f32[B,4]  # a
+%7 = erf(%6) : f32[B,4]  # between
+%8 = qlinear[act=\"static\", a_scale=0.02, a_zero=120, smooth=false, epilogue=(bias, layer_norm 1e-5)](%7, %1, %2, %3, %4, %5) : f32[B,4]  # b
+%9 = qlinear[act=\"static\", a_scale=0.02, a_zero=120, smooth=false, epilogue=(bias)](%8, %1, %2, %3) : f32[B,4]  # c
+output \"y\" = %9
+";
+    let g = ir::text::parse(text, None).unwrap();
+    let p = lower(
+        &g,
+        LowerOptions {
+            threads: 2,
+            kernel: Some(Int8Kernel::Scalar),
+            jit: false,
+        },
+    )
+    .unwrap();
+    p.verify().unwrap();
+    let step = |node: &str| p.steps.iter().position(|s| s.node == node).unwrap();
+    let weight = |node: &str| p.steps[step(node)].weight.unwrap().1;
+    let a = p.steps[step("a")].then.expect("a names b");
+    assert_eq!((a.step, a.weight), (step("b"), weight("b")));
+    assert!(a.row_step, "b's epilogue has a LayerNorm");
+    assert_eq!(a.head_columns, 1);
+    let b = p.steps[step("b")].then.expect("b names c");
+    assert_eq!(
+        (b.step, b.weight, b.row_step),
+        (step("c"), weight("c"), false)
+    );
+    assert_eq!(p.steps[step("c")].then, None);
+    assert_eq!(p.steps[step("between")].then, None);
+    let text = p.to_text();
+    let line = |node: &str| {
+        text.lines()
+            .find(|l| l.ends_with(&format!("# {node}")))
+            .unwrap()
+            .to_string()
+    };
+    assert!(
+        line("a").contains(&format!(" then=w{}", weight("b"))),
+        "{}",
+        line("a")
+    );
+    assert!(!line("c").contains("then="), "{}", line("c"));
+}

@@ -1081,9 +1081,14 @@ impl Session {
                     unreachable!("qlinear weights are packed at compile time")
                 };
                 let first = 3 + usize::from(*smooth);
+                let then = st.then.and_then(|t| match &self.weights[t.weight] {
+                    Packed::I8(p) => Some((p, t)),
+                    _ => None,
+                });
                 Ok(fused::qlinear(
                     r(0),
                     w,
+                    then,
                     r(2),
                     smooth.then(|| r(3)),
                     *act,

@@ -171,6 +171,22 @@ pub struct Step {
     pub split: Option<GemmSplit>,
     /// The JIT-compiled loop nest of a weight GEMM.
     pub jit: Option<StepJit>,
+    /// For an int8 weight GEMM: the int8 weight GEMM that runs next, whose first weights its
+    /// threads prefetch during their last unit here.
+    pub then: Option<ThenGemm>,
+}
+
+/// The int8 weight GEMM a step's threads prefetch for (see [`Step::then`]): its weight and what
+/// its thread plan depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThenGemm {
+    /// The step that runs it.
+    pub step: usize,
+    pub weight: WeightId,
+    /// Its epilogue has a row-wide step (LayerNorm).
+    pub row_step: bool,
+    /// Columns its epilogue calls hold whole (a head's width, else 1).
+    pub head_columns: usize,
 }
 
 /// A JIT-compiled GEMM loop nest, for the kind of weight the step reads.
@@ -458,6 +474,22 @@ pub fn lower(graph: &Graph, opts: LowerOptions) -> Result<Program, LowerError> {
             lookup,
             split,
             jit,
+            then: None,
+        });
+    }
+    // Each int8 weight GEMM learns the next one (in program order, whatever runs between).
+    let mut later: Option<ThenGemm> = None;
+    for (i, st) in steps.iter_mut().enumerate().rev() {
+        let Some((_, w)) = st.weight else { continue };
+        let WeightLayout::I8 { n, .. } = weights[w].layout else {
+            continue;
+        };
+        st.then = later;
+        later = Some(ThenGemm {
+            step: i,
+            weight: w,
+            row_step: has_row_step(&st.op),
+            head_columns: head_columns(&st.op, n),
         });
     }
     let outputs: Vec<(String, ValueId)> = graph

@@ -114,6 +114,9 @@ impl Program {
             if let Some(s) = &st.split {
                 write!(out, " split={s}").unwrap();
             }
+            if let Some(t) = &st.then {
+                write!(out, " then=w{}", t.weight).unwrap();
+            }
             match &st.jit {
                 Some(StepJit::Int8(u)) => {
                     let s = u.shape;

@@ -375,6 +375,7 @@ pub(crate) fn quantize_rows_here(
 pub(crate) fn qlinear(
     x: &TensorValue,
     w: &PackedWeightI8,
+    then: Option<(&PackedWeightI8, codegen::lower::ThenGemm)>,
     w_scale: &TensorValue,
     inv_smooth: Option<&TensorValue>,
     act: ActQuant,
@@ -453,14 +454,17 @@ pub(crate) fn qlinear(
     program(steps, operands, n, &shape, node, op, &mut ops, fork)?;
     let threads = ctx.gemm_threads(m * n * k);
     let epilogue = Epilogue::new(ops);
+    let next = then.map(|(p, t)| codegen::kernels::int8::NextGemm {
+        weights: p.inner(),
+        row_epilogue: t.row_step,
+        col_granularity: t.head_columns,
+        threads: ctx.gemm_threads(m * p.n() * p.k()),
+    });
     let run = |out: Output<'_>| {
         let (a, b) = (Activations::U8(acts), w.inner());
-        match w.unit() {
-            Some(u) => codegen::kernels::int8::gemm_i8_jit(m, a, k, b, out, &epilogue, threads, u)
-                .map(|_| ()),
-            None => codegen::kernels::gemm_i8(m, a, k, b, out, &epilogue, threads),
-        }
-        .map_err(|e| Error::op(node, op, e.to_string()))
+        codegen::kernels::int8::gemm_i8_step(m, a, k, b, out, &epilogue, threads, w.unit(), next)
+            .map(|_| ())
+            .map_err(|e| Error::op(node, op, e.to_string()))
     };
     if let Some(&EpilogueStep::QuantHeads { heads }) = steps.last() {
         // The widths the IR gives the three outputs (bytes, scales, v), or why not.

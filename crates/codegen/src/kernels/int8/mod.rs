@@ -296,7 +296,7 @@ pub fn gemm_i8(
     threads: usize,
 ) -> Result<(), KernelError> {
     let k = hw_kernel(b.kernel)?;
-    drive(k.as_dyn(), m, a, lda, b, out, epilogue, threads, None).map(|_| ())
+    drive(k.as_dyn(), m, a, lda, b, out, epilogue, threads, None, None).map(|_| ())
 }
 
 /// The JIT-compiled unit loop nest for GEMMs with weight `b` (see [`crate::jit`]) whose epilogue
@@ -347,7 +347,53 @@ pub fn gemm_i8_jit(
     unit: &crate::jit::CompiledUnit,
 ) -> Result<bool, KernelError> {
     let k = hw_kernel(b.kernel)?;
-    drive(k.as_dyn(), m, a, lda, b, out, epilogue, threads, Some(unit))
+    drive(
+        k.as_dyn(),
+        m,
+        a,
+        lda,
+        b,
+        out,
+        epilogue,
+        threads,
+        Some(unit),
+        None,
+    )
+}
+
+/// A weight GEMM of a lowered program: [`gemm_i8`] through the compiled unit loop nest `unit`
+/// when given (else interpreted), with `next` the weight GEMM the program runs after it, whose
+/// first weights each thread asks into L2 during its last unit here (a hint: results do not
+/// depend on it; planned with this GEMM's `m`, as an encoder's token-wise GEMMs share it).
+/// Returns whether the compiled nest ran.
+///
+/// ```
+/// use codegen::kernels::int8::{gemm_i8_step, Activations, NextGemm, PackedI8};
+/// use codegen::kernels::{Epilogue, Output};
+/// let (m, k, n) = (4, 8, 3);
+/// let w1 = PackedI8::pack(&[1i8; 8 * 3], k, n, false).unwrap();
+/// let w2 = PackedI8::pack(&[2i8; 3 * 5], n, 5, false).unwrap();
+/// let a = [1u8; 4 * 8];
+/// let mut c = [0i32; 4 * 3];
+/// let then = NextGemm { weights: &w2, row_epilogue: false, col_granularity: 1, threads: 1 };
+/// let out = Output::I32 { c: &mut c, ldc: n };
+/// gemm_i8_step(m, Activations::U8(&a), k, &w1, out, &Epilogue::none(), 1, None, Some(then)).unwrap();
+/// assert_eq!(c, [8; 12]);
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_i8_step(
+    m: usize,
+    a: Activations<'_>,
+    lda: usize,
+    b: &PackedI8,
+    out: Output<'_>,
+    epilogue: &Epilogue<'_>,
+    threads: usize,
+    unit: Option<&crate::jit::CompiledUnit>,
+    next: Option<NextGemm<'_>>,
+) -> Result<bool, KernelError> {
+    let k = hw_kernel(b.kernel)?;
+    drive(k.as_dyn(), m, a, lda, b, out, epilogue, threads, unit, next)
 }
 
 /// [`gemm_i8`] with an explicit kernel, which must be supported and compatible with the packing.
@@ -363,7 +409,7 @@ pub fn gemm_i8_with(
     threads: usize,
 ) -> Result<(), KernelError> {
     let k = hw_kernel(kernel)?;
-    drive(k.as_dyn(), m, a, lda, b, out, epilogue, threads, None).map(|_| ())
+    drive(k.as_dyn(), m, a, lda, b, out, epilogue, threads, None, None).map(|_| ())
 }
 
 /// [`gemm_i8`] running the AVX-VNNI kernel (its 6×16 register blocking, packing and driver)
@@ -392,7 +438,7 @@ pub fn gemm_i8_avxvnni_evex_twin(
             d: desc(Int8Kernel::AvxVnni),
             f: avxvnni::ukernel_evex_twin,
         };
-        drive(&k, m, a, lda, b, out, epilogue, threads, None).map(|_| ())
+        drive(&k, m, a, lda, b, out, epilogue, threads, None, None).map(|_| ())
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -414,7 +460,7 @@ pub fn gemm_i8_amx_model(
     threads: usize,
 ) -> Result<usize, KernelError> {
     let k = ModelKernel(Mutex::new(Vec::new()));
-    drive(&k, m, a, lda, b, out, epilogue, threads, None)?;
+    drive(&k, m, a, lda, b, out, epilogue, threads, None, None)?;
     Ok(k.0
         .into_inner()
         .unwrap_or_else(|e| e.into_inner())
@@ -484,6 +530,135 @@ pub fn plan_split_i8(
     )
 }
 
+/// The weight GEMM a program runs after the current one (see [`gemm_i8_step`]): its weights, and
+/// what its plan depends on (whether its epilogue has a row-wide step, the column granularity
+/// of its output, its thread count).
+#[derive(Clone, Copy)]
+pub struct NextGemm<'a> {
+    pub weights: &'a PackedI8,
+    pub row_epilogue: bool,
+    pub col_granularity: usize,
+    pub threads: usize,
+}
+
+/// How a GEMM of `m` rows is cut among its threads: parts, units, blocks. One definition for
+/// the driver and for the first block each thread reads in the GEMM after (the prefetch hint of
+/// [`NextGemm`]).
+#[derive(Clone, Copy)]
+struct Plan {
+    /// Threads worth using (small problems run on fewer).
+    threads: usize,
+    parts: usize,
+    blk: Blocking,
+    /// Panels per group: every block boundary on a whole group when the output needs whole heads.
+    g: usize,
+    split_n: bool,
+    /// Units walk all their panels block by block into a strip of f32 rows.
+    strips: bool,
+    /// Rows per unit.
+    mc: usize,
+    m: usize,
+    mr: usize,
+    panels: usize,
+}
+
+impl Plan {
+    fn new(
+        d: &KernelDesc,
+        m: usize,
+        b: &PackedI8,
+        threads: usize,
+        row_ops: bool,
+        col_granularity: usize,
+    ) -> Plan {
+        let (k, n) = (b.k, b.n);
+        let panels = n.div_ceil(d.nr);
+        let threads = effective_threads(threads, m, n, k);
+        let blk = blocking(d, b.k_pad, n, row_ops);
+        let g = panel_granularity(col_granularity, d.nr);
+        // Threads share N (each keeps its own weight panels) unless the epilogue needs whole
+        // rows (LayerNorm): then they share M, and a unit is a block of whole rows. When its
+        // weights fit one block the row epilogue runs in the same pass; otherwise the unit
+        // computes its rows block of panels after block of panels into a strip of f32 rows (its
+        // own, in L2) and runs the row epilogue from there, while the rows are still in cache.
+        let split_n = splits_columns(panels, threads, row_ops);
+        let parts = if split_n {
+            threads
+        } else {
+            threads.min(m.div_ceil(d.mr))
+        };
+        let spans_row = (parts == 1 || !split_n) && blk.nc_panels >= panels;
+        let strips = row_ops && !spans_row;
+        // A strip unit streams all the weights past its rows (from L3 when they do not fit
+        // L2), so it takes as many rows as a quarter of L2 holds as f32 rows, within [mc, 256]:
+        // BERT-base's FFN2 (2.4 MB of weights) reads them once per 168 rows on a 2 MB L2.
+        let mc = if strips {
+            ((cache_sizes().l2 / 4) / (n * 4)).clamp(blk.mc, 256) / d.mr * d.mr
+        } else {
+            blk.mc
+        };
+        Plan {
+            threads,
+            parts,
+            blk,
+            g,
+            split_n,
+            strips,
+            mc,
+            m,
+            mr: d.mr,
+            panels,
+        }
+    }
+
+    /// Part `t`'s rows and panels, cut into units.
+    fn part(&self, t: usize) -> PartWork {
+        let (rows, pans) = if self.split_n {
+            (0..self.m, split_panels(self.panels, self.parts, t, self.g))
+        } else {
+            let r = split_range(self.m.div_ceil(self.mr), self.parts, t);
+            (
+                r.start * self.mr..(r.end * self.mr).min(self.m),
+                0..self.panels,
+            )
+        };
+        // A strip unit holds all the panels, walked block by block.
+        let nc = if self.strips {
+            self.panels
+        } else {
+            self.blk.nc_panels
+        };
+        PartWork::new(rows, pans, self.mr, self.mc, nc, self.g)
+    }
+
+    /// How many panels of a unit with panels `pans` are computed at a time: one block of a
+    /// strip unit's walk, or all of them.
+    fn step(&self, pans: &std::ops::Range<usize>) -> usize {
+        if self.strips {
+            (self.blk.nc_panels / self.g * self.g).max(self.g)
+        } else {
+            pans.len().max(1)
+        }
+    }
+
+    /// The first block a unit with panels `pans` computes.
+    fn first_block_of(&self, pans: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        pans.start..(pans.start + self.step(&pans)).min(pans.end)
+    }
+
+    /// The first block part `t`'s owner computes (empty when there is no such part).
+    fn first_block(&self, t: usize) -> std::ops::Range<usize> {
+        if t >= self.parts {
+            return 0..0;
+        }
+        let w = self.part(t);
+        if w.units() == 0 {
+            return 0..0;
+        }
+        self.first_block_of(w.unit(0).1)
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn drive(
     kern: &dyn MicroKernel,
@@ -495,6 +670,7 @@ fn drive(
     ep: &Epilogue<'_>,
     threads: usize,
     unit: Option<&crate::jit::CompiledUnit>,
+    next: Option<NextGemm<'_>>,
 ) -> Result<bool, KernelError> {
     let d = kern.desc();
     if !b.compatible_with_desc(&d) {
@@ -523,35 +699,35 @@ fn drive(
         )));
     }
     let shift = if xor != 0 { 128 } else { 0 };
-    let panels = n.div_ceil(d.nr);
-    let threads = effective_threads(threads, m, n, k);
     let ops = ep.ops();
     let split = ep.row_split();
     let row_ops = split < ops.len();
-    let blk = blocking(&d, b.k_pad, n, row_ops);
-    // Every block boundary on a whole group of panels when the output needs whole heads.
-    let g = panel_granularity(out.col_granularity(), d.nr);
-    // Threads share N (each keeps its own weight panels) unless the epilogue needs whole rows
-    // (LayerNorm): then they share M, and a unit is a block of whole rows. When its weights
-    // fit one block the row epilogue runs in the same pass; otherwise the unit computes its
-    // rows block of panels after block of panels into a strip of f32 rows (its own, in L2) and
-    // runs the row epilogue from there, while the rows are still in cache.
-    let split_n = splits_columns(panels, threads, row_ops);
-    let parts = if split_n {
-        threads
-    } else {
-        threads.min(m.div_ceil(d.mr))
-    };
-    let spans_row = (parts == 1 || !split_n) && blk.nc_panels >= panels;
-    let strips = row_ops && !spans_row;
-    // A strip unit streams all the weights past its rows (from L3 when they do not fit L2), so
-    // it takes as many rows as a quarter of L2 holds as f32 rows, within [mc, 256]: BERT-base's
-    // FFN2 (2.4 MB of weights) reads them once per 168 rows on a 2 MB L2.
-    let mc = if strips {
-        ((cache_sizes().l2 / 4) / (n * 4)).clamp(blk.mc, 256) / d.mr * d.mr
-    } else {
-        blk.mc
-    };
+    let plan = Plan::new(&d, m, b, threads, row_ops, out.col_granularity());
+    let Plan {
+        threads,
+        parts,
+        blk,
+        g,
+        strips,
+        mc,
+        ..
+    } = plan;
+    // The first weights each thread reads in the GEMM after this one, asked for during its
+    // last unit here.
+    let then = next.map(|nx| {
+        let nd = desc(nx.weights.kernel);
+        (
+            nx.weights,
+            Plan::new(
+                &nd,
+                m,
+                nx.weights,
+                nx.threads,
+                nx.row_epilogue,
+                nx.col_granularity,
+            ),
+        )
+    });
     let final_out = out.ptr();
     let tile_ops = if strips { &ops[..split] } else { ops };
     // Taken out of the thread-local for this call (and put back after), so a nested GEMM on
@@ -562,22 +738,7 @@ fn drive(
         shift,
         folded: FoldedDequant::fold(ops, &b.colsum, shift, n, (&mut comp, &mut scale)),
     };
-    let part_of = |t: usize| {
-        if split_n {
-            (0..m, split_panels(panels, parts, t, g))
-        } else {
-            let r = split_range(m.div_ceil(d.mr), parts, t);
-            (r.start * d.mr..(r.end * d.mr).min(m), 0..panels)
-        }
-    };
-    let works: PartWorks = (0..parts)
-        .map(|t| {
-            let (rows, pans) = part_of(t);
-            // A strip unit holds all the panels, walked block by block.
-            let nc = if strips { panels } else { blk.nc_panels };
-            PartWork::new(rows, pans, d.mr, mc, nc, g)
-        })
-        .collect();
+    let works: PartWorks = (0..parts).map(|t| plan.part(t)).collect();
     // A is packed once, all rows, before the units run: a thread sweeps the rows of its
     // panel block while the block's weights stay in L2, so every unit reads A from the shared
     // packed copy instead of packing its rows again for each panel block. Taken out of the
@@ -659,30 +820,32 @@ fn drive(
                             // computed with wrapping arithmetic and only dereferenced for the
                             // unit's rows); any other unit is one block into the output.
                             let strip_ptr = strip.as_mut_ptr();
-                            let (tile_out, step) = if strips {
-                                let out = OutPtr::F32(strip_ptr.wrapping_sub(rows.start * n), n);
-                                (out, (blk.nc_panels / g * g).max(g))
+                            let step = plan.step(&pans);
+                            let tile_out = if strips {
+                                OutPtr::F32(strip_ptr.wrapping_sub(rows.start * n), n)
                             } else {
-                                (final_out, pans.len().max(1))
+                                final_out
                             };
                             for p0 in pans.clone().step_by(step) {
                                 let block = p0..(p0 + step).min(pans.end);
                                 // The weights this thread reads after this block: the next
                                 // block of a strip unit's walk, else the first block of the
-                                // part's next unit (stolen or not, a hint). None when that is
-                                // this block again (rows sweeping past it: still in L2).
-                                let after = if block.end < pans.end {
-                                    block.end..(block.end + step).min(pans.end)
+                                // part's next unit (stolen or not: a hint), else its first
+                                // block in the next GEMM. None when that is this block again
+                                // (rows sweeping past it: still in L2).
+                                let next = if block.end < pans.end {
+                                    b.panels(block.end..(block.end + step).min(pans.end))
                                 } else if u + 1 < w.units() {
-                                    let next = w.unit(u + 1).1;
-                                    next.start..(next.start + step).min(next.end)
+                                    let after = plan.first_block_of(w.unit(u + 1).1);
+                                    if after == block {
+                                        &[][..]
+                                    } else {
+                                        b.panels(after)
+                                    }
+                                } else if let Some((nb, np)) = &then {
+                                    nb.panels(np.first_block(t))
                                 } else {
-                                    0..0
-                                };
-                                let next = if after == block {
                                     &[][..]
-                                } else {
-                                    b.panels(after)
                                 };
                                 // SAFETY: units are disjoint output blocks (rows of a strip of
                                 // the running thread's own), each claimed exactly once; A and B
@@ -963,7 +1126,54 @@ unsafe fn compute_unit(
 
 #[cfg(test)]
 mod tests {
-    use super::NextLines;
+    use super::{desc, Int8Kernel, NextLines, PackedI8, Plan};
+
+    /// The first block a plan names for each thread (what the GEMM before prefetches) is the
+    /// first its owner computes: inside that part's first unit, a strip unit's first block of
+    /// panels, disjoint between threads that share columns; none for a thread with no part.
+    #[test]
+    fn first_blocks_are_what_each_part_computes_first() {
+        let d = desc(Int8Kernel::Scalar);
+        for &(m, k, n, row_ops, heads) in &[
+            (128, 768, 2304, false, 64),
+            (128, 768, 768, true, 1),
+            (128, 3072, 768, true, 1),
+            (1024, 768, 3072, false, 1),
+            (8, 64, 48, false, 1),
+            (3, 40, 20, true, 1),
+        ] {
+            let b =
+                PackedI8::pack_for(Int8Kernel::Scalar, &vec![1i8; k * n], k, n, n, false).unwrap();
+            let plan = Plan::new(&d, m, &b, 2, row_ops, heads);
+            let case = format!("m={m} k={k} n={n} row_ops={row_ops}");
+            let mut seen: Vec<std::ops::Range<usize>> = Vec::new();
+            for t in 0..3 {
+                let first = plan.first_block(t);
+                if t >= plan.parts {
+                    assert!(first.is_empty(), "{case} t={t}");
+                    continue;
+                }
+                let unit0 = plan.part(t).unit(0).1;
+                assert!(!first.is_empty(), "{case} t={t}");
+                assert_eq!(first.start, unit0.start, "{case} t={t}");
+                assert!(first.end <= unit0.end, "{case} t={t}");
+                assert_eq!(
+                    first.len(),
+                    plan.step(&unit0).min(unit0.len()),
+                    "{case} t={t}"
+                );
+                if plan.split_n {
+                    assert!(
+                        seen.iter()
+                            .all(|s| s.end <= first.start || first.end <= s.start),
+                        "{case} t={t}: {first:?} overlaps {seen:?}"
+                    );
+                }
+                assert!(!b.panels(first.clone()).is_empty(), "{case} t={t}");
+                seen.push(first);
+            }
+        }
+    }
 
     /// The interpreted nest's hints follow `UnitFn`'s contract (the compiled nest's is checked
     /// in `tests/jit.rs`): none in row 0, then `kc4` lines a call until the range is used up.
