@@ -934,13 +934,14 @@ fn per_tensor_dequant_folds_to_the_same_bits() {
 /// The register path of elementwise int8 epilogues (`epilogue_chain`) gives the multi-pass
 /// path's bits: per-row and folded per-tensor dequantization, per-column and per-tensor weight
 /// scales, GELU, per-column factors, residuals with NaN and infinities, requantization to u8 and
-/// s8, widths that leave a partial vector, through every int8 kernel this CPU runs.
+/// s8, widths that leave a partial vector (and chunks wide enough for eight vectors at a time),
+/// through every int8 kernel this CPU runs.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn register_chains_equal_the_multi_pass_epilogue() {
     use codegen::kernels::epilogue_chain::set_register_chains;
     codegen::kernels::pool::set_min_parallel_macs(0);
-    let (m, n, k) = (29, 70, 52);
+    let (m, n, k) = (29, 200, 52);
     let mut rng = Rng(0xc4a1);
     let a: Vec<u8> = (0..m * k).map(|_| rng.u8()).collect();
     let w: Vec<i8> = (0..n * k).map(|_| rng.i8()).collect();
