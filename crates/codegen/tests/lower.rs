@@ -163,4 +163,17 @@ output \"y\" = %9
         line("a")
     );
     assert!(!line("c").contains("then="), "{}", line("c"));
+    // The verifier refuses a hint that names an earlier step, or a weight its step does not read.
+    let mut backwards = p.clone();
+    backwards.steps[step("c")].then = Some(codegen::lower::ThenGemm {
+        step: step("a"),
+        ..a
+    });
+    assert!(backwards.verify().is_err());
+    let mut wrong = p.clone();
+    wrong.steps[step("a")].then = Some(codegen::lower::ThenGemm {
+        weight: weight("c"),
+        ..a
+    });
+    assert!(wrong.verify().is_err());
 }

@@ -30,7 +30,25 @@ impl Program {
             .collect();
         // The value each buffer holds now.
         let mut holder: Vec<Option<usize>> = vec![None; self.buffers.len()];
-        for st in &self.steps {
+        for (i, st) in self.steps.iter().enumerate() {
+            // A prefetch hint names a later step that reads that int8 weight.
+            if let Some(t) = st.then {
+                let reads = self
+                    .steps
+                    .get(t.step)
+                    .and_then(|s| s.weight)
+                    .map(|(_, w)| w);
+                let int8 = self
+                    .weights
+                    .get(t.weight)
+                    .is_some_and(|w| matches!(w.layout, super::WeightLayout::I8 { .. }));
+                if t.step <= i || reads != Some(t.weight) || !int8 {
+                    return Err(bad(
+                        &st.node,
+                        format!("then=w{} does not name a later int8 weight GEMM", t.weight),
+                    ));
+                }
+            }
             for (i, &v) in st.inputs.iter().enumerate() {
                 let weight_read = st.weight.is_some_and(|(slot, _)| slot == i);
                 if !live[v] && !weight_read {
