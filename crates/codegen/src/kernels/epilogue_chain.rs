@@ -591,22 +591,21 @@ unsafe fn run_with<const F: u32>(
             continue;
         }
         let mut j = 0;
-        while w - j >= 16 * OUT_AT_ONCE {
-            let v = values!(OUT_AT_ONCE, j, 0xffff);
-            for (u, v) in v.into_iter().enumerate() {
-                // SAFETY: masked to the block's columns of row `r` of `out`, which is ours.
-                unsafe { store(out, r, c0 + j + 16 * u, 0xffff, v) };
-            }
-            j += 16 * OUT_AT_ONCE;
+        // Whole runs of `$n` vectors from column `j` on, while the block has them.
+        macro_rules! store_runs {
+            ($n:expr) => {
+                while w - j >= 16 * $n {
+                    let v = values!($n, j, 0xffff);
+                    for (u, v) in v.into_iter().enumerate() {
+                        // SAFETY: masked to the block's columns of row `r` of `out`, ours.
+                        unsafe { store(out, r, c0 + j + 16 * u, 0xffff, v) };
+                    }
+                    j += 16 * $n;
+                }
+            };
         }
-        while w - j >= 16 * AT_ONCE {
-            let v = values!(AT_ONCE, j, 0xffff);
-            for (u, v) in v.into_iter().enumerate() {
-                // SAFETY: as above.
-                unsafe { store(out, r, c0 + j + 16 * u, 0xffff, v) };
-            }
-            j += 16 * AT_ONCE;
-        }
+        store_runs!(OUT_AT_ONCE);
+        store_runs!(AT_ONCE);
         while j < w {
             let m = lanes_below(w - j);
             // SAFETY: as above.

@@ -295,8 +295,7 @@ pub fn gemm_i8(
     epilogue: &Epilogue<'_>,
     threads: usize,
 ) -> Result<(), KernelError> {
-    let k = hw_kernel(b.kernel)?;
-    drive(k.as_dyn(), m, a, lda, b, out, epilogue, threads, None, None).map(|_| ())
+    gemm_i8_step(m, a, lda, b, out, epilogue, threads, None, None).map(|_| ())
 }
 
 /// The JIT-compiled unit loop nest for GEMMs with weight `b` (see [`crate::jit`]) whose epilogue
@@ -346,19 +345,7 @@ pub fn gemm_i8_jit(
     threads: usize,
     unit: &crate::jit::CompiledUnit,
 ) -> Result<bool, KernelError> {
-    let k = hw_kernel(b.kernel)?;
-    drive(
-        k.as_dyn(),
-        m,
-        a,
-        lda,
-        b,
-        out,
-        epilogue,
-        threads,
-        Some(unit),
-        None,
-    )
+    gemm_i8_step(m, a, lda, b, out, epilogue, threads, Some(unit), None)
 }
 
 /// A weight GEMM of a lowered program: [`gemm_i8`] through the compiled unit loop nest `unit`
@@ -834,7 +821,7 @@ fn drive(
                                 // block in the next GEMM. None when that is this block again
                                 // (rows sweeping past it: still in L2).
                                 let next = if block.end < pans.end {
-                                    b.panels(block.end..(block.end + step).min(pans.end))
+                                    b.panels(plan.first_block_of(block.end..pans.end))
                                 } else if u + 1 < w.units() {
                                     let after = plan.first_block_of(w.unit(u + 1).1);
                                     if after == block {
