@@ -41,6 +41,11 @@ pub struct BenchArgs {
     /// Compute every padded token (no `pack` pipeline), to see what padding-free execution buys.
     #[arg(long)]
     pub no_padding_free: bool,
+    /// Run batches of more real tokens than about 1.5 times this as parts of about this many
+    /// tokens (whole sequences; same results), where the model allows it; 0 runs every batch
+    /// whole.
+    #[arg(long, default_value_t = runtime::DEFAULT_BATCH_TOKENS)]
+    pub batch_tokens: usize,
     /// Run the int8 GEMM loop nests interpreted instead of JIT-compiled, to see what the JIT
     /// buys (same results).
     #[arg(long)]
@@ -106,6 +111,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             "latency_ms_p90": r.percentile(90.0),
             "latency_ms_p99": r.percentile(99.0),
             "padding_free": !args.no_padding_free,
+            "batch_tokens": args.batch_tokens,
             "jit_units": r.jit.0,
             "jit_compile_ms": r.jit.1,
             "jit_unavailable": r.jit.2,
@@ -423,6 +429,7 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
             padding_free: !args.no_padding_free,
             jit: !args.no_jit && CompileOptions::default().jit,
             kernel: None,
+            batch_tokens: (args.batch_tokens > 0).then_some(args.batch_tokens),
         },
     )?;
     let compile_s = t0.elapsed().as_secs_f64();

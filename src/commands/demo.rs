@@ -51,6 +51,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         profile: false,
         no_fuse: false,
         no_padding_free: false,
+        batch_tokens: runtime::DEFAULT_BATCH_TOKENS,
         no_jit: false,
         lengths_from: None,
         tokenizer: None,

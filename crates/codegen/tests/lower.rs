@@ -177,3 +177,50 @@ output \"y\" = %9
     });
     assert!(wrong.verify().is_err());
 }
+
+/// The line of the dump that says whether the batch may run in parts (see
+/// `codegen::lower::BatchSplit`), for a program whose body is `body` after an input `x`.
+fn batch_line(x: &str, body: &str) -> String {
+    let g = ir::text::parse(&format!("%0 = input[name=\"x\"] : {x}\n{body}"), None).unwrap();
+    let p = lower(
+        &g,
+        LowerOptions {
+            threads: 1,
+            kernel: None,
+            jit: false,
+        },
+    )
+    .unwrap();
+    p.to_text().lines().nth(1).unwrap().to_string()
+}
+
+/// Row-local programs split (elementwise, a row-wise product, LayerNorm and softmax away from
+/// the batch, a gather of batched ids, the sequence length read as data); one op that would
+/// mix rows keeps the batch whole and the dump names it.
+#[test]
+fn the_batch_splits_only_where_rows_stay_apart() {
+    let w = "%1 = const[value=f32[2,3]{1.0, 2.0, 3.0, 4.0, 5.0, 6.0}] : f32[2,3]\n";
+    let split = [
+        ("f32[B,S,2]", format!("{w}%2 = fused_linear[epilogue=()](%0, %1) : f32[B,S,3]\n%3 = softmax[axis=-1](%2) : f32[B,S,3]\noutput \"y\" = %3\n")),
+        ("f32[B,S,2]", "%1 = const[value=f32[2]{1.0, 1.0}] : f32[2]\n%2 = layer_norm[axis=-1, epsilon=1e-5](%0, %1) : f32[B,S,2]\noutput \"y\" = %2\n".to_string()),
+        ("i64[B,S]", format!("{w}%2 = gather[axis=0](%1, %0) : f32[B,S,3]\noutput \"y\" = %2\n")),
+        ("f32[B,S]", "%1 = shape[start=1, end=2](%0) : i64[1]\n%2 = cast[to=f32](%1) : f32[1]\n%3 = mul(%0, %2) : f32[B,S]\noutput \"y\" = %3\n".to_string()),
+    ];
+    for (x, body) in &split {
+        assert_eq!(batch_line(x, body), "split batch=B", "{body}");
+    }
+    let whole = [
+        ("f32[B,4]", "%1 = reduce_mean[axes=[0], keepdims=true](%0) : f32[1,4]\n%2 = sub(%0, %1) : f32[B,4]\noutput \"y\" = %2\n", "%1 (reduce_mean): an op that is not known to keep batch rows apart"),
+        ("f32[B,4]", "%1 = softmax[axis=0](%0) : f32[B,4]\noutput \"y\" = %1\n", "normalises across the batch"),
+        ("f32[B,4]", "%1 = shape[start=0, end=1](%0) : i64[1]\n%2 = cast[to=f32](%1) : f32[1]\n%3 = mul(%0, %2) : f32[B,4]\noutput \"y\" = %3\n", "uses the batch size as data"),
+        ("f32[B,4]", "%1 = const[value=i64[2]{4, -1}] : i64[2]\n%2 = reshape[allowzero=false](%0, %1) : f32[4,B]\noutput \"y\" = %2\n", "a reshape that may move the batch"),
+        ("f32[B,4]", "%1 = transpose[perm=[1, 0]](%0) : f32[4,B]\noutput \"y\" = %1\n", "output \"y\" does not have the batch as dim 0"),
+    ];
+    for (x, body, why) in whole {
+        let line = batch_line(x, body);
+        assert!(
+            line.starts_with("// batch not split: ") && line.contains(why),
+            "{body}\n{line}"
+        );
+    }
+}

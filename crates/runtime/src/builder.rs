@@ -100,6 +100,13 @@ impl<'m> SessionBuilder<'m> {
         self
     }
 
+    /// Tokens per part of a batch run in parts, or `None` to run every batch whole (see
+    /// [`CompileOptions::batch_tokens`]). Default: [`crate::DEFAULT_BATCH_TOKENS`].
+    pub fn batch_tokens(mut self, tokens: Option<usize>) -> Self {
+        self.opts.batch_tokens = tokens;
+        self
+    }
+
     /// Forces the microkernel family of the weight GEMMs (see [`CompileOptions::kernel`]); the
     /// build fails if this CPU lacks it ([`Kernel::is_supported`]).
     ///

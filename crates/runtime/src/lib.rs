@@ -45,5 +45,7 @@ pub use codegen::kernels::Int8Kernel as Kernel;
 pub use error::Error;
 pub use ir::DType;
 pub use model::{IoSpec, Model};
-pub use session::{CompileOptions, LinearObserver, NodeTime, Outputs, Session};
+pub use session::{
+    CompileOptions, LinearObserver, NodeTime, Outputs, Session, DEFAULT_BATCH_TOKENS,
+};
 pub use value::{TensorData, TensorValue, ValueElement};

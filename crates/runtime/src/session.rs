@@ -28,6 +28,9 @@ use crate::model::{IoSpec, Model};
 use crate::value::{SmallInts, TensorValue};
 use crate::Error;
 
+/// Tokens per part of a split batch by default ([`CompileOptions::batch_tokens`]).
+pub const DEFAULT_BATCH_TOKENS: usize = 1024;
+
 /// How to compile a model.
 ///
 /// ```
@@ -61,6 +64,14 @@ pub struct CompileOptions {
     /// activations (attention) always follow the picker. A kernel this CPU lacks is an error at
     /// [`Session::new`].
     pub kernel: Option<crate::Kernel>,
+    /// Run a batch of more (real) tokens than about 1.5 times this as consecutive parts of about
+    /// this many tokens, whole sequences each, when the program allows it: every output row
+    /// made from its own input row (`codegen::lower::BatchSplit`, printed `split batch=…` by
+    /// `encore dump --after lower`; a dynamic per-tensor quantization, for one, forbids it).
+    /// The results are the same bit for bit; the activations of a part stay in the last-level
+    /// cache from one layer to the next. `None`: a batch runs whole. Default: 1024 tokens
+    /// (BERT-base INT8 on two Zen 5 cores, batch 32 × 128: see README).
+    pub batch_tokens: Option<usize>,
 }
 
 impl Default for CompileOptions {
@@ -75,6 +86,7 @@ impl Default for CompileOptions {
             padding_free: true,
             jit: !codegen::jit::disabled_by_env(),
             kernel: None,
+            batch_tokens: Some(DEFAULT_BATCH_TOKENS),
         }
     }
 }
@@ -163,6 +175,7 @@ impl CompiledBody {
         let opts = CompileOptions {
             max_batch: None,
             padding_free: false,
+            batch_tokens: None,
             ..opts.clone()
         };
         let session = Session::new(&Model::from_graph(body.clone())?, opts)
@@ -692,11 +705,157 @@ impl Session {
             .map(|mut a| a.pop())
             .unwrap_or(None)
             .unwrap_or_default();
-        let result = self.execute(inputs, &mut scratch, times, observe);
+        let result = match self.parts_of(inputs) {
+            None => self.execute(inputs, &mut scratch, times, observe),
+            Some(parts) => self.execute_parts(inputs, &parts, &mut scratch, times, observe),
+        };
         if let Ok(mut a) = self.arenas.lock() {
             a.push(scratch);
         }
         result
+    }
+
+    /// The sequences of each part `inputs` would run as ([`CompileOptions::batch_tokens`]):
+    /// `None` when the batch runs whole (small enough, or a program whose batch may not be
+    /// split: [`Session::program`]'s `batch` says why).
+    ///
+    /// ```
+    /// use runtime::{Model, Session, TensorValue};
+    /// let g = ir::text::parse(
+    ///     "%0 = input[name=\"x\"] : f32[B,2]\n%1 = relu(%0) : f32[B,2]\noutput \"y\" = %1\n",
+    ///     None,
+    /// ).unwrap();
+    /// let model = Model::from_graph(g)?;
+    /// let session = Session::builder(&model).batch_tokens(Some(2)).build()?;
+    /// let x = TensorValue::from_f32(vec![4, 2], vec![1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 4.0, -4.0])?;
+    /// // Eight positions in parts of about two tokens: four parts of one row each.
+    /// assert_eq!(session.batch_parts(&[("x", x.clone())]), Some(vec![0..1, 1..2, 2..3, 3..4]));
+    /// let whole = Session::builder(&model).batch_tokens(None).build()?;
+    /// assert_eq!(whole.batch_parts(&[("x", x.clone())]), None);
+    /// assert_eq!(session.run(&[("x", x.clone())])?, whole.run(&[("x", x)])?);
+    /// # Ok::<(), runtime::Error>(())
+    /// ```
+    pub fn batch_parts(
+        &self,
+        inputs: &[(&str, TensorValue)],
+    ) -> Option<Vec<std::ops::Range<usize>>> {
+        self.parts_of(inputs)
+    }
+
+    /// Whether input `name` is batched (its dim 0 is the batch symbol of a split program).
+    fn batched_input(&self, name: &str, symbol: &str) -> bool {
+        self.inputs.iter().any(|s| {
+            s.spec.name == name
+                && s.spec
+                    .ty
+                    .shape
+                    .as_ref()
+                    .and_then(|sh| sh.first())
+                    .is_some_and(|d| {
+                        d.coeff() == 1 && d.symbols().len() == 1 && d.symbols()[0] == symbol
+                    })
+        })
+    }
+
+    /// The sequences of each part when this batch runs in parts
+    /// ([`CompileOptions::batch_tokens`]), else `None`. Parts hold whole sequences and about the
+    /// same number of real tokens (the token mask's non-zeros when the program packs tokens,
+    /// else every position).
+    fn parts_of<F: Feed>(&self, inputs: &[F]) -> Option<Vec<std::ops::Range<usize>>> {
+        let split = self.program.batch.as_ref().ok()?;
+        let budget = self.opts.batch_tokens?.max(1);
+        let first = inputs
+            .iter()
+            .find(|f| self.batched_input(f.name(), &split.symbol))?
+            .value();
+        let batch = *first.shape().first()?;
+        let threshold = budget + budget / 2;
+        // Real tokens are at most the positions: a small batch is decided without reading its
+        // mask (and without allocating).
+        if batch < 2 || first.len() <= threshold {
+            return None;
+        }
+        let per_seq: Vec<usize> = match &split.tokens {
+            Some(mask) => inputs
+                .iter()
+                .find(|f| f.name() == mask)?
+                .value()
+                .nonzero_per_row(),
+            None => vec![first.shape()[1..].iter().product::<usize>(); batch],
+        };
+        let total: usize = per_seq.iter().sum();
+        if total <= threshold {
+            return None;
+        }
+        let n = total.div_ceil(budget).min(batch);
+        let target = total.div_ceil(n);
+        let mut parts = Vec::with_capacity(n);
+        let (mut start, mut acc) = (0, 0);
+        for (i, t) in per_seq.iter().enumerate() {
+            acc += t;
+            if acc >= target * (parts.len() + 1) && i + 1 < batch {
+                parts.push(start..i + 1);
+                start = i + 1;
+            }
+        }
+        parts.push(start..batch);
+        (parts.len() > 1).then_some(parts)
+    }
+
+    /// [`Session::execute`] on each part of the batch in turn (the batched inputs' rows of the
+    /// part, the others whole), the outputs laid one after another along dim 0.
+    fn execute_parts<F: Feed>(
+        &self,
+        inputs: &[F],
+        parts: &[std::ops::Range<usize>],
+        scratch: &mut Scratch,
+        mut times: Option<&mut Vec<NodeTime>>,
+        mut observe: Option<LinearObserver<'_>>,
+    ) -> Result<Vec<(String, TensorValue)>, Error> {
+        let symbol = match &self.program.batch {
+            Ok(split) => split.symbol.as_str(),
+            Err(_) => unreachable!("parts are only made for a split program"),
+        };
+        let batched: Vec<bool> = inputs
+            .iter()
+            .map(|f| self.batched_input(f.name(), symbol))
+            .collect();
+        let mut outs: Vec<(String, Vec<TensorValue>)> = Vec::new();
+        for rows in parts {
+            let sliced: Vec<Option<TensorValue>> = inputs
+                .iter()
+                .zip(&batched)
+                .map(|(f, &b)| b.then(|| f.value().rows(rows.clone())))
+                .collect();
+            let feeds: Vec<(&str, &TensorValue)> = inputs
+                .iter()
+                .zip(&sliced)
+                .map(|(f, s)| (f.name(), s.as_ref().unwrap_or(f.value())))
+                .collect();
+            let part = self.execute(
+                &feeds,
+                scratch,
+                times.as_deref_mut(),
+                observe.as_mut().map(|o| &mut **o as LinearObserver<'_>),
+            )?;
+            if outs.is_empty() {
+                outs = part
+                    .into_iter()
+                    .map(|(n, t)| {
+                        let mut v = Vec::with_capacity(parts.len());
+                        v.push(t);
+                        (n, v)
+                    })
+                    .collect();
+            } else {
+                for ((_, acc), (_, t)) in outs.iter_mut().zip(part) {
+                    acc.push(t);
+                }
+            }
+        }
+        outs.into_iter()
+            .map(|(n, ts)| Ok((n, TensorValue::concat_rows(ts)?)))
+            .collect()
     }
 
     fn execute<F: Feed>(

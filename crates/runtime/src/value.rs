@@ -305,6 +305,64 @@ impl TensorValue {
         TensorValue::new(shape, self.data)
     }
 
+    /// A copy of rows `rows` of dim 0 (rank ≥ 1, `rows` within dim 0).
+    pub(crate) fn rows(&self, rows: std::ops::Range<usize>) -> TensorValue {
+        let row: usize = self.shape[1..].iter().product();
+        let mut shape = self.shape.clone();
+        shape[0] = rows.len();
+        let at = rows.start * row..rows.end * row;
+        fn cut<T: ValueElement + Clone>(v: &[T], at: std::ops::Range<usize>) -> TensorData {
+            T::wrap(v[at].to_vec())
+        }
+        let data = with_tensor_data!(&self.data, v => cut(v, at));
+        TensorValue { shape, data }
+    }
+
+    /// The non-zero elements of each row of dim 0 (for a `[B, S]` mask: each sequence's
+    /// tokens).
+    pub(crate) fn nonzero_per_row(&self) -> Vec<usize> {
+        let (b, row) = match self.shape.first() {
+            Some(&b) => (b, self.shape[1..].iter().product::<usize>()),
+            None => (1, 1),
+        };
+        fn count<T: PartialEq + Default>(v: &[T], b: usize, row: usize) -> Vec<usize> {
+            (0..b)
+                .map(|i| {
+                    v[i * row..(i + 1) * row]
+                        .iter()
+                        .filter(|x| **x != T::default())
+                        .count()
+                })
+                .collect()
+        }
+        with_tensor_data!(&self.data, v => count(v, b, row))
+    }
+
+    /// `parts` laid one after another along dim 0: the same dtype and trailing dims each.
+    pub(crate) fn concat_rows(parts: Vec<TensorValue>) -> Result<TensorValue, Error> {
+        let mut it = parts.into_iter();
+        let Some(mut acc) = it.next() else {
+            return Err(Error::Invalid("internal: no parts to concatenate".into()));
+        };
+        for p in it {
+            if p.rank() == 0 || p.shape[1..] != acc.shape[1..] || p.dtype() != acc.dtype() {
+                return Err(Error::Invalid(format!(
+                    "internal: batch parts of shapes {:?} and {:?} do not line up",
+                    acc.shape(),
+                    p.shape()
+                )));
+            }
+            acc.shape[0] += p.shape[0];
+            fn append<T: ValueElement>(acc: &mut TensorData, v: Vec<T>) {
+                if let Some(a) = T::vec_mut(acc) {
+                    a.extend(v);
+                }
+            }
+            with_tensor_data!(p.data, v => append(&mut acc.data, v));
+        }
+        Ok(acc)
+    }
+
     /// [`TensorValue::reshaped`] to a shape given as a slice or [`Dims`] (no allocation).
     pub(crate) fn reshaped_dims(self, shape: impl Into<Dims>) -> Result<TensorValue, Error> {
         TensorValue::with_dims(shape, self.data)

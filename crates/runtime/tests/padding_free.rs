@@ -9,29 +9,6 @@ use common::*;
 use runtime::quantize::{quantize, CalibrationBatch, QuantizeOptions};
 use runtime::{Model, Session, TensorValue};
 
-/// `lengths.len()` sequences right-padded to the longest (at least 4 tokens, so that a batch of
-/// empty sequences is all padding); ids from a fixed formula.
-fn feeds(session: &Session, lengths: &[usize]) -> Vec<(String, TensorValue)> {
-    let vocab = session.lookup_rows("input_ids").expect("a token lookup") as i64;
-    let (batch, seq) = (lengths.len(), padded_len(lengths));
-    let mut ids = vec![0i64; batch * seq];
-    let mut mask = vec![0i64; batch * seq];
-    let mut types = vec![0i64; batch * seq];
-    for (b, &len) in lengths.iter().enumerate() {
-        for s in 0..len {
-            let i = b * seq + s;
-            ids[i] = (3 + (b * 7919 + s * 104_729) as i64) % vocab;
-            mask[i] = 1;
-            types[i] = i64::from(s >= len / 2 && b % 2 == 1);
-        }
-    }
-    token_feeds(session, [batch, seq], ids, mask, types)
-}
-
-fn padded_len(lengths: &[usize]) -> usize {
-    lengths.iter().copied().max().unwrap_or(0).max(4)
-}
-
 fn ops(session: &Session) -> Vec<&'static str> {
     let g = session.graph();
     g.node_ids().map(|id| g.node(id).op.name()).collect()
@@ -51,7 +28,7 @@ fn check(what: &str, model: &Model) {
         assert!(ops(&packed).contains(&"attention_packed"), "{what}");
         assert!(!ops(&padded).contains(&"pack_rows"), "{what}");
         for lengths in [&[19usize, 3, 0, 11, 1, 19][..], &[2], &[9, 8], &[0, 0]] {
-            let f = feeds(&packed, lengths);
+            let f = length_feeds(&packed, lengths);
             let a = packed.run(&as_refs(&f)).unwrap();
             let b = padded.run(&as_refs(&f)).unwrap();
             let seq = padded_len(lengths);
@@ -102,22 +79,10 @@ fn check(what: &str, model: &Model) {
     }
 }
 
-fn load(id: &str) -> Option<Model> {
-    let dir = models_dir(&format!("padding_free {id}"))?;
-    let man = manifest(&dir);
-    let entry = model_entry(&man, id);
-    Some(Model::load(dir.join(entry["file"].as_str().unwrap())).unwrap())
-}
-
 #[test]
 fn fp32_models_packed_equal_padded_at_real_tokens() {
-    for id in [
-        "tiny-bert",
-        "tiny-distilbert",
-        "tiny-xlm-roberta",
-        "minilm-l6",
-    ] {
-        if let Some(m) = load(id) {
+    for id in FP32_ENCODERS {
+        if let Some(m) = load_model("padding_free", id) {
             check(id, &m);
         }
     }
@@ -125,7 +90,7 @@ fn fp32_models_packed_equal_padded_at_real_tokens() {
 
 #[test]
 fn int8_minilm_packed_equals_padded_at_real_tokens() {
-    let Some(fp32) = load("minilm-l6") else {
+    let Some(fp32) = load_model("padding_free", "minilm-l6") else {
         return;
     };
     let (dynamic, _) = quantize(&fp32, None, &QuantizeOptions::default()).unwrap();
@@ -133,7 +98,7 @@ fn int8_minilm_packed_equals_padded_at_real_tokens() {
     let probe = Session::builder(&fp32).build().unwrap();
     let batches: Vec<CalibrationBatch> = [&[12usize, 5, 9][..], &[7, 16]]
         .iter()
-        .map(|l| CalibrationBatch::from_feeds(feeds(&probe, l)))
+        .map(|l| CalibrationBatch::from_feeds(length_feeds(&probe, l)))
         .collect();
     let fixed = quantize_static(&fp32, &batches);
     // Static activations: attention writes the bytes its output projection reads (`out_u8`),

@@ -15,8 +15,11 @@
 //!
 //! [`Program::to_text`] prints all of it (`encore dump --after lower`).
 
+mod batch;
 mod text;
 mod verify;
+
+pub use batch::{BatchSplit, NoBatchSplit};
 
 use std::collections::HashMap;
 
@@ -234,6 +237,9 @@ pub struct Program {
     pub token_inputs: Vec<String>,
     /// Why JIT compilation was asked for and not done (the steps run interpreted nests).
     pub jit_unavailable: Option<String>,
+    /// Whether a batch may run as consecutive sub-batches with the same results (see
+    /// [`BatchSplit`]), or why not.
+    pub batch: Result<BatchSplit, NoBatchSplit>,
 }
 
 impl Program {
@@ -580,7 +586,7 @@ pub fn lower(graph: &Graph, opts: LowerOptions) -> Result<Program, LowerError> {
         };
     }
 
-    let program = Program {
+    let mut program = Program {
         threads,
         values,
         buffers,
@@ -592,7 +598,11 @@ pub fn lower(graph: &Graph, opts: LowerOptions) -> Result<Program, LowerError> {
         position_limits,
         token_inputs,
         jit_unavailable,
+        batch: Err(NoBatchSplit {
+            what: String::new(),
+        }),
     };
+    program.batch = batch::analyse(&program, graph);
     program.verify()?;
     Ok(program)
 }

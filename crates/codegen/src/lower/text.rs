@@ -19,6 +19,7 @@ impl Program {
     /// assert_eq!(
     ///     p.to_text(),
     ///     "program threads=2 slots=2\n\
+    ///      split batch=B\n\
     ///      input \"x\" = %0 : f32[B,4]\n\
     ///      buffer b0 = f32[4*B] (16*B bytes): %1\n\
     ///      %1@b0 = erf(%0) : f32[B,4]\n\
@@ -30,6 +31,16 @@ impl Program {
         writeln!(out, "program threads={} slots={}", self.threads, self.slots).unwrap();
         if let Some(why) = &self.jit_unavailable {
             writeln!(out, "// interpreted loops: {why}").unwrap();
+        }
+        match &self.batch {
+            Ok(split) => {
+                write!(out, "split batch={}", split.symbol).unwrap();
+                if let Some(t) = &split.tokens {
+                    write!(out, " tokens={}", ir::text::quote(t)).unwrap();
+                }
+                out.push('\n');
+            }
+            Err(why) => writeln!(out, "// batch not split: {why}").unwrap(),
         }
         for (name, v) in &self.inputs {
             let v = &self.values[*v];

@@ -265,3 +265,44 @@ pub fn token_feeds(
 pub fn as_refs(s: &[(String, TensorValue)]) -> Vec<(&str, TensorValue)> {
     s.iter().map(|(n, t)| (n.as_str(), t.clone())).collect()
 }
+
+/// `lengths.len()` sequences right-padded to the longest (at least 4 tokens, so that a batch of
+/// empty sequences is all padding); ids from a fixed formula, token types 1 in the second half
+/// of every other sequence.
+pub fn length_feeds(session: &runtime::Session, lengths: &[usize]) -> Vec<(String, TensorValue)> {
+    let vocab = session.lookup_rows("input_ids").expect("a token lookup") as i64;
+    let (batch, seq) = (lengths.len(), padded_len(lengths));
+    let mut ids = vec![0i64; batch * seq];
+    let mut mask = vec![0i64; batch * seq];
+    let mut types = vec![0i64; batch * seq];
+    for (b, &len) in lengths.iter().enumerate() {
+        for s in 0..len {
+            let i = b * seq + s;
+            ids[i] = (3 + (b * 7919 + s * 104_729) as i64) % vocab;
+            mask[i] = 1;
+            types[i] = i64::from(s >= len / 2 && b % 2 == 1);
+        }
+    }
+    token_feeds(session, [batch, seq], ids, mask, types)
+}
+
+/// The padded length of [`length_feeds`].
+pub fn padded_len(lengths: &[usize]) -> usize {
+    lengths.iter().copied().max().unwrap_or(0).max(4)
+}
+
+/// Model `id` of the manifest, `None` (after a SKIP line naming `test`) without the models.
+pub fn load_model(test: &str, id: &str) -> Option<runtime::Model> {
+    let dir = models_dir(&format!("{test} {id}"))?;
+    let man = manifest(&dir);
+    let entry = model_entry(&man, id);
+    Some(runtime::Model::load(dir.join(entry["file"].as_str().unwrap())).unwrap())
+}
+
+/// The FP32 encoders of the manifest: BERT, DistilBERT and XLM-R (tiny) and MiniLM.
+pub const FP32_ENCODERS: [&str; 4] = [
+    "tiny-bert",
+    "tiny-distilbert",
+    "tiny-xlm-roberta",
+    "minilm-l6",
+];
