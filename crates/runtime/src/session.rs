@@ -820,7 +820,11 @@ impl Session {
             .iter()
             .map(|f| self.batched_input(f.name(), symbol))
             .collect();
-        let mut outs: Vec<(String, Vec<TensorValue>)> = Vec::new();
+        // The whole outputs, made at the first part; each part's outputs are copied into their
+        // rows and go back to the arena, which the next part reuses (a part's outputs leaving
+        // the session would make the arena allocate activation buffers again for every part).
+        let batch = parts.last().map_or(0, |r| r.end);
+        let mut outs: Vec<(String, TensorValue)> = Vec::new();
         for rows in parts {
             let sliced: Vec<Option<TensorValue>> = inputs
                 .iter()
@@ -840,22 +844,16 @@ impl Session {
             )?;
             if outs.is_empty() {
                 outs = part
-                    .into_iter()
-                    .map(|(n, t)| {
-                        let mut v = Vec::with_capacity(parts.len());
-                        v.push(t);
-                        (n, v)
-                    })
+                    .iter()
+                    .map(|(n, t)| (n.clone(), TensorValue::zeros_like_rows(t, batch)))
                     .collect();
-            } else {
-                for ((_, acc), (_, t)) in outs.iter_mut().zip(part) {
-                    acc.push(t);
-                }
+            }
+            for ((_, whole), (_, t)) in outs.iter_mut().zip(part) {
+                whole.put_rows(rows.start, &t)?;
+                scratch.arena.recycle(t);
             }
         }
-        outs.into_iter()
-            .map(|(n, ts)| Ok((n, TensorValue::concat_rows(ts)?)))
-            .collect()
+        Ok(outs)
     }
 
     fn execute<F: Feed>(

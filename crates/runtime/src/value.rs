@@ -338,29 +338,40 @@ impl TensorValue {
         with_tensor_data!(&self.data, v => count(v, b, row))
     }
 
-    /// `parts` laid one after another along dim 0: the same dtype and trailing dims each.
-    pub(crate) fn concat_rows(parts: Vec<TensorValue>) -> Result<TensorValue, Error> {
-        let mut it = parts.into_iter();
-        let Some(mut acc) = it.next() else {
-            return Err(Error::Invalid("internal: no parts to concatenate".into()));
-        };
-        for p in it {
-            if p.rank() == 0 || p.shape[1..] != acc.shape[1..] || p.dtype() != acc.dtype() {
-                return Err(Error::Invalid(format!(
-                    "internal: batch parts of shapes {:?} and {:?} do not line up",
-                    acc.shape(),
-                    p.shape()
-                )));
-            }
-            acc.shape[0] += p.shape[0];
-            fn append<T: ValueElement>(acc: &mut TensorData, v: Vec<T>) {
-                if let Some(a) = T::vec_mut(acc) {
-                    a.extend(v);
-                }
-            }
-            with_tensor_data!(p.data, v => append(&mut acc.data, v));
+    /// A zero tensor of `like`'s dtype and trailing dims with `rows` rows along dim 0 (rank ≥ 1).
+    pub(crate) fn zeros_like_rows(like: &TensorValue, rows: usize) -> TensorValue {
+        let mut shape = like.shape.clone();
+        shape[0] = rows;
+        let n = shape.iter().product();
+        fn zeros<T: ValueElement + Clone + Default>(_: &[T], n: usize) -> TensorData {
+            T::wrap(vec![T::default(); n])
         }
-        Ok(acc)
+        let data = with_tensor_data!(&like.data, v => zeros(v, n));
+        TensorValue { shape, data }
+    }
+
+    /// Copies `src` into rows `at..` of dim 0 (same dtype and trailing dims, within the rows).
+    pub(crate) fn put_rows(&mut self, at: usize, src: &TensorValue) -> Result<(), Error> {
+        let fits = self.rank() > 0
+            && src.rank() == self.rank()
+            && src.shape[1..] == self.shape[1..]
+            && src.dtype() == self.dtype()
+            && at + src.shape[0] <= self.shape[0];
+        if !fits {
+            return Err(Error::Invalid(format!(
+                "internal: rows of shape {:?} do not fit at row {at} of {:?}",
+                src.shape(),
+                self.shape()
+            )));
+        }
+        let row: usize = self.shape[1..].iter().product();
+        fn put<T: ValueElement + Copy>(dst: &mut TensorData, src: &[T], from: usize) {
+            if let Some(d) = T::vec_mut(dst) {
+                d[from..from + src.len()].copy_from_slice(src);
+            }
+        }
+        with_tensor_data!(&src.data, v => put(&mut self.data, v, at * row));
+        Ok(())
     }
 
     /// [`TensorValue::reshaped`] to a shape given as a slice or [`Dims`] (no allocation).
