@@ -31,6 +31,13 @@ use crate::Error;
 /// Tokens per part of a split batch by default ([`CompileOptions::batch_tokens`]).
 pub const DEFAULT_BATCH_TOKENS: usize = 1024;
 
+/// The parts a batch runs as: the batch symbol of the split program and each part's sequences.
+#[derive(Clone, Copy)]
+struct BatchParts<'a> {
+    symbol: &'a str,
+    rows: &'a [std::ops::Range<usize>],
+}
+
 /// How to compile a model.
 ///
 /// ```
@@ -707,7 +714,16 @@ impl Session {
             .unwrap_or_default();
         let result = match self.parts_of(inputs) {
             None => self.execute(inputs, &mut scratch, times, observe),
-            Some(parts) => self.execute_parts(inputs, &parts, &mut scratch, times, observe),
+            Some(parts) => match &self.program.batch {
+                Ok(split) => {
+                    let parts = BatchParts {
+                        symbol: &split.symbol,
+                        rows: &parts,
+                    };
+                    self.execute_parts(inputs, parts, &mut scratch, times, observe)
+                }
+                Err(_) => self.execute(inputs, &mut scratch, times, observe),
+            },
         };
         if let Ok(mut a) = self.arenas.lock() {
             a.push(scratch);
@@ -807,15 +823,14 @@ impl Session {
     fn execute_parts<F: Feed>(
         &self,
         inputs: &[F],
-        parts: &[std::ops::Range<usize>],
+        BatchParts {
+            symbol,
+            rows: parts,
+        }: BatchParts<'_>,
         scratch: &mut Scratch,
         mut times: Option<&mut Vec<NodeTime>>,
         mut observe: Option<LinearObserver<'_>>,
     ) -> Result<Vec<(String, TensorValue)>, Error> {
-        let symbol = match &self.program.batch {
-            Ok(split) => split.symbol.as_str(),
-            Err(_) => unreachable!("parts are only made for a split program"),
-        };
         let batched: Vec<bool> = inputs
             .iter()
             .map(|f| self.batched_input(f.name(), symbol))
