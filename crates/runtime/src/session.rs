@@ -680,7 +680,9 @@ impl Session {
 
     /// [`Session::run`], showing `observe` the input of every linear layer (`Linear`,
     /// `FusedLinear`, `QLinear`) by node name just before the layer runs: what calibration
-    /// records.
+    /// records. The batch always runs whole here (never in parts, see
+    /// [`CompileOptions::batch_tokens`]), so the observer sees every row of the batch in one
+    /// tensor, in the order of the inputs (calibration matches them to the batch's real tokens).
     pub fn run_observed(
         &self,
         inputs: &[(&str, TensorValue)],
@@ -712,7 +714,14 @@ impl Session {
             .map(|mut a| a.pop())
             .unwrap_or(None)
             .unwrap_or_default();
-        let result = match self.parts_of(inputs) {
+        // An observer sees whole-batch activations (calibration indexes their rows by the
+        // batch's mask), so observed runs are never split.
+        let parts = if observe.is_some() {
+            None
+        } else {
+            self.parts_of(inputs)
+        };
+        let result = match parts {
             None => self.execute(inputs, &mut scratch, times, observe),
             Some(parts) => match &self.program.batch {
                 Ok(split) => {

@@ -118,3 +118,36 @@ fn onnx_quantized_models_split_only_when_exact() {
     let f = length_feeds(&session, &[19, 3, 0, 11, 1, 19, 7]);
     assert_eq!(session.batch_parts(&as_refs(&f)), None);
 }
+
+/// Calibration matches each observed activation's rows to the batch's real tokens, so an
+/// observed run sees the whole batch even when it would run in parts: every linear layer's input
+/// has the batch's rows.
+#[test]
+fn observed_runs_see_the_whole_batch() {
+    let Some(m) = load_model("batch_parts", "tiny-bert") else {
+        return;
+    };
+    let session = Session::builder(&m).batch_tokens(Some(8)).build().unwrap();
+    let lengths = [19usize, 3, 0, 11, 1, 19, 7];
+    let f = length_feeds(&session, &lengths);
+    assert!(session
+        .batch_parts(&as_refs(&f))
+        .is_some_and(|p| p.len() > 1));
+    let tokens = lengths.len() * padded_len(&lengths);
+    let mut seen = 0;
+    let mut observe = |name: &str, x: &runtime::TensorValue| {
+        let k = *x.shape().last().unwrap();
+        let rows = x.len() / k;
+        // The batch's padded tokens, its real tokens (packed) or its sequences (the pooler);
+        // never a part's.
+        let real: usize = lengths.iter().sum();
+        assert!(
+            rows == tokens || rows == real || rows == lengths.len(),
+            "{name}: {rows} rows of {:?}",
+            x.shape()
+        );
+        seen += 1;
+    };
+    session.run_observed(&as_refs(&f), &mut observe).unwrap();
+    assert!(seen > 0, "no linear layer observed");
+}
