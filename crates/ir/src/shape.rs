@@ -45,6 +45,21 @@ impl Dim {
         &self.syms
     }
 
+    /// The symbol when the dimension is exactly one symbol (`B`, not `2*B` or `B*S`).
+    ///
+    /// ```
+    /// use ir::Dim;
+    /// assert_eq!(Dim::sym("B").as_symbol(), Some("B"));
+    /// assert_eq!(Dim::fixed(2).mul(&Dim::sym("B")).as_symbol(), None);
+    /// assert_eq!(Dim::sym("B").mul(&Dim::sym("S")).as_symbol(), None);
+    /// ```
+    pub fn as_symbol(&self) -> Option<&str> {
+        match self.syms.as_slice() {
+            [s] if self.coeff == 1 => Some(s),
+            _ => None,
+        }
+    }
+
     pub fn coeff(&self) -> u64 {
         self.coeff
     }

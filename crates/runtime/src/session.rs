@@ -539,8 +539,7 @@ impl Session {
                             actual,
                         });
                     }
-                } else if dim.coeff() == 1 && dim.symbols().len() == 1 {
-                    let sym = dim.symbols()[0].as_str();
+                } else if let Some(sym) = dim.as_symbol() {
                     match bound.iter().find(|(s, _, _)| *s == sym) {
                         Some(&(_, v, by)) if v != actual => {
                             return Err(Error::InputShape {
@@ -776,9 +775,7 @@ impl Session {
                     .shape
                     .as_ref()
                     .and_then(|sh| sh.first())
-                    .is_some_and(|d| {
-                        d.coeff() == 1 && d.symbols().len() == 1 && d.symbols()[0] == symbol
-                    })
+                    .is_some_and(|d| d.as_symbol() == Some(symbol))
         })
     }
 

@@ -54,7 +54,7 @@ fn no(what: impl Into<String>) -> NoBatchSplit {
 }
 
 fn is_symbol(d: &Dim, sym: &str) -> bool {
-    d.coeff() == 1 && d.symbols().len() == 1 && d.symbols()[0] == sym
+    d.as_symbol() == Some(sym)
 }
 
 fn mentions(d: &Dim, sym: &str) -> bool {
@@ -69,7 +69,7 @@ pub(super) fn analyse(p: &Program, graph: &Graph) -> Result<BatchSplit, NoBatchS
         .iter()
         .find_map(|(_, v)| {
             let d = p.values[*v].ty.shape.as_ref()?.first()?;
-            (d.coeff() == 1 && d.symbols().len() == 1).then(|| d.symbols()[0].clone())
+            d.as_symbol().map(str::to_string)
         })
         .ok_or_else(|| no("no input has a symbolic batch dim"))?;
     let sym = symbol.as_str();
