@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use codegen::lower::{self, Lookup, Program};
+use codegen::lower::{self, BatchSplit, Lookup, Program};
 use ir::{Graph, Op};
 use smallvec::SmallVec;
 
@@ -30,13 +30,6 @@ use crate::Error;
 
 /// Tokens per part of a split batch by default ([`CompileOptions::batch_tokens`]).
 pub const DEFAULT_BATCH_TOKENS: usize = 1024;
-
-/// The parts a batch runs as: the batch symbol of the split program and each part's sequences.
-#[derive(Clone, Copy)]
-struct BatchParts<'a> {
-    symbol: &'a str,
-    rows: &'a [std::ops::Range<usize>],
-}
 
 /// How to compile a model.
 ///
@@ -722,16 +715,9 @@ impl Session {
         };
         let result = match parts {
             None => self.execute(inputs, &mut scratch, times, observe),
-            Some(parts) => match &self.program.batch {
-                Ok(split) => {
-                    let parts = BatchParts {
-                        symbol: &split.symbol,
-                        rows: &parts,
-                    };
-                    self.execute_parts(inputs, parts, &mut scratch, times, observe)
-                }
-                Err(_) => self.execute(inputs, &mut scratch, times, observe),
-            },
+            Some((split, parts)) => {
+                self.execute_parts(inputs, split, &parts, &mut scratch, times, observe)
+            }
         };
         if let Ok(mut a) = self.arenas.lock() {
             a.push(scratch);
@@ -763,32 +749,22 @@ impl Session {
         &self,
         inputs: &[(&str, TensorValue)],
     ) -> Option<Vec<std::ops::Range<usize>>> {
-        self.parts_of(inputs)
-    }
-
-    /// Whether input `name` is batched (its dim 0 is the batch symbol of a split program).
-    fn batched_input(&self, name: &str, symbol: &str) -> bool {
-        self.inputs.iter().any(|s| {
-            s.spec.name == name
-                && s.spec
-                    .ty
-                    .shape
-                    .as_ref()
-                    .and_then(|sh| sh.first())
-                    .is_some_and(|d| d.as_symbol() == Some(symbol))
-        })
+        self.parts_of(inputs).map(|(_, parts)| parts)
     }
 
     /// The sequences of each part when this batch runs in parts
     /// ([`CompileOptions::batch_tokens`]), else `None`. Parts hold whole sequences and about the
     /// same number of real tokens (the token mask's non-zeros when the program packs tokens,
-    /// else every position).
-    fn parts_of<F: Feed>(&self, inputs: &[F]) -> Option<Vec<std::ops::Range<usize>>> {
+    /// else every position); with the program's split that allows them.
+    fn parts_of<F: Feed>(
+        &self,
+        inputs: &[F],
+    ) -> Option<(&BatchSplit, Vec<std::ops::Range<usize>>)> {
         let split = self.program.batch.as_ref().ok()?;
         let budget = self.opts.batch_tokens?.max(1);
         let first = inputs
             .iter()
-            .find(|f| self.batched_input(f.name(), &split.symbol))?
+            .find(|f| split.inputs.iter().any(|n| n == f.name()))?
             .value();
         let batch = *first.shape().first()?;
         let threshold = budget + budget / 2;
@@ -821,7 +797,7 @@ impl Session {
             }
         }
         parts.push(start..batch);
-        (parts.len() > 1).then_some(parts)
+        (parts.len() > 1).then_some((split, parts))
     }
 
     /// [`Session::execute`] on each part of the batch in turn (the batched inputs' rows of the
@@ -829,17 +805,15 @@ impl Session {
     fn execute_parts<F: Feed>(
         &self,
         inputs: &[F],
-        BatchParts {
-            symbol,
-            rows: parts,
-        }: BatchParts<'_>,
+        split: &BatchSplit,
+        parts: &[std::ops::Range<usize>],
         scratch: &mut Scratch,
         mut times: Option<&mut Vec<NodeTime>>,
         mut observe: Option<LinearObserver<'_>>,
     ) -> Result<Vec<(String, TensorValue)>, Error> {
         let batched: Vec<bool> = inputs
             .iter()
-            .map(|f| self.batched_input(f.name(), symbol))
+            .map(|f| split.inputs.iter().any(|n| n == f.name()))
             .collect();
         // The whole outputs, made at the first part; each part's outputs are copied into their
         // rows and go back to the arena, which the next part reuses (a part's outputs leaving

@@ -40,6 +40,8 @@ pub struct BatchSplit {
     /// The input whose non-zero elements are the real tokens (`[B, S]`, the mask that packs
     /// the rows), when the program packs them: parts are then cut by real tokens.
     pub tokens: Option<String>,
+    /// The inputs with the batch as dim 0 (a part takes their rows; the others go whole).
+    pub inputs: Vec<String>,
 }
 
 /// Why a program's batch does not run in parts.
@@ -74,6 +76,7 @@ pub(super) fn analyse(p: &Program, graph: &Graph) -> Result<BatchSplit, NoBatchS
         .ok_or_else(|| no("no input has a symbolic batch dim"))?;
     let sym = symbol.as_str();
     let mut flow: Vec<Option<Flow>> = vec![None; p.values.len()];
+    let mut batched = Vec::new();
     for (name, v) in &p.inputs {
         let shape = p.values[*v].ty.shape.as_ref().ok_or_else(|| {
             no(format!(
@@ -83,6 +86,7 @@ pub(super) fn analyse(p: &Program, graph: &Graph) -> Result<BatchSplit, NoBatchS
         })?;
         flow[*v] = Some(match shape.first() {
             Some(d) if is_symbol(d, sym) && !shape[1..].iter().any(|d| mentions(d, sym)) => {
+                batched.push(name.clone());
                 Flow::Rows(0)
             }
             _ if !shape.iter().any(|d| mentions(d, sym)) => Flow::Free,
@@ -272,7 +276,11 @@ pub(super) fn analyse(p: &Program, graph: &Graph) -> Result<BatchSplit, NoBatchS
             )));
         }
     }
-    Ok(BatchSplit { symbol, tokens })
+    Ok(BatchSplit {
+        symbol,
+        tokens,
+        inputs: batched,
+    })
 }
 
 /// The name of the model input `v` is, if it is one.
