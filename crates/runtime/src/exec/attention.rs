@@ -1148,16 +1148,20 @@ unsafe fn head_i8(
     let rs = zeroed(&mut s.rs, ROW_BLOCK);
     let mut r0 = 0;
     while r0 < m_pad {
-        let (in_place_block, r1) = match in_place {
-            Some(_) if r0 < first_copied => (true, (r0 + ROW_BLOCK).min(first_copied)),
-            _ => (false, (r0 + ROW_BLOCK).min(m_pad)),
+        let (r1, q_rows, ldq_blk) = match in_place {
+            Some((bytes, ld)) if r0 < first_copied => (
+                (r0 + ROW_BLOCK).min(first_copied),
+                &bytes[(plan.q0 + r0) * ld + col..],
+                ld,
+            ),
+            _ => (
+                (r0 + ROW_BLOCK).min(m_pad),
+                &q8[(r0 - first_copied) * ldq..],
+                ldq,
+            ),
         };
         let m_blk = r1 - r0;
         let real = r0..r1.min(sq);
-        let (q_rows, ldq_blk) = match in_place {
-            Some((bytes, ld)) if in_place_block => (&bytes[(plan.q0 + r0) * ld + col..], ld),
-            _ => (&q8[(r0 - first_copied) * ldq..], ldq),
-        };
         let operands = ScoreOperands {
             q8: q_rows,
             ldq: ldq_blk,
