@@ -406,6 +406,17 @@ class OrtEngine(Engine):
             raise BenchError(f"{self.name}: run failed at batch {batch}: {e}") from e
 
 
+def external_data_files(model: Path) -> set[str]:
+    """The external-data file names an ONNX model's initializers point at."""
+    import onnx
+
+    names = set()
+    for tensor in onnx.load(str(model), load_external_data=False).graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            names |= {entry.value for entry in tensor.external_data if entry.key == "location"}
+    return names
+
+
 class OrtInt8Dynamic(OrtEngine):
     name = "ort-int8-dynamic"
 
@@ -415,8 +426,20 @@ class OrtInt8Dynamic(OrtEngine):
     def prepare(self) -> None:
         # onnxruntime's quantization tools leave temporary files (sym_shape_infer_temp.onnx,
         # external-data *.data) in the working directory: keep them in the work folder.
-        with contextlib.chdir(self.ctx["workdir"]):
+        workdir = self.ctx["workdir"]
+        before = set(workdir.glob("*.data"))
+        with contextlib.chdir(workdir):
             self._prepare()
+        # Each quantization leaves its own uuid-named external-data file (~420 MB for BERT-base)
+        # that no kept model names: left there, a few runs fill the disk.
+        referenced = set()
+        for kept in (self.quantized, workdir / f"{self.ctx['model'].stem}.ort-preprocessed.onnx"):
+            if kept.exists():
+                referenced |= external_data_files(kept)
+        for leftover in set(workdir.glob("*.data")) - before:
+            if leftover.name not in referenced:
+                leftover.unlink()
+        (workdir / "sym_shape_infer_temp.onnx").unlink(missing_ok=True)
 
     def _prepare(self) -> None:
         import onnx
