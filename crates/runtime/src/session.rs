@@ -1105,9 +1105,7 @@ impl Session {
             Op::Gather { axis } => {
                 let allow_negative = !matches!(st.lookup, Lookup::Token { .. });
                 let gathered = match weight {
-                    Some(Packed::Table(table)) => {
-                        table.gather(r(1), allow_negative, ctx.arena, node)?
-                    }
+                    Some(Packed::Table(table)) => table.gather(r(1), allow_negative, ctx, node)?,
                     _ => {
                         let arena = Some(&mut *ctx.arena);
                         so::gather(r(0), r(1), *axis, allow_negative, arena, node)?

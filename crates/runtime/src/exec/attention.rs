@@ -6,7 +6,7 @@ use super::packing::RowMap;
 use super::simd::{
     abs_max_into, quantize_interleave4, quantize_sym_row, softmax_quant_row, softmax_row,
 };
-use super::{broadcast_strides, Arena, Ctx, SharedPtr};
+use super::{broadcast_strides, prefetch, Arena, Ctx, SharedPtr};
 use crate::value::TensorValue;
 use crate::Error;
 use crate::TensorData;
@@ -480,23 +480,6 @@ fn transpose16_regs(r: [std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::_
         cols[12 + c] = _mm512_shuffle_f32x4::<0xdd>(w[4 + c], w[12 + c]);
     }
     cols
-}
-
-/// Asks for every cache line of `row` (a head's few lines of q, k or v) to be brought to L1.
-#[inline(always)]
-fn prefetch<T>(row: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    for offset in (0..std::mem::size_of_val(row)).step_by(64) {
-        // SAFETY: a prefetch of an address inside a live slice; it reads nothing.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch(
-                (row.as_ptr() as *const i8).add(offset),
-                std::arch::x86_64::_MM_HINT_T0,
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = row;
 }
 
 /// `dst.copy_from_slice(src)` in 64-byte pieces the compiler copies inline (a head's 64 bytes

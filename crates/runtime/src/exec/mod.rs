@@ -125,18 +125,6 @@ impl Arena {
         }
     }
 
-    /// An empty vector with room for `len` elements (a free buffer when one fits), for kernels
-    /// that fill their output by extending it.
-    pub fn f32_with_capacity(&mut self, len: usize) -> Vec<f32> {
-        match self.take_fitting(len) {
-            Some(mut v) => {
-                v.clear();
-                v
-            }
-            None => Vec::with_capacity(len),
-        }
-    }
-
     fn take_fitting(&mut self, len: usize) -> Option<Vec<f32>> {
         if len < TINY {
             if let Some(v) = self.take_small(len) {
@@ -560,6 +548,24 @@ pub(crate) fn lcg24(seed: u32) -> impl FnMut() -> u32 {
         state = state.wrapping_mul(1664525).wrapping_add(1013904223);
         state >> 8
     }
+}
+
+/// Asks for every cache line of `row` to be brought to L1 (a hint: it reads nothing and never
+/// faults).
+#[inline(always)]
+pub(crate) fn prefetch<T>(row: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    for offset in (0..std::mem::size_of_val(row)).step_by(64) {
+        // SAFETY: a prefetch of an address inside a live slice; it reads nothing.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch(
+                (row.as_ptr() as *const i8).add(offset),
+                std::arch::x86_64::_MM_HINT_T0,
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
 }
 
 #[cfg(test)]

@@ -471,31 +471,62 @@ impl ConstTable {
         self.bytes.len()
     }
 
-    /// `gather[axis=0](table, indices)`, as [`gather`] does.
+    /// `gather[axis=0](table, indices)`, as [`gather`] does, the rows shared among `ctx`'s
+    /// threads.
     pub(crate) fn gather(
         &self,
         indices: &TensorValue,
         allow_negative: bool,
-        arena: &mut super::Arena,
+        ctx: &mut super::Ctx<'_>,
         node: &str,
     ) -> Result<Result<TensorValue, OutOfRange>, Error> {
-        let norm = match gather_indices(indices, self.rows, allow_negative, arena, node)? {
+        let norm = match gather_indices(indices, self.rows, allow_negative, ctx.arena, node)? {
             Ok(n) => n,
             Err(oor) => return Ok(Err(oor)),
         };
         let w = self.width;
-        let mut out = arena.f32_with_capacity(norm.len() * w);
-        for &i in &norm {
-            let row = &self.bytes[i * w * 4..(i + 1) * w * 4];
-            out.extend(
-                row.chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            );
-        }
-        arena.recycle_indices(norm);
+        let mut out = ctx.arena.f32_for_overwrite(norm.len() * w);
+        // Token ids pick rows all over a table of tens of MB, each a cache miss: the rows a few
+        // ids ahead are asked for before they are copied, on both threads (the lookups of a
+        // batch-1 BERT-base run took 0.11 ms on one thread, 0.07 with the prefetch).
+        const AHEAD: usize = 4;
+        let row_of = |i: usize| &self.bytes[i * w * 4..(i + 1) * w * 4];
+        // (A table of zero-width rows gathers nothing to copy.)
+        ctx.par_rows_mut(&mut out, w.max(1), |first, rows| {
+            if w == 0 {
+                return;
+            }
+            let ids = &norm[first..first + rows.len() / w];
+            for &i in ids.iter().take(AHEAD) {
+                super::prefetch(row_of(i));
+            }
+            for (r, (&i, dst)) in ids.iter().zip(rows.chunks_exact_mut(w)).enumerate() {
+                if let Some(&ahead) = ids.get(r + AHEAD) {
+                    super::prefetch(row_of(ahead));
+                }
+                copy_le_f32(dst, row_of(i));
+            }
+        });
+        ctx.arena.recycle_indices(norm);
         let mut shape = Dims::from_slice(indices.shape());
         shape.push(w);
         Ok(Ok(TensorValue::raw(shape, out)))
+    }
+}
+
+/// `dst[i]` = the little-endian f32 at `src[4·i..4·i + 4]` (`src` is `4·dst.len()` bytes).
+fn copy_le_f32(dst: &mut [f32], src: &[u8]) {
+    assert_eq!(src.len(), 4 * dst.len(), "copy_le_f32: mismatched lengths");
+    #[cfg(target_endian = "little")]
+    // SAFETY: both regions hold `4·dst.len()` bytes (asserted) and cannot overlap (`dst` is
+    // exclusively borrowed); on a little-endian target the bytes are the values'
+    // representations as they are, and every bit pattern is a valid f32.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr() as *mut u8, src.len())
+    };
+    #[cfg(not(target_endian = "little"))]
+    for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     }
 }
 
@@ -1596,17 +1627,49 @@ mod tests {
         assert_eq!(table.byte_len(), 60);
         let data = TensorValue::from_f32(vec![5, 3], values).unwrap();
         let mut arena = crate::exec::Arena::default();
+        let mut ctx = crate::exec::Ctx {
+            threads: 2,
+            arena: &mut arena,
+        };
         let idx = i64s(vec![2, 2], vec![4, 0, -1, 2]);
-        let got = table.gather(&idx, true, &mut arena, "g").unwrap().unwrap();
+        let got = table.gather(&idx, true, &mut ctx, "g").unwrap().unwrap();
         let want = gather(&data, &idx, 0, true, None, "g").unwrap().unwrap();
         assert_eq!(got, want);
         assert_eq!(got.shape(), &[2, 2, 3]);
         let bad = i64s(vec![1], vec![-1]);
-        let oor = table.gather(&bad, false, &mut arena, "g").unwrap();
+        let oor = table.gather(&bad, false, &mut ctx, "g").unwrap();
         assert!(matches!(oor, Err(OutOfRange { index: -1, dim: 5 })));
         let far = i64s(vec![1], vec![5]);
-        assert!(table.gather(&far, true, &mut arena, "g").unwrap().is_err());
+        assert!(table.gather(&far, true, &mut ctx, "g").unwrap().is_err());
         assert!(ConstTable::new(&ir::Tensor::from_vec(vec![4], vec![1i64; 4])).is_none());
+        let empty = ConstTable::new(&ir::Tensor::from_vec(vec![5, 0], Vec::<f32>::new()))
+            .expect("f32 [5, 0]");
+        let got = empty.gather(&idx, true, &mut ctx, "g").unwrap().unwrap();
+        assert_eq!(got.shape(), &[2, 2, 0]);
+    }
+
+    /// A lookup large enough to share its rows between two threads (and with ids repeated and
+    /// out of order) gathers what the copying gather does, on one thread and on two.
+    #[test]
+    fn const_table_gathers_large_lookups_on_two_threads() {
+        let (rows, width) = (300, 257);
+        let values: Vec<f32> = (0..rows * width).map(|v| (v as f32).sin()).collect();
+        let table = ConstTable::new(&ir::Tensor::from_vec(vec![rows, width], values.clone()))
+            .expect("f32 table");
+        let data = TensorValue::from_f32(vec![rows, width], values).unwrap();
+        let ids: Vec<i64> = (0..517).map(|i| (i * 7919 % rows) as i64).collect();
+        let idx = i64s(vec![11, 47], ids);
+        let want = gather(&data, &idx, 0, true, None, "g").unwrap().unwrap();
+        for threads in [1, 2] {
+            let mut arena = crate::exec::Arena::default();
+            let mut ctx = crate::exec::Ctx {
+                threads,
+                arena: &mut arena,
+            };
+            let got = table.gather(&idx, true, &mut ctx, "g").unwrap().unwrap();
+            assert_eq!(got, want, "{threads} threads");
+            assert_eq!(got.shape(), &[11, 47, width]);
+        }
     }
 
     #[test]
