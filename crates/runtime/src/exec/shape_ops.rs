@@ -492,22 +492,21 @@ impl ConstTable {
         // with the prefetch, 0.05 shared between two threads).
         const AHEAD: usize = 4;
         let row_of = |i: usize| &self.bytes[i * w * 4..(i + 1) * w * 4];
-        // (A table of zero-width rows gathers nothing to copy.)
-        ctx.par_rows_mut(&mut out, w.max(1), |first, rows| {
-            if w == 0 {
-                return;
-            }
-            let ids = &norm[first..first + rows.len() / w];
-            for &i in ids.iter().take(AHEAD) {
-                super::prefetch(row_of(i));
-            }
-            for (r, (&i, dst)) in ids.iter().zip(rows.chunks_exact_mut(w)).enumerate() {
-                if let Some(&ahead) = ids.get(r + AHEAD) {
-                    super::prefetch(row_of(ahead));
+        // A table of zero-width rows gathers nothing to copy.
+        if w > 0 {
+            ctx.par_rows_mut(&mut out, w, |first, rows| {
+                let ids = &norm[first..first + rows.len() / w];
+                for &i in ids.iter().take(AHEAD) {
+                    super::prefetch(row_of(i));
                 }
-                copy_le_f32(dst, row_of(i));
-            }
-        });
+                for (r, (&i, dst)) in ids.iter().zip(rows.chunks_exact_mut(w)).enumerate() {
+                    if let Some(&ahead) = ids.get(r + AHEAD) {
+                        super::prefetch(row_of(ahead));
+                    }
+                    copy_le_f32(dst, row_of(i));
+                }
+            });
+        }
         ctx.arena.recycle_indices(norm);
         let mut shape = Dims::from_slice(indices.shape());
         shape.push(w);
