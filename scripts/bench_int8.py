@@ -406,12 +406,12 @@ class OrtEngine(Engine):
             raise BenchError(f"{self.name}: run failed at batch {batch}: {e}") from e
 
 
-def external_data_files(model: Path) -> set[str]:
-    """The external-data file names an ONNX model's initializers point at."""
+def external_data_files(graph) -> set[str]:
+    """The external-data file names the initializers of an ONNX graph point at."""
     import onnx
 
     names = set()
-    for tensor in onnx.load(str(model), load_external_data=False).graph.initializer:
+    for tensor in graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             names |= {entry.value for entry in tensor.external_data if entry.key == "location"}
     return names
@@ -426,20 +426,29 @@ class OrtInt8Dynamic(OrtEngine):
     def prepare(self) -> None:
         # onnxruntime's quantization tools leave temporary files (sym_shape_infer_temp.onnx,
         # external-data *.data) in the working directory: keep them in the work folder.
+        import onnx
+
         workdir = self.ctx["workdir"]
         before = set(workdir.glob("*.data"))
-        with contextlib.chdir(workdir):
-            self._prepare()
-        # Each quantization leaves its own uuid-named external-data file (~420 MB for BERT-base)
-        # that no kept model names: left there, a few runs fill the disk.
-        referenced = set()
-        for kept in (self.quantized, workdir / f"{self.ctx['model'].stem}.ort-preprocessed.onnx"):
-            if kept.exists():
-                referenced |= external_data_files(kept)
-        for leftover in set(workdir.glob("*.data")) - before:
-            if leftover.name not in referenced:
-                leftover.unlink()
-        (workdir / "sym_shape_infer_temp.onnx").unlink(missing_ok=True)
+        self.kept_data: set[str] = set()
+        try:
+            with contextlib.chdir(workdir):
+                self._prepare()
+        finally:
+            # Each quantization leaves its own uuid-named external-data file (~420 MB for
+            # BERT-base) that no kept model names: left there, a few runs fill the disk.
+            pre = self.preprocessed_path()
+            referenced = set(self.kept_data)
+            if pre.exists():
+                referenced |= external_data_files(onnx.load(str(pre), load_external_data=False).graph)
+            for leftover in set(workdir.glob("*.data")) - before:
+                if leftover.name not in referenced:
+                    leftover.unlink()
+            (workdir / "sym_shape_infer_temp.onnx").unlink(missing_ok=True)
+
+    def preprocessed_path(self) -> Path:
+        """Where `quant_pre_process` writes the model it prepares for quantization."""
+        return self.ctx["workdir"] / f"{self.ctx['model'].stem}.ort-preprocessed.onnx"
 
     def _prepare(self) -> None:
         import onnx
@@ -447,7 +456,7 @@ class OrtInt8Dynamic(OrtEngine):
 
         model, workdir = self.ctx["model"], self.ctx["workdir"]
         src = model
-        pre = workdir / f"{model.stem}.ort-preprocessed.onnx"
+        pre = self.preprocessed_path()
         t0 = time.perf_counter()
         if self.args.ort_preprocess:
             # The full pre-processing first; symbolic shape inference gives up on some graphs, so
@@ -481,7 +490,9 @@ class OrtInt8Dynamic(OrtEngine):
         self.info["quantize_s"] = time.perf_counter() - t1
         self.info["quantized_bytes"] = self.quantized.stat().st_size
         ops: dict[str, int] = {}
-        for n in onnx.load(str(self.quantized), load_external_data=False).graph.node:
+        quantized = onnx.load(str(self.quantized), load_external_data=False)
+        self.kept_data = external_data_files(quantized.graph)
+        for n in quantized.graph.node:
             if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear", "QAttention",
                              "MatMulIntegerToFloat", "DequantizeLinear", "QuantizeLinear"):
                 ops[n.op_type] = ops.get(n.op_type, 0) + 1
