@@ -746,27 +746,33 @@ fn check_heads(
         }));
         let at = format!("{name} m={m} h={hidden} dh={dh} t={threads} steal={steal}");
         for r in 0..m {
+            // The GEMM's columns are q, k and v of head 0, then of head 1, ...; the
+            // destinations hold q | k (bytes, scales) and v.
             let row = &plain[r * n..(r + 1) * n];
-            for (h, head) in row[..2 * hidden].chunks_exact(dh).enumerate() {
-                let mut want = vec![0u8; dh];
-                let scale = quantize_sym(head, &mut want, if h < heads { 128 } else { 0 });
-                assert_eq!(
-                    &bytes[r * ldb + h * dh..][..dh],
-                    &want[..],
-                    "{at}: bytes of head {h} row {r}"
-                );
-                assert_eq!(
-                    scales[r * lds + h].to_bits(),
-                    scale.to_bits(),
-                    "{at}: scale {h} row {r}"
-                );
-            }
-            for c in 0..hidden {
-                assert_eq!(
-                    v[r * ldv + c].to_bits(),
-                    row[2 * hidden + c].to_bits(),
-                    "{at}: v[{r}, {c}]"
-                );
+            for (i, triple) in row.chunks_exact(3 * dh).enumerate() {
+                for (part, head) in triple.chunks_exact(dh).enumerate().take(2) {
+                    let h = part * heads + i;
+                    let mut want = vec![0u8; dh];
+                    let scale = quantize_sym(head, &mut want, if part == 0 { 128 } else { 0 });
+                    assert_eq!(
+                        &bytes[r * ldb + h * dh..][..dh],
+                        &want[..],
+                        "{at}: bytes of head {h} row {r}"
+                    );
+                    assert_eq!(
+                        scales[r * lds + h].to_bits(),
+                        scale.to_bits(),
+                        "{at}: scale {h} row {r}"
+                    );
+                }
+                for d in 0..dh {
+                    assert_eq!(
+                        v[r * ldv + i * dh + d].to_bits(),
+                        triple[2 * dh + d].to_bits(),
+                        "{at}: v[{r}, {}]",
+                        i * dh + d
+                    );
+                }
             }
             assert!(
                 bytes[r * ldb + 2 * hidden..][..3]

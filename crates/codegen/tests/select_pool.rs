@@ -1,7 +1,7 @@
 //! Kernel selection, cache sizes, the thread pool, the peak probe and hwbench.
 
 use codegen::kernels::hwbench::{hwbench_with, render_json, render_table};
-use codegen::kernels::pool::{parallel_for, split_range};
+use codegen::kernels::pool::{parallel_for, parallel_owned_chunks, split_range};
 use codegen::kernels::{
     cache_sizes, cpu_features, measure_peak, parse_cache_override, pick_f32, pick_int8, CacheSizes,
     F32Kernel, Int8Kernel, KernelError,
@@ -99,6 +99,43 @@ fn pool_runs_every_part_once_from_many_callers() {
                         });
                     }
                     assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 200));
+                }
+            });
+        }
+    });
+}
+
+/// Every index in exactly one chunk, each chunk inside one part's share (as `split_range` cuts
+/// the shares), whatever the sizes, and from concurrent callers (which then run inline).
+#[test]
+fn owned_chunks_cover_every_index_once_within_shares() {
+    std::thread::scope(|s| {
+        for caller in 0..3 {
+            s.spawn(move || {
+                for parts in 1..=4 {
+                    for total in (0..40).chain([97, 1000]) {
+                        let hits: Vec<AtomicUsize> =
+                            (0..total).map(|_| AtomicUsize::new(0)).collect();
+                        let chunks = std::sync::Mutex::new(Vec::new());
+                        parallel_owned_chunks(total, parts, |r| {
+                            r.clone().for_each(|i| {
+                                hits[i].fetch_add(1, Ordering::Relaxed);
+                            });
+                            chunks.lock().unwrap().push(r);
+                        });
+                        let at = format!("caller {caller}, {total} in {parts} parts");
+                        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "{at}");
+                        let shares: Vec<_> = (0..parts.min(total).max(1))
+                            .map(|t| split_range(total, parts.min(total).max(1), t))
+                            .collect();
+                        for r in chunks.into_inner().unwrap() {
+                            assert!(!r.is_empty(), "{at}: an empty chunk");
+                            assert!(
+                                shares.iter().any(|s| s.start <= r.start && r.end <= s.end),
+                                "{at}: chunk {r:?} straddles the shares {shares:?}"
+                            );
+                        }
+                    }
                 }
             });
         }

@@ -281,9 +281,12 @@ pub enum EpilogueStep {
         smooth: bool,
     },
     /// Last step only, on a `3h`-wide output whose columns are the q, k and v of `heads`-head
-    /// attention with 8-bit products (the merged QKV projection feeding it): each head of q and
-    /// of k is quantized as that attention multiplies it (symmetric, ±127, one scale per token
-    /// and head: `codegen::kernels::math::quantize_sym`), v stays f32. Three outputs: the bytes
+    /// attention with 8-bit products (the merged QKV projection feeding it), head by head: q,
+    /// k and v of head 0, then those of head 1, and so on (the `fuse` pipeline reorders the
+    /// weight's columns so when it adds the step: each thread of the GEMM then makes whole
+    /// heads, the ones its attention tasks read). Each head of q and of k is quantized as that
+    /// attention multiplies it (symmetric, ±127, one scale per token and head:
+    /// `codegen::kernels::math::quantize_sym`), v stays f32. Three outputs: the bytes
     /// (`u8[…, 2h]`: q's heads shifted by 128, then k's as s8 bits), the scales (`f32[…,
     /// 2·heads]`: q's, then k's) and v (`f32[…, h]`). Attention then reads 4.7 KB per BERT-base
     /// token instead of 9.2 and quantizes nothing of q and k itself; its results are the same

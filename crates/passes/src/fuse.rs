@@ -1073,6 +1073,13 @@ fn quantize_heads(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool
             format!("its {n:?} columns are not q, k and v of {num_heads} whole heads"),
         );
     };
+    let Some(producer_inputs) = heads_interleaved(g, qkv.node, &steps, num_heads) else {
+        return decline(
+            report,
+            "its weight, scales or per-column operands are not constants (their columns are reordered head by head)"
+                .into(),
+        );
+    };
     steps.push(EpilogueStep::QuantHeads { heads: num_heads });
     let f32_ty = g.outlet_type(qkv).clone();
     let outputs: Vec<TensorType> = EpilogueStep::output_dtypes(&steps)
@@ -1094,7 +1101,6 @@ fn quantize_heads(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool
         smooth,
         epilogue: steps,
     };
-    let producer_inputs = g.node_inputs(qkv.node);
     let new_producer = g
         .add_node(producer_op, &producer, &producer_inputs, outputs)
         .map_err(|e| e.to_string())?;
@@ -1114,6 +1120,71 @@ fn quantize_heads(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool
         format!("q and k of `{name}` quantized per head → epilogue `quant_heads {num_heads}`"),
     );
     Ok(true)
+}
+
+/// The inputs of the `QLinear` `id` (epilogue `steps`, `3h` columns: q, k and v side by side)
+/// with the columns of its weight, weight scales and per-column operands reordered head by
+/// head (q, k and v of head 0, then of head 1, ...), the layout `quant_heads` reads: each
+/// thread of the GEMM then computes the q, k and v of whole heads, the ones its attention tasks
+/// read. `None` when one of them is not a constant, or the epilogue holds a step this does not
+/// reorder (only `bias`, `mul_col` and GELU may come before `quant_heads`).
+fn heads_interleaved(
+    g: &mut Graph,
+    id: NodeId,
+    steps: &[EpilogueStep],
+    heads: usize,
+) -> Option<Vec<Outlet>> {
+    let Op::QLinear { smooth, .. } = g.node(id).op else {
+        return None;
+    };
+    let mut inputs = g.node_inputs(id);
+    let n = width(g, id)?;
+    let dh = n / 3 / heads;
+    // Column j of the result is column `order(j)` of the q | k | v layout.
+    let order = |j: usize| (j / dh % 3) * (n / 3) + j / (3 * dh) * dh + j % dh;
+    let name = g.node(id).name.clone();
+    let w = g.const_value(inputs[1])?;
+    if w.dtype() != DType::I8 || w.shape().len() != 2 || w.shape()[1] != n || !w.has_data() {
+        return None;
+    }
+    let k = w.shape()[0];
+    let w = w.to_vec::<i8>().ok()?;
+    let weight: Vec<i8> = (0..k * n).map(|i| w[i / n * n + order(i % n)]).collect();
+    let mut per_column = vec![(2, "weight_scale")];
+    let mut at = 3 + usize::from(smooth);
+    for step in steps {
+        match step {
+            EpilogueStep::Bias => per_column.push((at, "bias")),
+            EpilogueStep::MulCol => per_column.push((at, "mul_col")),
+            EpilogueStep::Gelu(_) => {}
+            _ => return None,
+        }
+        at += step.operands();
+    }
+    let mut vectors = Vec::new();
+    for &(i, what) in &per_column {
+        let t = g.const_value(inputs[i])?;
+        let v = t.to_f32_vec().ok()?;
+        if t.dtype() != DType::F32 || !(v.len() == n || v.len() == 1 && i == 2) {
+            return None;
+        }
+        vectors.push((i, what, v));
+    }
+    inputs[1] = g.add_const(
+        &format!("{name}/weight_by_head"),
+        Tensor::from_vec(vec![k, n], weight),
+    );
+    for (i, what, v) in vectors {
+        if v.len() == n {
+            let shape = g.const_value(inputs[i])?.shape().to_vec();
+            let by_head = (0..n).map(|j| v[order(j)]).collect();
+            inputs[i] = g.add_const(
+                &format!("{name}/{what}_by_head"),
+                Tensor::from_vec(shape, by_head),
+            );
+        }
+    }
+    Some(inputs)
 }
 
 /// `[k, n]` row-major matrices placed side by side: `[k, parts·n]`.

@@ -1390,10 +1390,40 @@ fn fuse_epilogue_quantizes_heads_for_int8_attention() {
     let mut ctx = PassContext::default();
     assert!(step(&FuseEpilogue, &mut g, &mut ctx));
     let fused = print(&g);
+    let qkv_line = fused.lines().find(|l| l.ends_with("# qkv")).expect("qkv");
     assert!(
-        fused.contains("epilogue=(bias, quant_heads 2)](%0, %2, %3, %4) : (u8[B,S,8], f32[B,S,4], f32[B,S,4])  # qkv"),
+        qkv_line.contains("epilogue=(bias, quant_heads 2)](%0, %")
+            && qkv_line.ends_with(" : (u8[B,S,8], f32[B,S,4], f32[B,S,4])  # qkv"),
         "{fused}"
     );
+    // The weight, its scales and the bias with their columns head by head: q, k, v of head 0
+    // (columns 0-1, 4-5, 8-9 of q | k | v), then of head 1 (2-3, 6-7, 10-11).
+    let order = [0usize, 1, 4, 5, 8, 9, 2, 3, 6, 7, 10, 11];
+    let bias = weights(1, 12, 4);
+    let by_head: Vec<f32> = order.iter().map(|&c| bias[c]).collect();
+    let bias_line = fused
+        .lines()
+        .find(|l| l.ends_with("# qkv/bias_by_head"))
+        .expect("the reordered bias");
+    assert!(
+        bias_line.ends_with(&format!(
+            " = {}  # qkv/bias_by_head",
+            f32_const(&[12], &by_head)
+        )),
+        "{bias_line}"
+    );
+    let w: Vec<i32> = (0..48).map(|i: i32| i * 37 % 255 - 127).collect();
+    let w_by_head: Vec<String> = (0..48)
+        .map(|i| w[i / 12 * 12 + order[i % 12]].to_string())
+        .collect();
+    assert!(
+        fused.contains(&format!(
+            "const[value=i8[4,12]{{{}}}] : i8[4,12]  # qkv/weight_by_head",
+            w_by_head.join(", ")
+        )),
+        "{fused}"
+    );
+    assert!(fused.contains("# qkv/weight_scale_by_head"), "{fused}");
     let attn = fused.lines().find(|l| l.ends_with("# attn")).expect("attn");
     assert!(attn.contains(".1, %") && attn.contains(".2, %"), "{fused}");
     assert!(has_note(
@@ -1444,6 +1474,20 @@ fn fuse_epilogue_quantizes_heads_for_int8_attention() {
             "attn",
             "the f32 GEMM writes f32 only"
         ),
+        "{}",
+        notes(&report)
+    );
+
+    // A bias the pass cannot reorder (a graph input): the quantization stays in attention.
+    let text = layer(qlinear, "").replace(
+        &format!("%4 = {}  # qkv/bias", f32_const(&[12], &weights(1, 12, 4))),
+        "%4 = input[name=\"b\"] : f32[12]  # qkv/bias",
+    );
+    assert!(text.contains("input[name=\"b\"]"), "{text}");
+    let (_, _, _, after, report) = one_pass(&FuseEpilogue, &text);
+    assert!(!print(&after).contains("quant_heads"));
+    assert!(
+        has_note(&report, NoteKind::Declined, "attn", "not constants"),
         "{}",
         notes(&report)
     );

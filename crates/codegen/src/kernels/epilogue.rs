@@ -222,14 +222,18 @@ pub enum Output<'a> {
         /// Row stride.
         ldc: usize,
     },
-    /// The QKV projection of 8-bit attention (int8 GEMM only, `n = 3h`, columns q, k, v, each
-    /// `h` wide in heads of `head_dim`): each head of q and of k is quantized as attention
-    /// multiplies it ([`math::quantize_sym`], q as u8 shifted by 128, k as s8 bits) and v is
-    /// stored as f32. Half the bytes of an f32 output, and attention reads q and k ready.
+    /// The QKV projection of 8-bit attention (int8 GEMM only, `n = 3h`, `h` in heads of
+    /// `head_dim`), its columns head by head: q, k and v of head 0, then of head 1, ... (so that
+    /// the thread computing a head's columns is the one whose attention task reads them). Each
+    /// head of q and of k is quantized as attention multiplies it ([`math::quantize_sym`], q as
+    /// u8 shifted by 128, k as s8 bits) and v is stored as f32, each into the usual `[q | k]`,
+    /// `[v]` layout of its destination. Half the bytes of an f32 output, and attention reads q
+    /// and k ready.
     Heads(HeadsOut<'a>),
 }
 
-/// The three destinations of [`Output::Heads`], for an `m × 3h` GEMM.
+/// The three destinations of [`Output::Heads`], for an `m × 3h` GEMM whose columns are the q,
+/// k and v of head 0, then those of head 1, and so on ([`head_slot`] says where each goes).
 #[derive(Debug)]
 pub struct HeadsOut<'a> {
     /// `m` rows of `2h` bytes at stride `ld_bytes`: q's heads (u8, +128), then k's (s8 bits).
@@ -261,11 +265,12 @@ impl Output<'_> {
         }
     }
 
-    /// The column granularity the drivers must keep: every epilogue call covers whole heads of
-    /// an [`Output::Heads`] (their quantization needs the head's maximum); 1 otherwise.
+    /// The column granularity the drivers must keep: the q, k and v of whole heads of an
+    /// [`Output::Heads`] (quantizing a head needs its maximum, and a thread that computes all
+    /// three of a head is the one whose attention task reads them); 1 otherwise.
     pub(crate) fn col_granularity(&self) -> usize {
         match self {
-            Output::Heads(h) => h.head_dim,
+            Output::Heads(h) => 3 * h.head_dim,
             _ => 1,
         }
     }
@@ -302,6 +307,50 @@ pub(crate) struct HeadsPtr {
     pub(super) ld_v: usize,
     pub(super) hidden: usize,
     pub(super) head_dim: usize,
+}
+
+/// Where the `head_dim` columns of an [`Output::Heads`] GEMM from column `c` (a multiple of
+/// `head_dim`) go: columns `3·dh·i .. 3·dh·(i + 1)` are the q, k and v of head `i`.
+///
+/// ```
+/// use codegen::kernels::{head_slot, HeadSlot};
+/// // 4 heads of 8 (h = 32): columns 24.., 32.. and 40.. are the q, k and v of head 1.
+/// assert_eq!(head_slot(24, 32, 8), HeadSlot::Quantized { byte_col: 8, scale: 1, offset: 128 });
+/// assert_eq!(head_slot(32, 32, 8), HeadSlot::Quantized { byte_col: 40, scale: 5, offset: 0 });
+/// assert_eq!(head_slot(40, 32, 8), HeadSlot::Values { col: 8 });
+/// ```
+#[inline(always)]
+pub fn head_slot(c: usize, hidden: usize, head_dim: usize) -> HeadSlot {
+    let (head, part) = (c / (3 * head_dim), c / head_dim % 3);
+    match part {
+        0 => HeadSlot::Quantized {
+            byte_col: head * head_dim,
+            scale: head,
+            offset: 128,
+        },
+        1 => HeadSlot::Quantized {
+            byte_col: hidden + head * head_dim,
+            scale: hidden / head_dim + head,
+            offset: 0,
+        },
+        _ => HeadSlot::Values {
+            col: head * head_dim,
+        },
+    }
+}
+
+/// The destination of one head's columns of an [`Output::Heads`] GEMM (see [`head_slot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadSlot {
+    /// A head of q (`offset` 128: u8) or of k (`offset` 0: s8 bits): its bytes from column
+    /// `byte_col` of a row of `bytes`, its scale at column `scale` of a row of `scales`.
+    Quantized {
+        byte_col: usize,
+        scale: usize,
+        offset: u8,
+    },
+    /// A head of v: its f32 values from column `col` of a row of `v`.
+    Values { col: usize },
 }
 
 /// Raw output pointer (absolute row/column addressing) shared by the worker threads, which
@@ -701,17 +750,6 @@ unsafe fn run_block_generic(
                             // exclusive to us.
                             Some(unsafe { std::slice::from_raw_parts_mut(o.add(r * ldc + c0), w) })
                         }
-                        // Columns of v only: f32 as they are, straight into v.
-                        OutPtr::Heads(h) if rest.is_empty() && c0 >= 2 * h.hidden => {
-                            // SAFETY: as above: row r, columns c0.. of v (checked to hold the
-                            // problem), this caller's.
-                            Some(unsafe {
-                                std::slice::from_raw_parts_mut(
-                                    h.v.add(r * h.ld_v + c0 - 2 * h.hidden),
-                                    w,
-                                )
-                            })
-                        }
                         _ => None,
                     };
                     let stored = direct.is_some();
@@ -894,30 +932,37 @@ unsafe fn store_row(out: OutPtr, r: usize, c0: usize, y: &[f32]) {
 }
 
 /// Row `r`, columns `c0..c0 + y.len()` (whole heads: the drivers keep the granularity of
-/// [`Output::col_granularity`]) of an [`Output::Heads`]: heads of q and k quantized, v copied.
+/// [`Output::col_granularity`]) of an [`Output::Heads`]: heads of q and k quantized, v copied,
+/// each where [`head_slot`] says.
 ///
 /// # Safety
 /// As [`store_row`]: the heads of these columns in row `r` of the three destinations (which
 /// `validate_heads` checked hold the problem) are the caller's.
 #[inline(always)]
 unsafe fn store_heads(h: HeadsPtr, r: usize, c0: usize, y: &[f32]) {
-    let (dh, hidden) = (h.head_dim, h.hidden);
+    let dh = h.head_dim;
     debug_assert!(c0.is_multiple_of(dh) && y.len().is_multiple_of(dh));
     for (i, head) in y.chunks_exact(dh).enumerate() {
-        let c = c0 + i * dh;
-        if c < 2 * hidden {
-            let offset = if c < hidden { 128 } else { 0 };
-            // SAFETY: head c/dh of row r: inside the checked destinations, the caller's.
-            unsafe {
-                let bytes = std::slice::from_raw_parts_mut(h.bytes.add(r * h.ld_bytes + c), dh);
-                *h.scales.add(r * h.ld_scales + c / dh) = math::quantize_sym(head, bytes, offset);
+        match head_slot(c0 + i * dh, h.hidden, dh) {
+            HeadSlot::Quantized {
+                byte_col,
+                scale,
+                offset,
+            } => {
+                // SAFETY: one head of row r: inside the checked destinations, the caller's.
+                unsafe {
+                    let bytes =
+                        std::slice::from_raw_parts_mut(h.bytes.add(r * h.ld_bytes + byte_col), dh);
+                    *h.scales.add(r * h.ld_scales + scale) =
+                        math::quantize_sym(head, bytes, offset);
+                }
             }
-        } else {
-            // SAFETY: as above, in v.
-            let v =
-                unsafe { std::slice::from_raw_parts_mut(h.v.add(r * h.ld_v + c - 2 * hidden), dh) };
-            // Element by element: a `memmove` call per head cost more than the copy.
-            v.iter_mut().zip(head).for_each(|(v, x)| *v = *x);
+            HeadSlot::Values { col } => {
+                // SAFETY: as above, in v.
+                let v = unsafe { std::slice::from_raw_parts_mut(h.v.add(r * h.ld_v + col), dh) };
+                // Element by element: a `memmove` call per head cost more than the copy.
+                v.iter_mut().zip(head).for_each(|(v, x)| *v = *x);
+            }
         }
     }
 }

@@ -18,7 +18,7 @@
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::epilogue::{EpilogueOp, Int8Ctx, OutPtr};
+use super::epilogue::{head_slot, EpilogueOp, HeadSlot, Int8Ctx, OutPtr};
 use super::math::GeluErf512;
 
 /// The widest head [`OutPtr::Heads`] takes in registers (16 vectors).
@@ -527,13 +527,14 @@ unsafe fn run_with<const F: u32>(
             continue;
         }
         if let OutPtr::Heads(h) = out {
-            // Row `r`, whole heads (`eligible` and the drivers) of a QKV product: each head of
-            // q and k as `math::quantize_sym` makes it (the same lanes for the absolute
-            // maximum, the same fold, product, rounding and clamp; q shifted by 128) with its
-            // scale, v as f32. Written out here rather than in a function taking `values!` as a
-            // closure: a closure capturing the row's state by reference kept it on the stack
-            // for the other outputs' loop too (the FFN1 chain ran 2x slower).
-            let (dh, hidden) = (h.head_dim, h.hidden);
+            // Row `r`, whole heads (`eligible` and the drivers) of a QKV product, each where
+            // `head_slot` says: each head of q and k as `math::quantize_sym` makes it (the same
+            // lanes for the absolute maximum, the same fold, product, rounding and clamp; q
+            // shifted by 128) with its scale, v as f32. Written out here rather than in a
+            // function taking `values!` as a closure: a closure capturing the row's state by
+            // reference kept it on the stack for the other outputs' loop too (the FFN1 chain
+            // ran 2x slower).
+            let dh = h.head_dim;
             let vectors = dh / 16;
             // A `while` rather than `step_by`, whose trip count cost an integer division per
             // row.
@@ -542,18 +543,25 @@ unsafe fn run_with<const F: u32>(
                 let c = c0 + hc;
                 hc += dh;
                 let hc = hc - dh;
-                if c >= 2 * hidden {
-                    for t in 0..vectors {
-                        // SAFETY: row r of v, columns c − 2h.. of this head (caller contract).
-                        unsafe {
-                            _mm512_storeu_ps(
-                                h.v.add(r * h.ld_v + c - 2 * hidden + 16 * t),
-                                values!(1, hc + 16 * t, 0xffff)[0],
-                            )
-                        };
+                let (byte_col, scale, offset) = match head_slot(c, h.hidden, dh) {
+                    HeadSlot::Values { col } => {
+                        for t in 0..vectors {
+                            // SAFETY: row r of v, this head's columns (caller contract).
+                            unsafe {
+                                _mm512_storeu_ps(
+                                    h.v.add(r * h.ld_v + col + 16 * t),
+                                    values!(1, hc + 16 * t, 0xffff)[0],
+                                )
+                            };
+                        }
+                        continue;
                     }
-                    continue;
-                }
+                    HeadSlot::Quantized {
+                        byte_col,
+                        scale,
+                        offset,
+                    } => (byte_col, scale, offset),
+                };
                 // `math::abs_max`: lane l keeps the largest |x| of the elements l mod 16, a NaN never
                 // replacing what it holds (`if b > a { b } else { a }` is `vmaxps b, a`).
                 let mut amax = _mm512_setzero_ps();
@@ -566,7 +574,7 @@ unsafe fn run_with<const F: u32>(
                 unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), amax) };
                 let amax = super::math::fold_lanes(lanes, |a, b| if b > a { b } else { a });
                 let inv = _mm512_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
-                let offset = _mm512_set1_epi32(if c < hidden { 128 } else { 0 });
+                let offset = _mm512_set1_epi32(i32::from(offset));
                 for (t, v) in head.iter().enumerate().take(vectors) {
                     let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
                         _mm512_mul_ps(*v, inv),
@@ -577,16 +585,16 @@ unsafe fn run_with<const F: u32>(
                         _mm512_max_ps(_mm512_set1_ps(-127.0), q),
                     );
                     let bytes = _mm512_add_epi32(_mm512_cvtps_epi32(q), offset);
-                    // SAFETY: row r of the bytes, columns c + 16t.. of this head (caller contract).
+                    // SAFETY: row r of the bytes, this head's columns (caller contract).
                     unsafe {
                         _mm_storeu_si128(
-                            h.bytes.add(r * h.ld_bytes + c + 16 * t) as *mut __m128i,
+                            h.bytes.add(r * h.ld_bytes + byte_col + 16 * t) as *mut __m128i,
                             _mm512_cvtepi32_epi8(bytes),
                         )
                     };
                 }
-                // SAFETY: row r's scale of head c / dh (caller contract).
-                unsafe { *h.scales.add(r * h.ld_scales + c / dh) = amax / 127.0 };
+                // SAFETY: row r's scale of this head (caller contract).
+                unsafe { *h.scales.add(r * h.ld_scales + scale) = amax / 127.0 };
             }
             continue;
         }

@@ -37,7 +37,8 @@ pub mod select;
 
 pub use buf::{AlignedBuf, SharedPtr};
 pub use epilogue::{
-    Epilogue, EpilogueF32, EpilogueOp, EpilogueOps, ForkOut, HeadsOut, Output, QType, RowParam,
+    head_slot, Epilogue, EpilogueF32, EpilogueOp, EpilogueOps, ForkOut, HeadSlot, HeadsOut, Output,
+    QType, RowParam,
 };
 pub use error::KernelError;
 pub use f32::{gemm_f32, gemm_f32_unpacked, plan_split_f32, PackedF32};

@@ -236,6 +236,106 @@ pub fn parallel_chunks(total: usize, parts: usize, f: impl Fn(std::ops::Range<us
     });
 }
 
+/// Runs `f` on chunks of `0..total` with `parts` threads, each part starting with its own
+/// contiguous share (part `t` the `t`-th of `parts` near-equal shares, as [`split_range`] cuts
+/// them), claimed chunk by chunk from the front; a part done with its share takes chunks from
+/// the back of the others', so a busy core holds up only the chunk it is on. For work whose
+/// data the previous parallel step left in the cache of the part with the same index: int8
+/// attention's heads, which the QKV GEMM's part `t` wrote. Every index is in exactly one chunk.
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// let sum = AtomicUsize::new(0);
+/// codegen::kernels::pool::parallel_owned_chunks(10, 2, |r| { sum.fetch_add(r.sum::<usize>(), Ordering::Relaxed); });
+/// assert_eq!(sum.load(Ordering::Relaxed), 45);
+/// ```
+pub fn parallel_owned_chunks(
+    total: usize,
+    parts: usize,
+    f: impl Fn(std::ops::Range<usize>) + Sync,
+) {
+    // Chunks per share: enough that the other part can take over the tail of a share.
+    const CHUNKS: usize = 4;
+    let parts = parts.min(total).max(1);
+    if parts == 1 {
+        if total > 0 {
+            f(0..total);
+        }
+        return;
+    }
+    let shares: smallvec::SmallVec<[(std::ops::Range<usize>, usize, Claims); 8]> = (0..parts)
+        .map(|t| {
+            let share = split_range(total, parts, t);
+            let chunks = CHUNKS.min(share.len()).max(1);
+            (share, chunks, Claims::new(chunks))
+        })
+        .collect();
+    let run = |p: usize, c: usize| {
+        let (share, chunks, _) = &shares[p];
+        let r = split_range(share.len(), *chunks, c);
+        f(share.start + r.start..share.start + r.end);
+    };
+    parallel_for(parts, &|t| {
+        while let Some(c) = shares[t].2.claim_front() {
+            run(t, c);
+        }
+        for p in (1..parts).map(|o| (t + o) % parts) {
+            while let Some(c) = shares[p].2.claim_back() {
+                run(p, c);
+            }
+        }
+    });
+}
+
+/// Units `0..n` that their owner claims from the front and other threads from the back, each
+/// exactly once.
+pub(crate) struct Claims {
+    /// `front << 32 | back`: units `front..back` are still unclaimed.
+    queue: std::sync::atomic::AtomicU64,
+}
+
+impl Claims {
+    pub(crate) fn new(n: usize) -> Claims {
+        assert!((n as u64) < 1 << 32, "too many work units");
+        Claims {
+            queue: std::sync::atomic::AtomicU64::new(n as u64),
+        }
+    }
+
+    fn claim(&self, from_front: bool) -> Option<usize> {
+        use std::sync::atomic::Ordering;
+        let mut cur = self.queue.load(Ordering::Relaxed);
+        loop {
+            let (f, b) = (cur >> 32, cur & 0xffff_ffff);
+            if f >= b {
+                return None;
+            }
+            let (next, u) = if from_front {
+                ((f + 1) << 32 | b, f)
+            } else {
+                (f << 32 | (b - 1), b - 1)
+            };
+            match self
+                .queue
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(u as usize),
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// The owner's next unit.
+    pub(crate) fn claim_front(&self) -> Option<usize> {
+        self.claim(true)
+    }
+
+    /// A thief's next unit (from the back).
+    pub(crate) fn claim_back(&self) -> Option<usize> {
+        self.claim(false)
+    }
+}
+
 /// Default for [`set_min_parallel_macs`]: problems below this many multiply-adds run on one
 /// thread, since waking a worker costs more than it saves (about 10 µs of work on one core).
 pub const MIN_PARALLEL_MACS: usize = 1 << 20;
@@ -387,8 +487,7 @@ pub(crate) struct PartWork {
     nc_panels: usize,
     units_m: usize,
     units: usize,
-    /// `front << 32 | back`: units `front..back` are still unclaimed.
-    queue: std::sync::atomic::AtomicU64,
+    queue: Claims,
 }
 
 impl PartWork {
@@ -414,16 +513,15 @@ impl PartWork {
             .div_ceil(units_n.max(1))
             .max(1)
             .next_multiple_of(g);
-        let total = (units_m * units_n) as u64;
-        assert!(total < 1 << 32, "too many work units");
+        let total = units_m * units_n;
         Self {
             rows,
             pans,
             mc,
             nc_panels,
             units_m,
-            units: total as usize,
-            queue: std::sync::atomic::AtomicU64::new(total),
+            units: total,
+            queue: Claims::new(total),
         }
     }
 
@@ -444,36 +542,13 @@ impl PartWork {
         )
     }
 
-    fn claim(&self, from_front: bool) -> Option<usize> {
-        use std::sync::atomic::Ordering;
-        let mut cur = self.queue.load(Ordering::Relaxed);
-        loop {
-            let (f, b) = (cur >> 32, cur & 0xffff_ffff);
-            if f >= b {
-                return None;
-            }
-            let (next, u) = if from_front {
-                ((f + 1) << 32 | b, f)
-            } else {
-                (f << 32 | (b - 1), b - 1)
-            };
-            match self
-                .queue
-                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => return Some(u as usize),
-                Err(c) => cur = c,
-            }
-        }
-    }
-
     /// The owner's next unit.
     pub(crate) fn claim_front(&self) -> Option<usize> {
-        self.claim(true)
+        self.queue.claim_front()
     }
 
     /// A thief's next unit (from the back).
     pub(crate) fn claim_back(&self) -> Option<usize> {
-        self.claim(false)
+        self.queue.claim_back()
     }
 }

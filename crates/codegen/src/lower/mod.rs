@@ -188,7 +188,7 @@ pub struct ThenGemm {
     pub weight: WeightId,
     /// Its epilogue has a row-wide step (LayerNorm).
     pub row_step: bool,
-    /// Columns its epilogue calls hold whole (a head's width, else 1).
+    /// Columns its epilogue calls and thread shares hold whole (a head's q, k and v, else 1).
     pub head_columns: usize,
 }
 
@@ -617,12 +617,13 @@ fn has_row_step(op: &Op) -> bool {
     }
 }
 
-/// The columns every epilogue call must hold whole: a head's width when the epilogue ends in
-/// `quant_heads` (of an `n`-column linear), else 1.
+/// The columns every epilogue call and thread share must hold whole: the q, k and v of a head
+/// (three heads' widths, side by side) when the epilogue ends in `quant_heads` (of an
+/// `n`-column linear), else 1.
 fn head_columns(op: &Op, n: usize) -> usize {
     match op {
         Op::QLinear { epilogue, .. } => match epilogue.last() {
-            Some(EpilogueStep::QuantHeads { heads }) => (n / 3 / heads).max(1),
+            Some(EpilogueStep::QuantHeads { heads }) => (n / heads).max(1),
             _ => 1,
         },
         _ => 1,

@@ -925,7 +925,14 @@ fn attend(
             I8_SCRATCH.with(|c| c.set(i8_scratch));
         }
     };
-    ctx.par_tasks(tasks, work, run);
+    if matches!(src, Source::HeadsI8 { .. }) {
+        // The QKV GEMM's thread `t` wrote the q, k and v of the `t`-th share of the heads (its
+        // columns are whole heads, see `quant_heads`), and the tasks run head-major: starting
+        // with the same share keeps them in that core's cache.
+        ctx.par_owned_tasks(tasks, work, run);
+    } else {
+        ctx.par_tasks(tasks, work, run);
+    }
     match quant {
         Some(_) => TensorData::U8(out_u8),
         None => TensorData::F32(out_f32),

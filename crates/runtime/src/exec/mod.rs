@@ -17,7 +17,7 @@ pub(crate) mod simd;
 
 use std::ops::Range;
 
-use codegen::kernels::pool::parallel_chunks;
+use codegen::kernels::pool::{parallel_chunks, parallel_owned_chunks};
 
 use crate::value::{Dims, TensorValue};
 use crate::Error;
@@ -382,6 +382,18 @@ impl Ctx<'_> {
             return;
         }
         parallel_chunks(tasks, parts, f);
+    }
+
+    /// [`Ctx::par_tasks`] where thread `t` starts with the `t`-th contiguous share of the tasks
+    /// (then helps with the others' tails): for tasks whose inputs the step before left in that
+    /// thread's cache (see `pool::parallel_owned_chunks`).
+    pub fn par_owned_tasks(&self, tasks: usize, work: usize, f: impl Fn(Range<usize>) + Sync) {
+        let parts = self.parts(tasks, work);
+        if parts <= 1 {
+            f(0..tasks);
+            return;
+        }
+        parallel_owned_chunks(tasks, parts, f);
     }
 
     /// Threads for one GEMM of `work` multiply-adds: products under 4M MACs (~0.1 ms on one

@@ -498,7 +498,7 @@ fn blocking(d: &KernelDesc, k_pad: usize, n: usize, row_epilogue: bool) -> Block
 
 /// How [`gemm_i8`] shares an `n`-column GEMM with a weight packed for `kernel` among `threads`
 /// workers, given whether its epilogue has a row-wide step (LayerNorm: the threads then share
-/// rows) and the column granularity its output needs (a head's width for [`Output::Heads`],
+/// rows) and the column granularity its output needs (a head's q, k and v for [`Output::Heads`],
 /// else 1). Problems too small to be worth a second thread run on one, whatever the plan.
 pub fn plan_split_i8(
     kernel: Int8Kernel,
