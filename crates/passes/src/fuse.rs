@@ -1127,7 +1127,9 @@ fn quantize_heads(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool
     report.fired(
         FUSE,
         &producer,
-        format!("q and k of `{name}` quantized per head → epilogue `quant_heads {num_heads}`"),
+        format!(
+            "q and k of `{name}` quantized per head → epilogue `quant_heads {num_heads}`, the weight's columns head by head"
+        ),
     );
     Ok(true)
 }
