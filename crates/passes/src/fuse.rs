@@ -1073,12 +1073,9 @@ fn quantize_heads(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool
             format!("its {n:?} columns are not q, k and v of {num_heads} whole heads"),
         );
     };
-    let Some(producer_inputs) = heads_interleaved(g, qkv.node, &steps, num_heads) else {
-        return decline(
-            report,
-            "its weight, scales or per-column operands are not constants (their columns are reordered head by head)"
-                .into(),
-        );
+    let producer_inputs = match heads_interleaved(g, qkv.node, &steps, num_heads) {
+        Ok(inputs) => inputs,
+        Err(why) => return decline(report, format!("its columns cannot go head by head: {why}")),
     };
     steps.push(EpilogueStep::QuantHeads { heads: num_heads });
     let f32_ty = g.outlet_type(qkv).clone();
@@ -1138,32 +1135,35 @@ fn quantize_heads(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool
 /// with the columns of its weight, weight scales and per-column operands reordered head by
 /// head (q, k and v of head 0, then of head 1, ...), the layout `quant_heads` reads: each
 /// thread of the GEMM then computes the q, k and v of whole heads, the ones its attention tasks
-/// read. `None` when one of them is not a constant, or the epilogue holds a step this does not
-/// reorder (only `bias`, `mul_col` and GELU may come before `quant_heads`).
+/// read. Why not when one of them is not a constant of the expected type and size, or the
+/// epilogue holds a step this does not reorder (only `bias`, `mul_col` and GELU may come before
+/// `quant_heads`).
 fn heads_interleaved(
     g: &mut Graph,
     id: NodeId,
     steps: &[EpilogueStep],
     heads: usize,
-) -> Option<Vec<Outlet>> {
+) -> Result<Vec<Outlet>, String> {
     let Op::QLinear { smooth, .. } = g.node(id).op else {
-        return None;
+        return Err("not a qlinear".into());
     };
     let mut inputs = g.node_inputs(id);
-    let n = width(g, id)?;
+    let n = width(g, id).ok_or("its width is not known")?;
     let dh = n / 3 / heads;
     // Column j of the result is column `order[j]` of the q | k | v layout.
     let order: Vec<usize> = (0..n)
         .map(|j| (j / dh % 3) * (n / 3) + j / (3 * dh) * dh + j % dh)
         .collect();
     let name = g.node(id).name.clone();
-    let w = g.const_value(inputs[1])?;
-    if w.dtype() != DType::I8 || w.shape().len() != 2 || w.shape()[1] != n {
-        return None;
-    }
-    let k = w.shape()[0];
+    let w = g
+        .const_value(inputs[1])
+        .ok_or("the weight is not a constant")?;
+    let k = w.shape().first().copied().unwrap_or(0);
     // The bytes of an i8 tensor are its values (read in place: BERT-base's are 1.8 MB a layer).
-    let w = w.bytes()?;
+    let w = match w.bytes() {
+        Some(b) if w.dtype() == DType::I8 && w.shape() == [k, n] && b.len() == k * n => b,
+        _ => return Err(format!("the weight is not {k} × {n} bytes of i8")),
+    };
     let mut weight = Vec::with_capacity(k * n);
     for row in w.chunks_exact(n) {
         weight.extend(order.iter().map(|&c| row[c] as i8));
@@ -1175,26 +1175,26 @@ fn heads_interleaved(
             EpilogueStep::Bias => per_column.push((at, "bias")),
             EpilogueStep::MulCol => per_column.push((at, "mul_col")),
             EpilogueStep::Gelu(_) => {}
-            _ => return None,
+            other => return Err(format!("its epilogue step `{other}` is not reordered")),
         }
         at += step.operands();
     }
     let mut vectors = Vec::new();
     for &(i, what) in &per_column {
-        let t = g.const_value(inputs[i])?;
-        let v = t.to_f32_vec().ok()?;
-        if t.dtype() != DType::F32 || !(v.len() == n || v.len() == 1 && i == 2) {
-            return None;
-        }
-        vectors.push((i, what, v));
+        let (shape, v) = g
+            .const_value(inputs[i])
+            .filter(|t| t.dtype() == DType::F32)
+            .and_then(|t| Some((t.shape().to_vec(), t.to_f32_vec().ok()?)))
+            .filter(|(_, v)| v.len() == n || v.len() == 1 && i == 2)
+            .ok_or_else(|| format!("its {what} is not a constant f32 vector of {n}"))?;
+        vectors.push((i, what, shape, v));
     }
     inputs[1] = g.add_const(
         &format!("{name}/weight_by_head"),
         Tensor::from_vec(vec![k, n], weight),
     );
-    for (i, what, v) in vectors {
+    for (i, what, shape, v) in vectors {
         if v.len() == n {
-            let shape = g.const_value(inputs[i])?.shape().to_vec();
             let by_head = order.iter().map(|&c| v[c]).collect();
             inputs[i] = g.add_const(
                 &format!("{name}/{what}_by_head"),
@@ -1202,7 +1202,7 @@ fn heads_interleaved(
             );
         }
     }
-    Some(inputs)
+    Ok(inputs)
 }
 
 /// `[k, n]` row-major matrices placed side by side: `[k, parts·n]`.

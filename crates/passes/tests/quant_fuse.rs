@@ -1457,6 +1457,16 @@ fn fuse_epilogue_quantizes_heads_for_int8_attention() {
         &ctx.report
     ));
 
+    // Each of these keeps the quantization in attention, and the report says why.
+    let declines = |text: &str, why: &str| {
+        let (_, _, _, after, report) = one_pass(&FuseEpilogue, text);
+        assert!(!print(&after).contains("quant_heads"), "{why}");
+        assert!(
+            has_note(&report, NoteKind::Declined, "attn", why),
+            "{}",
+            notes(&report)
+        );
+    };
     let f32_qkv = "fused_linear[epilogue=(bias)](%0, %6, %4)";
     let text = layer(f32_qkv, "").replace(
         "%5 = fused",
@@ -1465,41 +1475,29 @@ fn fuse_epilogue_quantizes_heads_for_int8_attention() {
             f32_const(&[4, 12], &weights(4, 12, 5))
         ),
     );
-    let (_, _, _, after, report) = one_pass(&FuseEpilogue, &text);
-    assert!(!print(&after).contains("quant_heads"));
-    assert!(
-        has_note(
-            &report,
-            NoteKind::Declined,
-            "attn",
-            "the f32 GEMM writes f32 only"
-        ),
-        "{}",
-        notes(&report)
-    );
+    declines(&text, "the f32 GEMM writes f32 only");
 
-    // A bias the pass cannot reorder (a graph input): the quantization stays in attention.
+    // A bias the pass cannot reorder head by head (a graph input).
     let text = layer(qlinear, "").replace(
         &format!("%4 = {}  # qkv/bias", f32_const(&[12], &weights(1, 12, 4))),
         "%4 = input[name=\"b\"] : f32[12]  # qkv/bias",
     );
     assert!(text.contains("input[name=\"b\"]"), "{text}");
-    let (_, _, _, after, report) = one_pass(&FuseEpilogue, &text);
-    assert!(!print(&after).contains("quant_heads"));
-    assert!(
-        has_note(&report, NoteKind::Declined, "attn", "not constants"),
-        "{}",
-        notes(&report)
+    declines(
+        &text,
+        "cannot go head by head: its bias is not a constant f32 vector of 12",
     );
 
-    let (_, _, _, after, report) =
-        one_pass(&FuseEpilogue, &layer(qlinear, "output \"qkv\" = %5\n"));
-    assert!(!print(&after).contains("quant_heads"));
-    assert!(
-        has_note(&report, NoteKind::Declined, "attn", "other readers"),
-        "{}",
-        notes(&report)
+    // An epilogue step whose operand is not per column (a residual).
+    let with_residual =
+        "qlinear[act=\"token\", smooth=false, epilogue=(bias, residual)](%0, %2, %3, %4, %6)";
+    let text = layer(with_residual, "").replace(
+        "%5 = qlinear",
+        "%6 = input[name=\"r\"] : f32[B,S,12]\n%5 = qlinear",
     );
+    declines(&text, "its epilogue step `residual` is not reordered");
+
+    declines(&layer(qlinear, "output \"qkv\" = %5\n"), "other readers");
 }
 
 /// A static output projection reading attention alone moves its quantization into the
