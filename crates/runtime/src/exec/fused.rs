@@ -243,10 +243,11 @@ mod row {
                 let m = crate::exec::simd::lanes_below(x.len() - i);
                 // SAFETY: masked to the slice.
                 let v = unsafe { load(x, inv, i, m) };
-                let v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v), v);
                 let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
                     _mm512_div_ps(v, vs),
                 );
+                // A NaN quotient (a NaN value, or 0/0 and ∞/∞ with a degenerate scale) is 0.
+                let q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q), q);
                 let q = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(q, vz), v0), v255);
                 // SAFETY: the store is masked to the lanes that lie within `out`.
                 unsafe {
@@ -599,6 +600,57 @@ mod tests {
             assert_eq!(one.data, two.data, "{act:?}");
             assert_eq!(one.scales, two.scales, "{act:?}");
             assert_eq!(one.zeros, two.zeros, "{act:?}");
+        }
+    }
+
+    /// The vector row quantizer against the scalar formula, bit for bit: values at random across
+    /// the exponents that reach the rounding (quotients up to ±2^12) and beyond, exact halves of
+    /// the scale (ties), the special values, on scales from 2^-60 to 2^60 and the subnormal, zero
+    /// and infinite ones (whose 0/0 and ∞/∞ are NaN quotients, 0 before the zero point as in the
+    /// scalar formula: the vector one used to clamp them to 0 after it).
+    #[test]
+    fn vector_quantize_matches_the_scalar_formula_on_any_scale() {
+        let mut draw = super::super::lcg24(777);
+        let mut bits = || draw() ^ (draw() << 8);
+        let mut scales: Vec<f32> = (0..300)
+            .map(|_| f32::from_bits((bits() & 0x007f_ffff) | ((bits() % 120 + 67) << 23)))
+            .collect();
+        scales.extend([
+            1.0,
+            0.5,
+            3.0,
+            1e-40,
+            f32::MIN_POSITIVE,
+            0.0,
+            f32::INFINITY,
+            f32::MAX,
+        ]);
+        for &scale in &scales {
+            let mut x: Vec<f32> = (0..1000)
+                .map(|_| {
+                    let q = f32::from_bits((bits() & 0x807f_ffff) | ((bits() % 45 + 100) << 23));
+                    q * scale
+                })
+                .collect();
+            x.extend((-600..600).map(|k| (k as f32 + 0.5) * scale));
+            x.extend([
+                0.0,
+                -0.0,
+                f32::NAN,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::MAX,
+                f32::MIN,
+                1e-45,
+                -1e-45,
+            ]);
+            for zp in [0.0, 128.0] {
+                let mut out = vec![0u8; x.len()];
+                row::quantize(&x, None, scale, zp, &mut out);
+                for (&v, &o) in x.iter().zip(&out) {
+                    assert_eq!(o, quantize_u8(v, scale, zp), "{v:e} / {scale:e} + {zp}");
+                }
+            }
         }
     }
 
