@@ -125,9 +125,9 @@ fn owned_chunks_cover_every_index_once_within_shares() {
                         });
                         let at = format!("caller {caller}, {total} in {parts} parts");
                         assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "{at}");
-                        let shares: Vec<_> = (0..parts.min(total).max(1))
-                            .map(|t| split_range(total, parts.min(total).max(1), t))
-                            .collect();
+                        let used = parts.min(total).max(1);
+                        let shares: Vec<_> =
+                            (0..used).map(|t| split_range(total, used, t)).collect();
                         for r in chunks.into_inner().unwrap() {
                             assert!(!r.is_empty(), "{at}: an empty chunk");
                             assert!(

@@ -388,12 +388,8 @@ impl Ctx<'_> {
     /// (then helps with the others' tails): for tasks whose inputs the step before left in that
     /// thread's cache (see `pool::parallel_owned_chunks`).
     pub fn par_owned_tasks(&self, tasks: usize, work: usize, f: impl Fn(Range<usize>) + Sync) {
-        let parts = self.parts(tasks, work);
-        if parts <= 1 {
-            f(0..tasks);
-            return;
-        }
-        parallel_owned_chunks(tasks, parts, f);
+        // One part runs the whole range on this thread, without the pool.
+        parallel_owned_chunks(tasks, self.parts(tasks, work), f);
     }
 
     /// Threads for one GEMM of `work` multiply-adds: products under 4M MACs (~0.1 ms on one
