@@ -569,10 +569,7 @@ unsafe fn run_with<const F: u32>(
                     *v = values!(1, hc + 16 * t, 0xffff)[0];
                     amax = _mm512_max_ps(_mm512_abs_ps(*v), amax);
                 }
-                let mut lanes = [0f32; 16];
-                // SAFETY: 16 f32 into a local array.
-                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), amax) };
-                let amax = super::math::fold_lanes(lanes, |a, b| if b > a { b } else { a });
+                let amax = super::math::lanes16::fold_max(amax);
                 let inv = _mm512_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
                 let offset = _mm512_set1_epi32(i32::from(offset));
                 for (t, v) in head.iter().enumerate().take(vectors) {
@@ -818,10 +815,7 @@ fn fold_wide([a0, a1, a2, a3]: [__m512; 4]) -> f32 {
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn fold_sum(v: __m512) -> f32 {
-    let mut lanes = [0f32; 16];
-    // SAFETY: 16 f32 into a local array.
-    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
-    super::math::fold_lanes(lanes, |a, b| a + b)
+    super::math::lanes16::fold_sum(v)
 }
 
 /// The row step of a program on f32 rows (see [`norm_eligible`]): its elementwise ops before the

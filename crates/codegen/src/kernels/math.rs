@@ -725,9 +725,125 @@ pub mod lanes16 {
         _mm512_scalef_ps(p, n)
     }
 
+    /// [`super::fold_lanes`] of the lanes of `v` with `f` as a vector op: the same pairs in the
+    /// same order (lanes `l` and `l + 8`, then `l + 4`, `l + 2`, `l + 1`), as four shuffles in
+    /// registers instead of a store and fifteen scalar ops reading it back.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn fold(v: __m512, f: impl Fn(__m512, __m512) -> __m512) -> f32 {
+        // Lane l + 8 onto lane l: the upper 256 bits (128-bit lanes 2 and 3) onto the lower.
+        let v = f(v, _mm512_shuffle_f32x4::<0b11_10_11_10>(v, v));
+        // l + 4: 128-bit lane 1 onto lane 0.
+        let v = f(v, _mm512_shuffle_f32x4::<0b01_01_01_01>(v, v));
+        // l + 2, then l + 1: within each 128-bit lane.
+        let v = f(v, _mm512_permute_ps::<0b11_10_11_10>(v));
+        let v = f(v, _mm512_permute_ps::<0b01_01_01_01>(v));
+        _mm512_cvtss_f32(v)
+    }
+
+    /// `fold_lanes(lanes of v, |a, b| if b > a { b } else { a })`, bit for bit (a NaN never
+    /// replaces what a lane holds, as in `math::abs_max` and `lane_max`).
+    ///
+    /// # Safety
+    /// Callable only where the CPU has AVX-512F.
+    ///
+    /// ```
+    /// # #[cfg(target_arch = "x86_64")] {
+    /// if std::arch::is_x86_feature_detected!("avx512f") {
+    ///     use std::arch::x86_64::*;
+    ///     let lanes: [f32; 16] = std::array::from_fn(|i| (i as f32 - 5.0).abs());
+    ///     // SAFETY: the CPU has AVX-512F.
+    ///     let m = unsafe { codegen::kernels::math::lanes16::fold_max(_mm512_loadu_ps(lanes.as_ptr())) };
+    ///     assert_eq!(m, 10.0);
+    /// }
+    /// # }
+    /// ```
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub fn fold_max(v: __m512) -> f32 {
+        // `max_ps(b, a)` is `if b > a { b } else { a }`: a NaN or a tie gives the second.
+        fold(v, |a, b| _mm512_max_ps(b, a))
+    }
+
+    /// `fold_lanes(lanes of v, |a, b| a + b)`, bit for bit.
+    ///
+    /// # Safety
+    /// Callable only where the CPU has AVX-512F.
+    ///
+    /// ```
+    /// # #[cfg(target_arch = "x86_64")] {
+    /// if std::arch::is_x86_feature_detected!("avx512f") {
+    ///     use std::arch::x86_64::*;
+    ///     // SAFETY: the CPU has AVX-512F.
+    ///     let s = unsafe { codegen::kernels::math::lanes16::fold_sum(_mm512_set1_ps(0.5)) };
+    ///     assert_eq!(s, 8.0);
+    /// }
+    /// # }
+    /// ```
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub fn fold_sum(v: __m512) -> f32 {
+        fold(v, |a, b| _mm512_add_ps(a, b))
+    }
+
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        /// Both folds against `fold_lanes` bit for bit: random lanes across exponents, with
+        /// NaNs (of several payloads), infinities, signed zeros, ties and subnormals mixed in at
+        /// every position, so that each pairing order and each NaN/tie rule shows.
+        #[test]
+        fn folds_equal_fold_lanes() {
+            if !std::arch::is_x86_feature_detected!("avx512f") {
+                eprintln!("SKIP folds_equal_fold_lanes: no AVX-512F on this CPU");
+                return;
+            }
+            let specials = [
+                f32::NAN,
+                f32::from_bits(0x7fc0_1234),
+                -f32::NAN,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                0.0,
+                -0.0,
+                1.0,
+                -1.0,
+                f32::from_bits(1),
+                f32::MAX,
+                f32::MIN,
+            ];
+            let mut state = 0x9e37_79b9_7f4a_7c15u64;
+            let mut next = move || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state
+            };
+            for case in 0..200_000 {
+                let lanes: [f32; 16] = std::array::from_fn(|_| {
+                    let r = next();
+                    if case % 2 == 1 && r % 5 == 0 {
+                        specials[(r >> 8) as usize % specials.len()]
+                    } else {
+                        let e = ((r >> 8) % 60) as i32 - 30;
+                        let m = ((r >> 16) % 2000) as f32 / 1000.0 - 1.0;
+                        m * 2f32.powi(e)
+                    }
+                });
+                // SAFETY: AVX-512F checked above; 16 floats of a local array.
+                let v = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
+                // SAFETY: as above.
+                let (max, sum) = unsafe { (fold_max(v), fold_sum(v)) };
+                let want_max = super::super::fold_lanes(lanes, |a, b| if b > a { b } else { a });
+                let want_sum = super::super::fold_lanes(lanes, |a, b| a + b);
+                assert_eq!(max.to_bits(), want_max.to_bits(), "max of {lanes:?}");
+                assert!(
+                    sum.to_bits() == want_sum.to_bits() || (sum.is_nan() && want_sum.is_nan()),
+                    "sum of {lanes:?}: {sum:e} against {want_sum:e}"
+                );
+            }
+        }
 
         /// Bit for bit the scalar function on a dense sweep of [-120, 0.5], every float near the
         /// subnormal boundary and the floor, and the special values; within 4e-6 of `exp` (f64)

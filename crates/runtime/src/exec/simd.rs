@@ -181,12 +181,6 @@ unsafe fn softmax_quant_row_avx512(row: &[f32], p8: &mut [u8]) -> f32 {
     use std::arch::x86_64::*;
     let n = row.len();
     let (x, d) = (row.as_ptr(), p8.as_mut_ptr());
-    let lanes = |v: __m512| {
-        let mut out = [0f32; JB];
-        // SAFETY: sixteen f32 into a local array of sixteen.
-        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), v) };
-        out
-    };
     // SAFETY (every load and store): elements j..j + 16 of `row` and `p8`, masked to the
     // lanes below `n`; `p8` is at least as long as `row` (caller contract).
     unsafe {
@@ -210,10 +204,7 @@ unsafe fn softmax_quant_row_avx512(row: &[f32], p8: &mut [u8]) -> f32 {
             acc = _mm512_mask_max_ps(acc, m, _mm512_maskz_loadu_ps(m, x.add(j)), acc);
             j += JB;
         }
-        let max = _mm512_set1_ps(math::fold_lanes(
-            lanes(acc),
-            |a, b| if b > a { b } else { a },
-        ));
+        let max = _mm512_set1_ps(math::lanes16::fold_max(acc));
         let (scale, magic) = (_mm512_set1_ps(255.0), _mm512_set1_ps(12_582_912.0));
         // `int_byte(round_ties_even(255·e))`: the low byte of the bits of the rounded product
         // plus 1.5·2^23 (a NaN's payload included).
@@ -244,7 +235,7 @@ unsafe fn softmax_quant_row_avx512(row: &[f32], p8: &mut [u8]) -> f32 {
             _mm_mask_storeu_epi8(d.add(j) as *mut i8, m, byte(e));
             j += JB;
         }
-        math::fold_lanes(lanes(sum), |a, b| a + b)
+        math::lanes16::fold_sum(sum)
     }
 }
 
