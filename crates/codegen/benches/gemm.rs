@@ -2,7 +2,7 @@
 //!
 //! `cargo bench -p codegen --bench gemm [-- [--json out.json] [--quick | --m M] [--int8-only]]`
 //! (`--int8-only` skips the f32 and scalar kernels; the onnxruntime script uses it;
-//! `--epilogues [--threads T]` only times the fused epilogue programs of a BERT-base layer, then
+//! `--epilogues [--threads T] [--m M]` only times the fused epilogue programs of a BERT-base layer, then
 //! the same GEMMs over twelve layers of distinct weights).
 //!
 //! Prints the measured VNNI / FMA peaks for 1 and 2 threads, then GOPS and the fraction of the
@@ -12,7 +12,7 @@
 
 use codegen::kernels::hwbench::time_best;
 use codegen::kernels::hwbench::{hwbench_with, render_json, render_table, KernelBenchResult};
-use codegen::kernels::int8::{gemm_i8, Activations, PackedI8};
+use codegen::kernels::int8::{gemm_i8, gemm_i8_step, Activations, NextGemm, PackedI8};
 use codegen::kernels::{measure_peak, F32Kernel, Int8Kernel, Peak};
 use codegen::kernels::{pick_int8, Epilogue, EpilogueOp, HeadsOut, Output, QType, RowParam};
 use std::time::Duration;
@@ -65,11 +65,27 @@ fn requant_row(m: usize, n: usize, k: usize, threads: usize, peak: &Peak) -> Ker
     }
 }
 
+/// The output of a layer's GEMM of `n` columns in [`epilogue_costs`]' twelve-layer runs: the
+/// FFN up-projection's (3072) requantized bytes, the others' f32.
+fn layer_output<'a>(m: usize, n: usize, yu: &'a mut [u8], yf: &'a mut [f32]) -> Output<'a> {
+    if n == 3072 {
+        Output::U8 {
+            c: &mut yu[..m * n],
+            ldc: n,
+        }
+    } else {
+        Output::F32 {
+            c: &mut yf[..m * n],
+            ldc: n,
+        }
+    }
+}
+
 /// `--epilogues`: the cost of the fused epilogue programs of a BERT-base layer (static
-/// activations, M = 1024 tokens = batch 8 × 128, 1 thread, picked int8 kernel): each GEMM with
-/// its encoder epilogue beside the same GEMM storing the bare i32 product.
-fn epilogue_costs(threads: usize) {
-    let m = 1024usize;
+/// activations, M = 1024 tokens = batch 8 × 128 unless `--m` says otherwise (128: batch 1),
+/// picked int8 kernel): each GEMM with its encoder epilogue beside the same GEMM storing the
+/// bare i32 product.
+fn epilogue_costs(threads: usize, m: usize) {
     let kern = pick_int8(m, 3072, 768);
     let bias = vec![0.1f32; 3072];
     let gamma = vec![1.0f32; 3072];
@@ -243,18 +259,7 @@ fn epilogue_costs(threads: usize) {
     let streamed = time_best(Duration::from_millis(1500), || {
         for layer in &layers {
             for (n, k, b, ep) in layer {
-                let n = *n;
-                let out = if n == 3072 {
-                    Output::U8 {
-                        c: &mut yu[..m * n],
-                        ldc: n,
-                    }
-                } else {
-                    Output::F32 {
-                        c: &mut yf[..m * n],
-                        ldc: n,
-                    }
-                };
+                let out = layer_output(m, *n, &mut yu, &mut yf);
                 gemm_i8(m, Activations::U8(&a), *k, b, out, ep, threads).expect("gemm");
             }
         }
@@ -263,6 +268,27 @@ fn epilogue_costs(threads: usize) {
         "twelve layers of distinct weights: {:.2} ms per layer ({:.0} % over the cached layer)",
         streamed * 1e3 / 12.0,
         100.0 * (streamed / 12.0 / total_ep - 1.0)
+    );
+    // As the runtime runs them: each GEMM hands the driver the weights of the one after it,
+    // whose first blocks its threads prefetch into L2 once their own block is in cache.
+    let order: Vec<&(usize, usize, PackedI8, Epilogue<'_>)> = layers.iter().flatten().collect();
+    let prefetched = time_best(Duration::from_millis(1500), || {
+        for (i, (n, k, b, ep)) in order.iter().map(|g| (&g.0, &g.1, &g.2, &g.3)).enumerate() {
+            let next = order.get(i + 1).map(|g| NextGemm {
+                weights: &g.2,
+                row_epilogue: g.0 == 768,
+                col_granularity: 1,
+                threads,
+            });
+            let out = layer_output(m, *n, &mut yu, &mut yf);
+            gemm_i8_step(m, Activations::U8(&a), *k, b, out, ep, threads, None, next)
+                .expect("gemm");
+        }
+    });
+    println!(
+        "the same with the next GEMM's weights prefetched: {:.2} ms per layer ({:.0} % over the cached layer)",
+        prefetched * 1e3 / 12.0,
+        100.0 * (prefetched / 12.0 / total_ep - 1.0)
     );
 }
 
@@ -274,7 +300,12 @@ fn main() {
             .position(|a| a == "--threads")
             .and_then(|i| args.get(i + 1))
             .map_or(1, |t| t.parse().expect("--threads takes a count"));
-        epilogue_costs(threads);
+        let m = args
+            .iter()
+            .position(|a| a == "--m")
+            .and_then(|i| args.get(i + 1))
+            .map_or(1024, |m| m.parse().expect("--m takes a row count"));
+        epilogue_costs(threads, m);
         return;
     }
     let json_path = args
