@@ -804,18 +804,11 @@ fn wide_pass(w: usize, mut add: impl FnMut(usize, __mmask16, __m512) -> __m512) 
 }
 
 /// `math::wide_sum`'s fold of its four accumulators: `(a0 + a1) + (a2 + a3)` lane by lane, then
-/// the lanes by [`fold_sum`].
+/// the lanes by [`super::math::lanes16::fold_sum`].
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn fold_wide([a0, a1, a2, a3]: [__m512; 4]) -> f32 {
-    fold_sum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)))
-}
-
-/// `fold_lanes` of the 16 lanes of `v` by addition.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn fold_sum(v: __m512) -> f32 {
-    super::math::lanes16::fold_sum(v)
+    super::math::lanes16::fold_sum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)))
 }
 
 /// The row step of a program on f32 rows (see [`norm_eligible`]): its elementwise ops before the
