@@ -273,16 +273,15 @@ fn epilogue_costs(threads: usize, m: usize) {
     // whose first blocks its threads prefetch into L2 once their own block is in cache.
     let order: Vec<&(usize, usize, PackedI8, Epilogue<'_>)> = layers.iter().flatten().collect();
     let prefetched = time_best(Duration::from_millis(1500), || {
-        for (i, (n, k, b, ep)) in order.iter().map(|g| (&g.0, &g.1, &g.2, &g.3)).enumerate() {
+        for (i, &&(n, k, ref b, ref ep)) in order.iter().enumerate() {
             let next = order.get(i + 1).map(|g| NextGemm {
                 weights: &g.2,
                 row_epilogue: g.0 == 768,
                 col_granularity: 1,
                 threads,
             });
-            let out = layer_output(m, *n, &mut yu, &mut yf);
-            gemm_i8_step(m, Activations::U8(&a), *k, b, out, ep, threads, None, next)
-                .expect("gemm");
+            let out = layer_output(m, n, &mut yu, &mut yf);
+            gemm_i8_step(m, Activations::U8(&a), k, b, out, ep, threads, None, next).expect("gemm");
         }
     });
     println!(
