@@ -49,7 +49,7 @@ fn compare(kernel: Int8Kernel, m: usize, k: usize, n: usize, layer_norm: bool, t
         ty: QType::U8,
     });
     let ep = Epilogue::new(ops);
-    let unit = jit_unit(&b, layer_norm).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+    let unit = jit_unit(&b, layer_norm, 1).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
     let (mut interpreted, mut jitted) = (vec![0u8; m * n], vec![1u8; m * n]);
     gemm_i8_with(
         kernel,
@@ -112,12 +112,12 @@ fn units_are_cached_by_shape_and_kernel() {
     let kernel = kernels("units_are_cached_by_shape_and_kernel")[0];
     let w = vec![1i8; 96 * 40];
     let b = PackedI8::pack_for(kernel, &w, 96, 40, 40, false).unwrap();
-    let first = jit_unit(&b, false).unwrap();
-    let again = jit_unit(&b, false).unwrap();
+    let first = jit_unit(&b, false, 1).unwrap();
+    let again = jit_unit(&b, false, 1).unwrap();
     assert_eq!(first.f as usize, again.f as usize, "compiled twice");
     assert_eq!(first.compile_time, again.compile_time);
     let deeper = PackedI8::pack_for(kernel, &vec![1i8; 192 * 40], 192, 40, 40, false).unwrap();
-    let other = jit_unit(&deeper, false).unwrap();
+    let other = jit_unit(&deeper, false, 1).unwrap();
     assert_ne!(first.f as usize, other.f as usize);
     assert_eq!(other.shape.k_pad, 192);
 }
@@ -133,7 +133,7 @@ fn a_unit_for_another_shape_is_not_used() {
     let a: Vec<u8> = (0..m * k).map(|_| rng.u8()).collect();
     let b = PackedI8::pack_for(kernel, &w, k, n, n, false).unwrap();
     let small = PackedI8::pack_for(kernel, &vec![0i8; 96 * n], 96, n, n, false).unwrap();
-    let wrong = jit_unit(&small, false).unwrap();
+    let wrong = jit_unit(&small, false, 1).unwrap();
     let ws = vec![1.0f32; n];
     let ep = Epilogue::new(vec![EpilogueOp::Dequant {
         a_scale: RowParam::PerTensor(1.0),

@@ -459,7 +459,8 @@ pub fn lower(graph: &Graph, opts: LowerOptions) -> Result<Program, LowerError> {
         let jit = match weight.map(|(_, w)| &weights[w].layout) {
             Some(_) if !opts.jit => Ok(None),
             Some(&WeightLayout::I8 { kernel, k, n: nn }) => {
-                jit_unit_for(kernel, k, nn, has_row_step(&n.op)).map(|u| Some(StepJit::Int8(u)))
+                jit_unit_for(kernel, k, nn, has_row_step(&n.op), head_columns(&n.op, nn))
+                    .map(|u| Some(StepJit::Int8(u)))
             }
             Some(&WeightLayout::F32 { kernel, k, n, .. }) => {
                 f32_jit_unit_for(kernel, k, n).map(|u| Some(StepJit::F32(u)))

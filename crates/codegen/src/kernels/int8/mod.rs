@@ -305,8 +305,9 @@ pub fn gemm_i8(
 pub fn jit_unit(
     b: &PackedI8,
     row_epilogue: bool,
+    col_granularity: usize,
 ) -> Result<crate::jit::CompiledUnit, crate::jit::JitError> {
-    jit_unit_for(b.kernel, b.k, b.n, row_epilogue)
+    jit_unit_for(b.kernel, b.k, b.n, row_epilogue, col_granularity)
 }
 
 /// [`jit_unit`] for `k × n` weights packed for `kernel` (what lowering asks for, before the
@@ -316,6 +317,7 @@ pub fn jit_unit_for(
     k: usize,
     n: usize,
     row_epilogue: bool,
+    col_granularity: usize,
 ) -> Result<crate::jit::CompiledUnit, crate::jit::JitError> {
     let kern = hw_kernel(kernel).map_err(|e| crate::jit::JitError::Unavailable(e.to_string()))?;
     let kern = kern.as_dyn();
@@ -325,7 +327,17 @@ pub fn jit_unit_for(
     let d = kern.desc();
     let k_pad = k.next_multiple_of(d.k_align).max(d.k_align);
     crate::jit::compile_unit(
-        unit_shape(&d, &blocking(&d, k_pad, n, row_epilogue), k_pad),
+        unit_shape(
+            &d,
+            &blocking(
+                &d,
+                k_pad,
+                n,
+                row_epilogue,
+                panel_granularity(col_granularity, d.nr),
+            ),
+            k_pad,
+        ),
         f,
         epilogue_chunk_c,
     )
@@ -473,7 +485,9 @@ struct Blocking {
     nc_panels: usize,
 }
 
-fn blocking(d: &KernelDesc, k_pad: usize, n: usize, row_epilogue: bool) -> Blocking {
+/// `g`: panels per group (see [`Plan`]); the block takes whole groups, as the units do, so
+/// that the accumulator sized for a block holds every unit's tiles.
+fn blocking(d: &KernelDesc, k_pad: usize, n: usize, row_epilogue: bool, g: usize) -> Blocking {
     let c = cache_sizes();
     // The B block (nc panels of Kp × nr) takes half of L2 and is reused by every micro-panel
     // of A; the i32 accumulator holds only one micro-panel row (mr × nc·nr, in L1), whose
@@ -482,7 +496,8 @@ fn blocking(d: &KernelDesc, k_pad: usize, n: usize, row_epilogue: bool) -> Block
     // the block), so its size only sets the grain of the work units: at most 64 rows keep the
     // tail of a GEMM short when one thread waits for the other.
     let mc = ((c.l2 / 4) / k_pad).clamp(d.mr, 64) / d.mr * d.mr;
-    let mut nc_panels = ((c.l2 / 2) / (k_pad * d.nr)).max(1);
+    let g = g.max(1);
+    let mut nc_panels = (((c.l2 / 2) / (k_pad * d.nr)) / g * g).max(g);
     // A row-wide epilogue (LayerNorm) runs in the tile pass only when a block holds whole rows;
     // otherwise a unit walks its panel blocks into a strip of f32 rows and runs the row step
     // from there. When all the weights fit in three quarters of L2, beside the A micro-panels
@@ -561,8 +576,8 @@ impl Plan {
         let (k, n) = (b.k, b.n);
         let panels = n.div_ceil(d.nr);
         let threads = effective_threads(threads, m, n, k);
-        let blk = blocking(d, b.k_pad, n, row_ops);
         let g = panel_granularity(col_granularity, d.nr);
+        let blk = blocking(d, b.k_pad, n, row_ops, g);
         // Threads share N (each keeps its own weight panels) unless the epilogue needs whole
         // rows (LayerNorm): then they share M, and a unit is a block of whole rows. When its
         // weights fit one block the row epilogue runs in the same pass; otherwise the unit
