@@ -223,6 +223,12 @@ pub fn kernel_config() -> TileConfig {
 /// which must already hold [`kernel_config`] (the GEMM driver configures once per thread and
 /// releases at the end, see [`ukernel_with`] for the self-contained form).
 ///
+/// No software prefetch: asking for the B panel's lines 1, 2 or 6 K steps ahead measured 6-16 %
+/// worse on the quiet 2-vCPU AMX guest of 2026-12-02 (family 6 model 167), and on the busy
+/// 16-vCPU one of 2026-12-04 (model 207, where the kernel ran at a third of that speed) 12 %
+/// better in the driver's access pattern and 23-103 % in FFN2's; `cargo bench -p codegen --bench
+/// amx` times both schedules side by side.
+///
 /// # Safety
 /// `a` holds `32 · kc4·4` bytes (row stride `kc4·4`), `b` holds `kc4·32·4` bytes, `c` addresses
 /// 32 rows (stride `ldc`) of 32 writable i32. `kc4 % 16 == 0`.
@@ -256,8 +262,17 @@ pub unsafe fn ukernel_body<T: TileUnit>(
         }
         k0 += 64;
     }
+    // SAFETY: forwarded caller contract (the 32×32 block at c, stride ldc).
+    unsafe { store_block(t, c, ldc) };
+}
+
+/// Stores the four 16×16 i32 accumulator tiles (0-3) as the 32×32 block at `c`, `ldc` apart.
+///
+/// # Safety
+/// `c` addresses 32 rows (stride `ldc`) of 32 writable i32.
+pub unsafe fn store_block<T: TileUnit>(t: &mut T, c: *mut i32, ldc: usize) {
     let s = ldc * 4;
-    // SAFETY: the four 16×16 i32 quadrants of the caller's 32×32 C tile.
+    // SAFETY: the four 16×16 quadrants of the caller's 32×32 block.
     unsafe {
         t.store(0, c as *mut u8, s);
         t.store(1, c.add(16) as *mut u8, s);
@@ -314,8 +329,8 @@ pub fn peak_loop(tiles: &mut HwTiles, iters: usize) -> i32 {
 /// The hardware kernel body with the C calling convention, for JIT-compiled unit loops: the
 /// GEMM driver configures the tiles on each thread before its units run (`begin`) and releases
 /// them after (`end`), so this is [`ukernel_body`] on the hardware unit and nothing else. The
-/// prefetch hint (`next`, see [`super::UKernel`]) is not used: AMX has not been on a machine
-/// where its effect could be measured.
+/// prefetch hint (`next`, see [`super::UKernel`]) is not used: its effect on AMX has not been
+/// measured yet.
 ///
 /// # Safety
 /// As [`ukernel_body`]; AMX usable and the tiles configured with [`kernel_config`] on this
