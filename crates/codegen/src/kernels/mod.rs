@@ -47,6 +47,6 @@ pub use int8::{gemm_i8, plan_split_i8, Activations, PackedI8};
 pub use peak::{measure_peak, Peak};
 pub use pool::GemmSplit;
 pub use select::{
-    cache_sizes, cpu_features, parse_cache_override, pick_f32, pick_int8, CacheSizes, CpuFeatures,
-    F32Kernel, Int8Kernel,
+    cache_sizes, cpu_features, parse_cache_override, pick_f32, pick_int8, with_cache_sizes,
+    CacheSizes, CpuFeatures, F32Kernel, Int8Kernel,
 };

@@ -334,14 +334,44 @@ fn read_cpuid() -> Option<CacheSizes> {
     None
 }
 
-/// Per-core cache sizes: `ENCORE_CACHE` if set and valid, else sysfs, else CPUID, else 32K/1M.
-/// Memoised.
+thread_local! {
+    /// What [`with_cache_sizes`] set on this thread, if anything.
+    static PLAN_CACHES: std::cell::Cell<Option<CacheSizes>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the GEMMs it starts on this thread planned for caches of `sizes` instead of
+/// this machine's: for tests and blocking experiments, since results must not depend on the
+/// blocking. A GEMM makes its whole plan (blocks, units, epilogue chunks) on the calling thread
+/// before its workers start, so they follow it too. Nests, and restores the previous sizes when
+/// `f` returns or panics.
+///
+/// ```
+/// use codegen::kernels::{cache_sizes, with_cache_sizes, CacheSizes};
+/// let small = CacheSizes { l1d: 16 << 10, l2: 64 << 10 };
+/// assert_eq!(with_cache_sizes(small, cache_sizes), small);
+/// ```
+pub fn with_cache_sizes<R>(sizes: CacheSizes, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<CacheSizes>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PLAN_CACHES.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(PLAN_CACHES.with(|c| c.replace(Some(sizes))));
+    f()
+}
+
+/// Per-core cache sizes: those of [`with_cache_sizes`] on this thread, else `ENCORE_CACHE` if
+/// set and valid, else sysfs, else CPUID, else 32K/1M. Memoised.
 ///
 /// ```
 /// let c = codegen::kernels::cache_sizes();
 /// assert!(c.l1d >= 4096 && c.l2 >= c.l1d);
 /// ```
 pub fn cache_sizes() -> CacheSizes {
+    if let Some(c) = PLAN_CACHES.with(|c| c.get()) {
+        return c;
+    }
     static C: OnceLock<CacheSizes> = OnceLock::new();
     *C.get_or_init(|| {
         if let Ok(v) = std::env::var("ENCORE_CACHE") {

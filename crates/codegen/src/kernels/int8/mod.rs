@@ -559,6 +559,9 @@ struct Plan {
     strips: bool,
     /// Rows per unit.
     mc: usize,
+    /// Panels per epilogue chunk of a unit whose epilogue has no row-wide step: whole groups
+    /// whose i32 tiles fit in L1 beside the A micro-panel.
+    epi_chunk: usize,
     m: usize,
     mr: usize,
     panels: usize,
@@ -599,6 +602,10 @@ impl Plan {
         } else {
             blk.mc
         };
+        // Without a row-wide step (LayerNorm) the epilogue runs on column chunks that fit in L1
+        // beside the A micro-panel: a whole block row of i32 (mr × nc·nr, 43 KB for BERT-base's
+        // K = 768 on a 2 MB L2) would be read back from L2.
+        let epi_chunk = (((cache_sizes().l1d / 3) / (d.mr * d.nr * 4)) / g * g).max(g);
         Plan {
             threads,
             parts,
@@ -607,6 +614,7 @@ impl Plan {
             split_n,
             strips,
             mc,
+            epi_chunk,
             m,
             mr: d.mr,
             panels,
@@ -712,6 +720,7 @@ fn drive(
         g,
         strips,
         mc,
+        epi_chunk,
         ..
     } = plan;
     // The first weights each thread reads in the GEMM after this one, asked for during its
@@ -869,6 +878,7 @@ fn drive(
                                         acc,
                                         tmp,
                                         g,
+                                        epi_chunk,
                                         next,
                                     )
                                 };
@@ -1026,7 +1036,9 @@ impl NextLines {
 /// Computes one unit: the microkernel over its panels for each micro-panel row of its rows (in
 /// `a_rows`, the A micro-panels of its rows) into the i32 block, then the epilogue to `out`; through
 /// the JIT-compiled nest `unit` when given (same calls, same order), else interpreted. `next`:
-/// the weights the thread reads after this unit (see [`NextLines`]).
+/// the weights the thread reads after this unit (see [`NextLines`]). `epi_chunk`: the plan's
+/// panels per epilogue chunk when the epilogue has no row-wide step (made on the caller's
+/// thread, like every choice that depends on the cache sizes).
 #[allow(clippy::too_many_arguments)]
 unsafe fn compute_unit(
     kern: &dyn MicroKernel,
@@ -1042,6 +1054,7 @@ unsafe fn compute_unit(
     acc: &mut AlignedBuf<i32>,
     tmp: &mut Vec<f32>,
     g: usize,
+    epi_chunk: usize,
     next: &[i8],
 ) {
     if rows.is_empty() || pans.is_empty() {
@@ -1051,20 +1064,12 @@ unsafe fn compute_unit(
     debug_assert_eq!(rows.start % mr, 0, "units start on a micro-panel");
     // The A micro-panel (mr × Kp, a few KB) stays in L1 while the B panels of the block stream
     // from L2 in address order; the micro-panel row's accumulator (mr × nc·nr i32) is still in
-    // L1 when its epilogue runs.
-    // Without a row-wide step (LayerNorm) the epilogue runs on column chunks that fit in L1
-    // beside the A micro-panel: a whole block row of i32 (mr × nc·nr, 43 KB for BERT-base's
-    // K = 768 on a 2 MB L2) would be read back from L2.
+    // L1 when its epilogue runs, in chunks of `epi_chunk` panels unless it needs whole rows.
     let whole_rows = ops
         .iter()
         .any(|o| matches!(o, EpilogueOp::LayerNorm { .. }));
     // Chunks of whole panel groups (`g`, see the driver), so that every boundary stays on one.
-    let chunk = if whole_rows {
-        pans.len()
-    } else {
-        ((cache_sizes().l1d / 3) / (mr * nr * 4)) / g * g
-    }
-    .max(g);
+    let chunk = if whole_rows { pans.len() } else { epi_chunk }.max(g);
     // One pointer for the microkernel's writes and the epilogue's reads.
     let acc = acc.as_mut_ptr();
     let mut env = UnitEnv {
