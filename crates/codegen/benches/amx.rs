@@ -22,6 +22,7 @@
 
 use codegen::kernels::int8::amx::{self, HwTiles, MR, NR};
 use codegen::kernels::int8::tile_model::TileUnit;
+use codegen::kernels::AlignedBuf;
 use std::time::Instant;
 
 /// A schedule of one 32×32 block over `kc` bytes of K.
@@ -180,13 +181,14 @@ const SCENARIOS: [Scenario; 5] = [
 /// Tera-ops per second of `body` in scenario `s` over about `secs` seconds (A and B bytes of
 /// 1 and 2, so every result is `2·kc`, checked).
 fn time<T: TileUnit>(tiles: &mut T, body: Body<T>, s: &Scenario, secs: f64) -> f64 {
-    let a = vec![1u8; s.a_panels * MR * s.kc + 64];
-    let b = vec![2i8; s.b_panels * s.kc * NR + 64];
-    let mut c = vec![0i32; MR * s.ldc_cols + 16];
-    let (ap, bp) = (
-        align64(a.as_ptr()),
-        align64(b.as_ptr() as *const u8) as *const i8,
-    );
+    // Every buffer on cache lines, as the driver's (`AlignedBuf`): split tile rows load and
+    // store at a fraction of the speed.
+    let mut a = AlignedBuf::<u8>::zeroed(s.a_panels * MR * s.kc);
+    a.fill(1);
+    let mut b = AlignedBuf::<i8>::zeroed(s.b_panels * s.kc * NR);
+    b.fill(2);
+    let mut c = AlignedBuf::<i32>::zeroed(MR * s.ldc_cols);
+    let (ap, bp) = (a.as_ptr(), b.as_ptr());
     let calls_per_sweep = s.a_panels * s.b_panels;
     let ops_per_sweep = (calls_per_sweep * MR * NR * s.kc * 2) as f64;
     let sweep = |tiles: &mut T, c: &mut [i32]| {
@@ -240,10 +242,6 @@ fn time<T: TileUnit>(tiles: &mut T, body: Body<T>, s: &Scenario, secs: f64) -> f
         .count();
     assert_eq!(wrong, 0, "{}: {wrong} results differ from {want}", s.name);
     ops_per_sweep * sweeps as f64 / dt / 1e12
-}
-
-fn align64(p: *const u8) -> *const u8 {
-    p.wrapping_add((64 - p as usize % 64) % 64)
 }
 
 fn main() {
