@@ -498,14 +498,18 @@ fn blocking(d: &KernelDesc, k_pad: usize, n: usize, row_epilogue: bool, g: usize
     // tail of a GEMM short when one thread waits for the other.
     let mc = ((c.l2 / 4) / k_pad).clamp(d.mr, 64) / d.mr * d.mr;
     let g = g.max(1);
-    let mut nc_panels = (((c.l2 / 2) / (k_pad * d.nr)) / g * g).max(g);
+    let panels = n.div_ceil(d.nr);
+    // Never wider than the GEMM (in whole groups): each thread's accumulator is sized from the
+    // block, and a large L2 (or `ENCORE_CACHE`) would otherwise make it hundreds of MB.
+    let mut nc_panels = (((c.l2 / 2) / (k_pad * d.nr)) / g * g)
+        .max(g)
+        .min(panels.next_multiple_of(g));
     // A row-wide epilogue (LayerNorm) runs in the tile pass only when a block holds whole rows;
     // otherwise a unit walks its panel blocks into a strip of f32 rows and runs the row step
     // from there. When all the weights fit in three quarters of L2, beside the A micro-panels
     // and the accumulator row, the block takes whole rows: BERT-base's attention output
     // projection (590 KB) on a 1 MB L2 went from 35.6 to 30.7 ms per batch-8 run (against a
     // second pass over the whole output, before the strips).
-    let panels = n.div_ceil(d.nr);
     if row_epilogue && panels * k_pad * d.nr <= c.l2 * 3 / 4 {
         nc_panels = nc_panels.max(panels);
     }
@@ -1134,7 +1138,37 @@ unsafe fn compute_unit(
 
 #[cfg(test)]
 mod tests {
-    use super::{desc, Int8Kernel, NextLines, PackedI8, Plan};
+    use super::{blocking, desc, Int8Kernel, NextLines, PackedI8, Plan};
+    use crate::kernels::{with_cache_sizes, CacheSizes};
+
+    /// A block is never wider than its GEMM, in whole groups of panels, whatever the caches:
+    /// each thread's accumulator is sized from the block (a 16 GB `ENCORE_CACHE` L2 once made a
+    /// one-layer BERT run take 767 MB instead of 66).
+    #[test]
+    fn blocks_take_whole_groups_and_no_more_than_the_gemm() {
+        for kernel in [Int8Kernel::Avx512Vnni, Int8Kernel::Amx, Int8Kernel::Scalar] {
+            let d = desc(kernel);
+            for l2 in [64 << 10, 2 << 20, 16 << 30] {
+                let caches = CacheSizes { l1d: 48 << 10, l2 };
+                for &(k, n, g, rows) in &[
+                    (768, 1, 1, false),
+                    (768, 100, 1, true),
+                    (768, 2304, 4, false),
+                    (3072, 768, 1, true),
+                    (640, 96, 6, false),
+                ] {
+                    let b = with_cache_sizes(caches, || blocking(&d, k, n, rows, g));
+                    let panels = n.div_ceil(d.nr);
+                    let at = format!("{} l2={l2} k={k} n={n} g={g}", kernel.name());
+                    assert!(b.nc_panels >= g.min(panels), "{at}: {b:?}");
+                    assert!(b.nc_panels <= panels.next_multiple_of(g), "{at}: {b:?}");
+                    if !rows {
+                        assert_eq!(b.nc_panels % g, 0, "{at}: {b:?}");
+                    }
+                }
+            }
+        }
+    }
 
     /// The first block a plan names for each thread (what the GEMM before prefetches) is the
     /// first its owner computes: inside that part's first unit, a strip unit's first block of
