@@ -4,7 +4,10 @@
 //! k·2⁻²⁴ relative to Σ|a·b|; a wrong index or a missed k step is off by O(|a·b|)).
 
 mod common;
-use codegen::kernels::{gemm_f32, gemm_f32_unpacked, Epilogue, EpilogueOp, F32Kernel, PackedF32};
+use codegen::kernels::{
+    gemm_f32, gemm_f32_unpacked, with_cache_sizes, CacheSizes, Epilogue, EpilogueOp, F32Kernel,
+    PackedF32,
+};
 use common::{ref_gemm_f32, Rng};
 use proptest::prelude::*;
 
@@ -57,6 +60,18 @@ proptest! {
         codegen::kernels::pool::set_min_parallel_macs(0);
         for kern in kernels("f32_matches_reference") {
             check(kern, m, n, k, bt, threads, seed, pad);
+        }
+    }
+
+    /// Planned for random caches (4 KB-1 MB of L1, 64 KB-8 MB of L2: K blocks of 64-1024,
+    /// row and panel blocks of every size), the results stay within the same bound: every
+    /// K block boundary and unit shape computes what it should.
+    #[test]
+    fn f32_matches_reference_planned_for_any_caches(m in 1usize..=160, n in 1usize..=200, k in 0usize..=700, bt: bool, threads in 1usize..=2, seed: u64, l1_log in 12u32..=20, l2_log in 16u32..=23) {
+        codegen::kernels::pool::set_min_parallel_macs(0);
+        let caches = CacheSizes { l1d: 1 << l1_log, l2: 1 << l2_log };
+        for kern in kernels("f32_matches_reference_planned_for_any_caches") {
+            with_cache_sizes(caches, || check(kern, m, n, k, bt, threads, seed, 0));
         }
     }
 }
