@@ -11,7 +11,7 @@
 mod common;
 use codegen::kernels::epilogue::reference_eval;
 use codegen::kernels::int8::{gemm_i8_amx_model, gemm_i8_with, Activations, PackedI8};
-use codegen::kernels::math::{bf16_to_f32, exp, gelu_erf, gelu_tanh, quantize_div};
+use codegen::kernels::math::{bf16_to_f32, exp, gelu_erf, gelu_tanh, quantize_div, quantize_sym};
 use codegen::kernels::{
     gemm_f32, Epilogue, EpilogueOp, ForkOut, HeadsOut, Int8Kernel, KernelError, Output, PackedF32,
     QType, RowParam,
@@ -686,7 +686,108 @@ fn heads_output_quantizes_whole_heads() {
     for steal in [false, true] {
         let _steal = steal.then(common::EagerSteal::on);
         for &(kern, m, hidden, dh, k) in &runs {
-            common::check_heads(kern, m, hidden, dh, k, steal);
+            check_heads(kern, m, hidden, dh, k, steal);
+        }
+    }
+}
+
+fn check_heads(
+    kern: Option<Int8Kernel>,
+    m: usize,
+    hidden: usize,
+    dh: usize,
+    k: usize,
+    steal: bool,
+) {
+    let n = 3 * hidden;
+    let heads = hidden / dh;
+    let mut rng = Rng(0x4ead_0000 + (m * n + k) as u64);
+    let a: Vec<u8> = (0..m * k).map(|_| rng.u8()).collect();
+    let w: Vec<i8> = (0..n * k).map(|_| rng.i8()).collect();
+    let ws: Vec<f32> = (0..n).map(|_| (rng.f32().abs() + 0.1) * 1e-3).collect();
+    let bias = rng.vec_f32(n);
+    let pk = kern.unwrap_or(Int8Kernel::Amx);
+    let b = PackedI8::pack_for(pk, &w, k, n, k, true).unwrap();
+    let ep = Epilogue::new(vec![
+        EpilogueOp::Dequant {
+            a_scale: RowParam::PerTensor(0.02),
+            a_zero: RowParam::PerTensor(3),
+            w_scale: &ws,
+        },
+        EpilogueOp::Bias(&bias),
+    ]);
+    let name = kern.map_or("amx(tile model)", |k| k.name());
+    for threads in [1, 2] {
+        let gemm = |out: Output<'_>| match kern {
+            Some(kk) => gemm_i8_with(kk, m, Activations::U8(&a), k, &b, out, &ep, threads).unwrap(),
+            None => gemm_i8_amx_model(m, Activations::U8(&a), k, &b, out, &ep, threads)
+                .map(|_| ())
+                .unwrap(),
+        };
+        let mut plain = vec![0f32; m * n];
+        gemm(Output::F32 {
+            c: &mut plain,
+            ldc: n,
+        });
+        // Strides wider than the rows, so that a write past a row shows.
+        let (ldb, lds, ldv) = (2 * hidden + 3, 2 * heads + 1, hidden + 5);
+        let mut bytes = vec![0xa5u8; m * ldb];
+        let mut scales = vec![f32::NAN; m * lds];
+        let mut v = vec![f32::NAN; m * ldv];
+        gemm(Output::Heads(HeadsOut {
+            bytes: &mut bytes,
+            ld_bytes: ldb,
+            scales: &mut scales,
+            ld_scales: lds,
+            v: &mut v,
+            ld_v: ldv,
+            hidden,
+            head_dim: dh,
+        }));
+        let at = format!("{name} m={m} h={hidden} dh={dh} t={threads} steal={steal}");
+        for r in 0..m {
+            // The GEMM's columns are q, k and v of head 0, then of head 1, ...; the
+            // destinations hold q | k (bytes, scales) and v.
+            let row = &plain[r * n..(r + 1) * n];
+            for (i, triple) in row.chunks_exact(3 * dh).enumerate() {
+                for (part, head) in triple.chunks_exact(dh).enumerate().take(2) {
+                    let h = part * heads + i;
+                    let mut want = vec![0u8; dh];
+                    let scale = quantize_sym(head, &mut want, if part == 0 { 128 } else { 0 });
+                    assert_eq!(
+                        &bytes[r * ldb + h * dh..][..dh],
+                        &want[..],
+                        "{at}: bytes of head {h} row {r}"
+                    );
+                    assert_eq!(
+                        scales[r * lds + h].to_bits(),
+                        scale.to_bits(),
+                        "{at}: scale {h} row {r}"
+                    );
+                }
+                for d in 0..dh {
+                    assert_eq!(
+                        v[r * ldv + i * dh + d].to_bits(),
+                        triple[2 * dh + d].to_bits(),
+                        "{at}: v[{r}, {}]",
+                        i * dh + d
+                    );
+                }
+            }
+            assert!(
+                bytes[r * ldb + 2 * hidden..][..3]
+                    .iter()
+                    .all(|&x| x == 0xa5),
+                "{at}: bytes past row {r}"
+            );
+            assert!(
+                scales[r * lds + 2 * heads].is_nan(),
+                "{at}: scales past row {r}"
+            );
+            assert!(
+                v[r * ldv + hidden..][..5].iter().all(|x| x.is_nan()),
+                "{at}: v past row {r}"
+            );
         }
     }
 }
