@@ -25,21 +25,8 @@ use codegen::kernels::int8::tile_model::TileUnit;
 use codegen::kernels::AlignedBuf;
 use std::time::Instant;
 
-/// A schedule of one 32×32 block over `kc` bytes of K.
+/// A schedule of one 32×32 block over `kc4` K-quads, with [`amx::ukernel_body`]'s signature.
 type Body<T> = unsafe fn(&mut T, usize, *const u8, *const i8, *mut i32, usize);
-
-/// The product kernel.
-unsafe fn product<T: TileUnit>(
-    t: &mut T,
-    kc: usize,
-    a: *const u8,
-    b: *const i8,
-    c: *mut i32,
-    ldc: usize,
-) {
-    // SAFETY: forwarded; the scenarios size A, B and C for the call.
-    unsafe { amx::ukernel_body(t, kc / 4, a, b, c, ldc) }
-}
 
 #[inline(always)]
 fn prefetch(p: *const u8) {
@@ -60,12 +47,13 @@ unsafe fn schedule<
     const DIST: usize,
 >(
     t: &mut T,
-    kc: usize,
+    kc4: usize,
     a: *const u8,
     b: *const i8,
     c: *mut i32,
     ldc: usize,
 ) {
+    let kc = kc4 * 4;
     let ask = |pk: usize, rows: std::ops::Range<usize>| {
         if pk >= kc {
             return;
@@ -116,7 +104,7 @@ unsafe fn schedule<
 /// The schedules timed: the product kernel and others (all give the same results, checked).
 fn bodies<T: TileUnit>() -> [(&'static str, Body<T>); 5] {
     [
-        ("product", product::<T>),
+        ("product", amx::ukernel_body::<T>),
         ("pf-b-2", schedule::<T, false, false, true, 2>),
         ("pf-ab-1", schedule::<T, false, true, true, 1>),
         ("b-first", schedule::<T, true, false, false, 2>),
@@ -210,7 +198,7 @@ fn time<T: TileUnit>(tiles: &mut T, body: Body<T>, s: &Scenario, secs: f64) -> f
                 unsafe {
                     body(
                         tiles,
-                        s.kc,
+                        s.kc / 4,
                         ap.add(ia * MR * s.kc),
                         bp.add(ib * s.kc * NR),
                         cp.add(col),

@@ -301,8 +301,9 @@ pub fn gemm_i8(
 /// The JIT-compiled unit loop nest for GEMMs with weight `b` (see [`crate::jit`]) whose epilogue
 /// has a row-wide step (LayerNorm) or not, and whose output takes columns in groups of
 /// `col_granularity` (a head's q, k and v for [`Output::Heads`], else 1): specialised to `b`'s
-/// kernel, padded K and this CPU's cache blocking for that epilogue and output. Errors when the kernel has no plain function to call (AMX)
-/// or the JIT is unavailable; [`gemm_i8`] then runs the same nest interpreted.
+/// kernel, padded K and this CPU's cache blocking for that epilogue and output. Errors when the
+/// kernel has no plain function to call (AMX) or the JIT is unavailable; [`gemm_i8`] then runs
+/// the same nest interpreted.
 pub fn jit_unit(
     b: &PackedI8,
     row_epilogue: bool,
