@@ -12,9 +12,10 @@
 #       kernel tests on the hardware tile unit; `bench amx` (the microkernel's schedules);
 #       `hwbench` on the BERT-base shapes; BERT-base INT8 (static + int8 attention) built and
 #       quantized there, its outputs under ENCORE_KERNEL=amx and =avx512vnni compared byte for
-#       byte; `encore bench` AMX against VNNI (and baseline against new) at batch 1, 8 and 32.
-#       Everything is logged to $OUT/amx_hw_check.log. Exits non-zero when a test fails or the
-#       outputs differ.
+#       byte; `encore bench` AMX against VNNI (and baseline against new) at batch 1, 8 and 32
+#       (AMX_HW_CHECK_ROUNDS alternating rounds, default 2), then `bench --profile` at batch 8 on
+#       AMX. With a baseline, hwbench and the profile run both binaries too. Everything is logged
+#       to $OUT/amx_hw_check.log. Exits non-zero when a test fails or the outputs differ.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEV=.devrun
@@ -74,10 +75,15 @@ run() {
     done
     sec the microkernel alone
     "$b/amx" || fail=1
+    local bins=(encore)
+    [[ -x "$b/encore_baseline" ]] && bins=(encore_baseline encore)
     sec hwbench, M = 1024, 1 thread
     for nk in "768 768" "2304 768" "3072 768" "768 3072"; do
         set -- $nk
-        "$b/encore" hwbench --m 1024 --n "$1" --k "$2" --threads 1 | grep -E "^(amx|avx512vnni) "
+        for bin in "${bins[@]}"; do
+            "$b/$bin" hwbench --m 1024 --n "$1" --k "$2" --threads 1 |
+                grep -E "^(amx|avx512vnni) " | sed "s/^/$bin /"
+        done
     done
     sec BERT-base INT8, static + int8 attention
     "$b/encore" build-model --preset bert-base --out "$w/m.onnx"
@@ -111,9 +117,7 @@ PY
         fi
     done
     sec encore bench, 2 threads, alternating
-    local bins=(encore)
-    [[ -x "$b/encore_baseline" ]] && bins=(encore_baseline encore)
-    for round in 1 2; do
+    for round in $(seq "${AMX_HW_CHECK_ROUNDS:-2}"); do
         for batch in 1 8 32; do
             for bin in "${bins[@]}"; do
                 for k in amx avx512vnni; do
@@ -125,6 +129,12 @@ PY
                 done
             done
         done
+    done
+    sec "bench --profile, batch 8, 2 threads, AMX"
+    for bin in "${bins[@]}"; do
+        echo "$bin"
+        ENCORE_KERNEL=amx "$b/$bin" bench --model "$w/m.encore" --batch 8 --threads 2 \
+            --seconds 2 --min-runs 3 --profile 2>&1 | grep -E -A6 "sequences/s|roofline"
     done
     sec done
     return "$fail"

@@ -51,7 +51,8 @@ pub type EpilogueCallback = unsafe extern "C" fn(*mut c_void, usize, usize, usiz
 ///
 /// For each micro-panel row `ip < ceil(rows / mr)` and each chunk `[p0, p1)` of at most `chunk`
 /// panels of `[pan_start, pan_end)`: the microkernel on every panel `p` of the chunk, with A at
-/// `a_rows + ip·mr·k_pad`, B at `b_panels + p·k_pad·nr`, C at `acc + (p − pan_start)·nr` i32 and
+/// `a_rows + ip·mr·k_pad`, B at `b_panels + p·k_pad·nr`, C at `acc + (p − p0)·nr` i32 (every
+/// chunk at the start of the accumulator) and
 /// its prefetch hint (`next`) taken from `[next, next + next_len)`: null in row 0 and once the
 /// range is used up, else the range's next `k_pad / 4` lines (the cursor then moves by `16·k_pad`
 /// bytes); then the epilogue callback with `(env, ip, p0, p1)`.
@@ -335,7 +336,8 @@ fn build(
         let a_ptr = b.ins().iadd(a_rows, a_off);
         let b_off = b.ins().imul_imm_u(panv, (shape.k_pad * shape.nr) as i64);
         let b_ptr = b.ins().iadd(b_panels, b_off);
-        let rel = b.ins().isub(panv, pan_start);
+        let p0v = b.use_var(p0);
+        let rel = b.ins().isub(panv, p0v);
         let c_off = b.ins().imul_imm_u(rel, (shape.nr * 4) as i64);
         let c_ptr = b.ins().iadd(acc, c_off);
         let kc4 = b.ins().iconst(i64t, (shape.k_pad / 4) as i64);

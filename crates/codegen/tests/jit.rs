@@ -236,7 +236,7 @@ fn a_compiled_unit_makes_the_documented_calls() {
                         shape.k_pad / 4,
                         a + ip * shape.mr * shape.k_pad,
                         b + p * shape.k_pad * shape.nr,
-                        acc + (p - pan_start) * shape.nr * 4,
+                        acc + (p - p0) * shape.nr * 4,
                         shape.ldacc,
                         hint,
                     ]));

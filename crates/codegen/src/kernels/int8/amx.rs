@@ -240,13 +240,37 @@ pub unsafe fn ukernel_body<T: TileUnit>(
     c: *mut i32,
     ldc: usize,
 ) {
+    // SAFETY: forwarded caller contract; no hint.
+    unsafe { ukernel_body_hinted(t, kc4, a, b, c, ldc, std::ptr::null()) }
+}
+
+/// [`ukernel_body`] that also asks for the `kc4` lines from `next` into L2, sixteen per K step
+/// (the weights the thread reads after this block, see [`super::UKernel`]; null: none). The
+/// prefetches are hints to the cache, the same on the tile model as on hardware.
+///
+/// # Safety
+/// As [`ukernel_body`]; `next` is only prefetched (any value).
+pub unsafe fn ukernel_body_hinted<T: TileUnit>(
+    t: &mut T,
+    kc4: usize,
+    a: *const u8,
+    b: *const i8,
+    c: *mut i32,
+    ldc: usize,
+    next: *const i8,
+) {
     debug_assert_eq!(kc4 % 16, 0);
     let kc = kc4 * 4;
     for tile in 0..4 {
         t.zero(tile);
     }
+    let mut next = next;
     let mut k0 = 0;
     while k0 < kc {
+        if !next.is_null() {
+            prefetch_l2_lines::<16>(next);
+            next = next.wrapping_add(16 * 64);
+        }
         // SAFETY: A rows 0..32 at stride kc, bytes k0..k0+64 < kc; B quads k0/4..k0/4+16 at
         // 128 bytes each, inside the panel (caller contract).
         unsafe {
@@ -264,6 +288,22 @@ pub unsafe fn ukernel_body<T: TileUnit>(
     }
     // SAFETY: forwarded caller contract (the 32×32 block at c, stride ldc).
     unsafe { store_block(t, c, ldc) };
+}
+
+/// Asks for the `LINES` cache lines from `p` into L2.
+#[inline(always)]
+fn prefetch_l2_lines<const LINES: usize>(p: *const i8) {
+    for line in 0..LINES {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch is a hint: it never faults, whatever the address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                p.wrapping_add(64 * line),
+            )
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p.wrapping_add(64 * line);
+    }
 }
 
 /// Stores the four 16×16 i32 accumulator tiles (0-3) as the 32×32 block at `c`, `ldc` apart.
@@ -328,9 +368,8 @@ pub fn peak_loop(tiles: &mut HwTiles, iters: usize) -> i32 {
 
 /// The hardware kernel body with the C calling convention, for JIT-compiled unit loops: the
 /// GEMM driver configures the tiles on each thread before its units run (`begin`) and releases
-/// them after (`end`), so this is [`ukernel_body`] on the hardware unit and nothing else. The
-/// prefetch hint (`next`, see [`super::UKernel`]) is not used: its effect on AMX has not been
-/// measured yet.
+/// them after (`end`), so this is [`ukernel_body_hinted`] on the hardware unit and nothing else,
+/// the prefetch hint (`next`, see [`super::UKernel`]) included.
 ///
 /// # Safety
 /// As [`ukernel_body`]; AMX usable and the tiles configured with [`kernel_config`] on this
@@ -342,11 +381,11 @@ pub unsafe extern "C" fn ukernel_configured(
     b: *const i8,
     c: *mut i32,
     ldc: usize,
-    _next: *const i8,
+    next: *const i8,
 ) {
     let mut t = HwTiles(());
     // SAFETY: forwarded caller contract.
-    unsafe { ukernel_body(&mut t, kc4, a, b, c, ldc) }
+    unsafe { ukernel_body_hinted(&mut t, kc4, a, b, c, ldc, next) }
 }
 
 /// The hardware kernel.

@@ -115,9 +115,10 @@ pub(crate) trait MicroKernel: Sync {
 /// `(kc4, a, b, c, ldc, next)`.
 ///
 /// `next` is a hint that changes no result: null, or the first of `kc4` cache lines (64 bytes
-/// apart) of weights the caller reads after this call, which the kernel asks into L2 as it goes,
-/// one line per K-quad, in place of prefetching its own panel ahead (the caller passes it only
-/// when that panel is already in cache). Kernels without a prefetch path (scalar, AMX) ignore it.
+/// apart) of weights the caller reads after this call, which the kernel asks into L2 as it goes
+/// (one line per K-quad; AMX: sixteen per 64-byte K step), in place of prefetching its own panel
+/// ahead (the caller passes it only when that panel is already in cache). Kernels without a
+/// prefetch path (scalar) ignore it.
 /// The lines may run past the weights: a prefetch never faults.
 pub type UKernel = unsafe extern "C" fn(usize, *const u8, *const i8, *mut i32, usize, *const i8);
 
@@ -184,10 +185,10 @@ impl MicroKernel for ModelKernel {
         b: *const i8,
         c: *mut i32,
         ldc: usize,
-        _next: *const i8,
+        next: *const i8,
     ) {
         // SAFETY: forwarded contract; `begin` configured this thread's model.
-        self.with_model(|t| unsafe { amx::ukernel_body(t, kc4, a, b, c, ldc) })
+        self.with_model(|t| unsafe { amx::ukernel_body_hinted(t, kc4, a, b, c, ldc, next) })
     }
 }
 
@@ -485,6 +486,13 @@ thread_local! {
 struct Blocking {
     mc: usize,
     nc_panels: usize,
+    /// Panels per epilogue chunk of a unit whose tile pass has no row-wide step: whole groups
+    /// whose i32 tiles fit in L1 beside the A micro-panel.
+    epi_chunk: usize,
+    /// Width of each thread's i32 accumulator, in panels: the block when the tile pass ends in
+    /// a row-wide step (LayerNorm over whole rows), else one epilogue chunk, which every chunk
+    /// of every micro-panel row reuses (see [`compute_unit`]).
+    acc_panels: usize,
 }
 
 /// `g`: panels per group (see [`Plan`]); the block takes whole groups, as the units do, so
@@ -514,7 +522,24 @@ fn blocking(d: &KernelDesc, k_pad: usize, n: usize, row_epilogue: bool, g: usize
     if row_epilogue && panels * k_pad * d.nr <= c.l2 * 3 / 4 {
         nc_panels = nc_panels.max(panels);
     }
-    Blocking { mc, nc_panels }
+    // Without a row-wide step (LayerNorm) in the tile pass the epilogue runs on column chunks
+    // that fit in L1 beside the A micro-panel: a whole block row of i32 (mr × nc·nr, 43 KB for
+    // BERT-base's K = 768 on a 2 MB L2) would be read back from L2. The tile pass has that step
+    // when the epilogue has one and a block spans the rows (else the units walk strips, whose
+    // tile pass stops before it: see `Plan`).
+    let epi_chunk = (((c.l1d / 3) / (d.mr * d.nr * 4)) / g * g).max(g);
+    let whole_rows = row_epilogue && nc_panels >= panels;
+    let acc_panels = if whole_rows {
+        nc_panels
+    } else {
+        epi_chunk.min(nc_panels)
+    };
+    Blocking {
+        mc,
+        nc_panels,
+        epi_chunk,
+        acc_panels,
+    }
 }
 
 /// How [`gemm_i8`] shares an `n`-column GEMM with a weight packed for `kernel` among `threads`
@@ -565,9 +590,6 @@ struct Plan {
     strips: bool,
     /// Rows per unit.
     mc: usize,
-    /// Panels per epilogue chunk of a unit whose epilogue has no row-wide step: whole groups
-    /// whose i32 tiles fit in L1 beside the A micro-panel.
-    epi_chunk: usize,
     m: usize,
     mr: usize,
     panels: usize,
@@ -608,10 +630,6 @@ impl Plan {
         } else {
             blk.mc
         };
-        // Without a row-wide step (LayerNorm) the epilogue runs on column chunks that fit in L1
-        // beside the A micro-panel: a whole block row of i32 (mr × nc·nr, 43 KB for BERT-base's
-        // K = 768 on a 2 MB L2) would be read back from L2.
-        let epi_chunk = (((cache_sizes().l1d / 3) / (d.mr * d.nr * 4)) / g * g).max(g);
         Plan {
             threads,
             parts,
@@ -620,7 +638,6 @@ impl Plan {
             split_n,
             strips,
             mc,
-            epi_chunk,
             m,
             mr: d.mr,
             panels,
@@ -726,7 +743,6 @@ fn drive(
         g,
         strips,
         mc,
-        epi_chunk,
         ..
     } = plan;
     // The first weights each thread reads in the GEMM after this one, asked for during its
@@ -826,7 +842,7 @@ fn drive(
             ACC.with_borrow_mut(|acc| {
                 EPI_TMP.with_borrow_mut(|tmp| {
                     STRIP.with_borrow_mut(|strip| {
-                        acc.ensure(d.mr * blk.nc_panels * d.nr);
+                        acc.ensure(d.mr * blk.acc_panels * d.nr);
                         if strips {
                             strip.ensure(mc * n);
                         }
@@ -884,7 +900,7 @@ fn drive(
                                         acc,
                                         tmp,
                                         g,
-                                        epi_chunk,
+                                        blk.epi_chunk,
                                         next,
                                     )
                                 };
@@ -954,7 +970,7 @@ fn unit_shape(d: &KernelDesc, blk: &Blocking, k_pad: usize) -> crate::jit::UnitS
         mr: d.mr,
         nr: d.nr,
         k_pad,
-        ldacc: blk.nc_panels * d.nr,
+        ldacc: blk.acc_panels * d.nr,
     }
 }
 
@@ -968,7 +984,6 @@ struct UnitEnv<'a, 'b> {
     acc: *const i32,
     ldacc: usize,
     rows: std::ops::Range<usize>,
-    pan_start: usize,
     mr: usize,
     nr: usize,
     n: usize,
@@ -979,7 +994,7 @@ struct UnitEnv<'a, 'b> {
 ///
 /// # Safety
 /// The accumulator holds the micro-panel's rows (at most `mr`) of these columns at stride
-/// `ldacc` from column `(p0 − pan_start)·nr`; the output block belongs to this unit only.
+/// `ldacc` from its column 0; the output block belongs to this unit only.
 unsafe fn epilogue_chunk(env: &mut UnitEnv<'_, '_>, ip: usize, p0: usize, p1: usize) {
     let r0 = env.rows.start + ip * env.mr;
     let (c0, c1) = (p0 * env.nr, (p1 * env.nr).min(env.n));
@@ -988,7 +1003,7 @@ unsafe fn epilogue_chunk(env: &mut UnitEnv<'_, '_>, ip: usize, p0: usize, p1: us
         run_block(
             env.ops,
             Some(env.ctx),
-            Src::I32(env.acc.add((p0 - env.pan_start) * env.nr), env.ldacc),
+            Src::I32(env.acc, env.ldacc),
             r0..(r0 + env.mr).min(env.rows.end),
             c0..c1,
             env.out,
@@ -1069,13 +1084,20 @@ unsafe fn compute_unit(
     let (mr, nr, kp) = (shape.mr, shape.nr, shape.k_pad);
     debug_assert_eq!(rows.start % mr, 0, "units start on a micro-panel");
     // The A micro-panel (mr × Kp, a few KB) stays in L1 while the B panels of the block stream
-    // from L2 in address order; the micro-panel row's accumulator (mr × nc·nr i32) is still in
-    // L1 when its epilogue runs, in chunks of `epi_chunk` panels unless it needs whole rows.
+    // from L2 in address order. Each chunk of a micro-panel row is computed into the start of
+    // the accumulator (chunk·nr i32 wide, unless the epilogue needs whole rows), so the same few
+    // KB of L1 take every tile and are still there when its epilogue reads them: the AMX kernel's
+    // 32×32 tiles would otherwise be written to lines of a 100 KB row evicted since their last
+    // use, and read back from L2.
     let whole_rows = ops
         .iter()
         .any(|o| matches!(o, EpilogueOp::LayerNorm { .. }));
     // Chunks of whole panel groups (`g`, see the driver), so that every boundary stays on one.
     let chunk = if whole_rows { pans.len() } else { epi_chunk }.max(g);
+    debug_assert!(
+        chunk.min(pans.len()) * nr <= shape.ldacc,
+        "a chunk wider than the accumulator"
+    );
     // One pointer for the microkernel's writes and the epilogue's reads.
     let acc = acc.as_mut_ptr();
     let mut env = UnitEnv {
@@ -1086,7 +1108,6 @@ unsafe fn compute_unit(
         acc,
         ldacc: shape.ldacc,
         rows: rows.clone(),
-        pan_start: pans.start,
         mr,
         nr,
         n: b.n,
@@ -1118,13 +1139,14 @@ unsafe fn compute_unit(
             let p1 = (p0 + chunk).min(pans.end);
             for p in p0..p1 {
                 // SAFETY: panel p has kp·nr bytes; A micro-panel ip has mr·kp bytes; the i32
-                // tile (mr × nr at column (p − pans.start)·nr) is inside the accumulator.
+                // tile (mr × nr at column (p − p0)·nr) is inside the accumulator, which is a
+                // chunk wide (checked above).
                 unsafe {
                     kern.run(
                         kp / 4,
                         a_rows.add(ip * mr * kp),
                         b.data.as_ptr().add(p * kp * nr),
-                        acc.add((p - pans.start) * nr),
+                        acc.add((p - p0) * nr),
                         shape.ldacc,
                         next.take(ip, kp / 4),
                     )
@@ -1165,6 +1187,14 @@ mod tests {
                     assert!(b.nc_panels <= panels.next_multiple_of(g), "{at}: {b:?}");
                     if !rows {
                         assert_eq!(b.nc_panels % g, 0, "{at}: {b:?}");
+                    }
+                    // The accumulator takes the block when the tile pass ends in LayerNorm over
+                    // whole rows, else one epilogue chunk (whole groups, at most the block).
+                    assert!(b.epi_chunk >= g && b.epi_chunk % g == 0, "{at}: {b:?}");
+                    if rows && b.nc_panels >= panels {
+                        assert_eq!(b.acc_panels, b.nc_panels, "{at}: {b:?}");
+                    } else {
+                        assert_eq!(b.acc_panels, b.epi_chunk.min(b.nc_panels), "{at}: {b:?}");
                     }
                 }
             }
