@@ -3,17 +3,19 @@
 # session may be lent: its host CPU has had AMX; see crates/codegen/BENCH.md, "AMX on real
 # hardware again"). Two steps:
 #
-#   bash scripts/amx_hw_check.sh pack [BASELINE_ENCORE]
+#   bash scripts/amx_hw_check.sh pack [BASELINE_ENCORE [VARIANT_ENCORE...]]
 #       here: builds the release binaries and the kernel tests, strips them into .devrun/bin.tgz
 #       (git-ignored; ~20 MB). With BASELINE_ENCORE (an `encore` built from another commit) the
-#       model benchmark runs both, alternating, for an A/B.
+#       model benchmark runs both, alternating, for an A/B; each VARIANT_ENCORE (say, a
+#       schedule under trial) joins the rotation as encore_alt1, encore_alt2, ...
 #   bash scripts/amx_hw_check.sh run
 #       there (the device tool's `run` with carry [".devrun"]; about 3 minutes): CPU flags; the
 #       kernel tests on the hardware tile unit; `bench amx` (the microkernel's schedules);
 #       `hwbench` on the BERT-base shapes; BERT-base INT8 (static + int8 attention) built and
 #       quantized there, its outputs under ENCORE_KERNEL=amx and =avx512vnni compared byte for
 #       byte; `encore bench` AMX against VNNI (and baseline against new) at batch 1, 8 and 32
-#       (AMX_HW_CHECK_ROUNDS alternating rounds, default 2), then `bench --profile` at batch 8 on
+#       (AMX_HW_CHECK_ROUNDS alternating rounds, default 2; AMX_HW_CHECK_KERNELS, default
+#       "amx avx512vnni"), then `bench --profile` at batch 8 on
 #       AMX. With a baseline, hwbench and the profile run both binaries too. Everything is logged
 #       to $OUT/amx_hw_check.log. Exits non-zero when a test fails or the outputs differ.
 set -euo pipefail
@@ -27,6 +29,12 @@ pack() {
     strip -o "$DEV/bin/encore" target/release/encore
     if [[ -n "${1:-}" ]]; then
         strip -o "$DEV/bin/encore_baseline" "$1"
+        shift
+        local i=1
+        for alt in "$@"; do
+            strip -o "$DEV/bin/encore_alt$i" "$alt"
+            i=$((i + 1))
+        done
     fi
     # The kernel tests and the AMX bench, found by name in cargo's list of built executables.
     local list
@@ -77,6 +85,9 @@ run() {
     "$b/amx" || fail=1
     local bins=(encore)
     [[ -x "$b/encore_baseline" ]] && bins=(encore_baseline encore)
+    for alt in "$b"/encore_alt*; do
+        [[ -x "$alt" ]] && bins+=("$(basename "$alt")")
+    done
     sec hwbench, M = 1024, 1 thread
     for nk in "768 768" "2304 768" "3072 768" "768 3072"; do
         set -- $nk
@@ -120,7 +131,7 @@ PY
     for round in $(seq "${AMX_HW_CHECK_ROUNDS:-2}"); do
         for batch in 1 8 32; do
             for bin in "${bins[@]}"; do
-                for k in amx avx512vnni; do
+                for k in ${AMX_HW_CHECK_KERNELS:-amx avx512vnni}; do
                     printf 'round %s batch %2s %-16s %-11s ' "$round" "$batch" "$bin" "$k"
                     ENCORE_KERNEL=$k "$b/$bin" bench --model "$w/m.encore" --batch "$batch" \
                         --threads 2 --seconds 2.5 --min-runs 3 2>&1 |

@@ -10,8 +10,8 @@
 //! - `b-stat`: one B panel (K = 768) against 32 A micro-panels (M = 1024, rows at stride K);
 //! - `a-stat-k3072`: FFN2's shape, one A micro-panel of K = 3072 (96 KB) against 24 B panels.
 //!
-//! The columns: `product` (the kernel the runtime runs: A0, B0, B1, A1 per K step, no prefetch),
-//! `pf-b-2` (that order asking for the B lines two K steps ahead), `pf-ab-1` (asking for the
+//! The columns: `product` (the kernel the runtime runs: A0, B0, B1, A1 per K step, asking for
+//! the B lines two K steps ahead), `no-pf` (that order without prefetch), `pf-ab-1` (asking for the
 //! next step's A rows and B lines), `b-first` (B0, B1, A0, A1) and `b-first-pf-b` (that with the
 //! B lines two steps ahead). Each prints TOPS and the percentage of the `tdpbusd` peak measured
 //! first (the best of six short loops; a busy sibling of the core halves it, so compare columns
@@ -105,7 +105,7 @@ unsafe fn schedule<
 fn bodies<T: TileUnit>() -> [(&'static str, Body<T>); 5] {
     [
         ("product", amx::ukernel_body::<T>),
-        ("pf-b-2", schedule::<T, false, false, true, 2>),
+        ("no-pf", schedule::<T, false, false, false, 2>),
         ("pf-ab-1", schedule::<T, false, true, true, 1>),
         ("b-first", schedule::<T, true, false, false, 2>),
         ("b-first-pf-b", schedule::<T, true, false, true, 2>),

@@ -223,11 +223,13 @@ pub fn kernel_config() -> TileConfig {
 /// which must already hold [`kernel_config`] (the GEMM driver configures once per thread and
 /// releases at the end, see [`ukernel_with`] for the self-contained form).
 ///
-/// No software prefetch: asking for the B panel's lines 1, 2 or 6 K steps ahead measured 6-16 %
-/// worse on the quiet 2-vCPU AMX guest of 2026-12-02 (family 6 model 167), and on the busy
-/// 16-vCPU one of 2026-12-04 (model 207, where the kernel ran at a third of that speed) 12 %
-/// better in the driver's access pattern and 23-103 % in FFN2's; `cargo bench -p codegen --bench
-/// amx` times both schedules side by side.
+/// The B panel's lines of the K step [`B_AHEAD`] ahead are asked into L1 as it goes (half before
+/// the step's first products, half before its last): BERT-base INT8 on the 16-vCPU AMX guest
+/// (family 6 model 207, 2 threads, busy host) ran 7-11 % faster at batch 1, 8 and 32 than without
+/// (sums of three alternating rounds, 2026-12-04), its GEMMs at 35 % of the `tdpbusd` peak
+/// instead of 25 %. Without prefetch the microkernel alone had measured 6-16 % faster on the quiet
+/// 2-vCPU guest of 2026-12-02, so `cargo bench -p codegen --bench amx` keeps timing both
+/// schedules side by side (`product`, `no-pf`).
 ///
 /// # Safety
 /// `a` holds `32 · kc4·4` bytes (row stride `kc4·4`), `b` holds `kc4·32·4` bytes, `c` addresses
@@ -268,8 +270,13 @@ pub unsafe fn ukernel_body_hinted<T: TileUnit>(
     let mut k0 = 0;
     while k0 < kc {
         if !next.is_null() {
-            prefetch_l2_lines::<16>(next);
+            prefetch_lines::<16, L2>(next);
             next = next.wrapping_add(16 * 64);
+        }
+        // The B lines of step k0 + 64·B_AHEAD: 16 quad rows of 128 bytes (none past the panel).
+        let ahead = (k0 + 64 * B_AHEAD < kc).then(|| b.wrapping_add((k0 + 64 * B_AHEAD) * NR));
+        if let Some(p) = ahead {
+            prefetch_lines::<16, L1>(p);
         }
         // SAFETY: A rows 0..32 at stride kc, bytes k0..k0+64 < kc; B quads k0/4..k0/4+16 at
         // 128 bytes each, inside the panel (caller contract).
@@ -280,6 +287,9 @@ pub unsafe fn ukernel_body_hinted<T: TileUnit>(
             t.dpbusd(0, 4, 6);
             t.load(7, bq.add(64), NR * 4);
             t.dpbusd(1, 4, 7);
+            if let Some(p) = ahead {
+                prefetch_lines::<16, L1>(p.wrapping_add(16 * 64));
+            }
             t.load(5, a.add(16 * kc + k0), kc);
             t.dpbusd(2, 5, 6);
             t.dpbusd(3, 5, 7);
@@ -290,16 +300,27 @@ pub unsafe fn ukernel_body_hinted<T: TileUnit>(
     unsafe { store_block(t, c, ldc) };
 }
 
-/// Asks for the `LINES` cache lines from `p` into L2.
+/// How many K steps (64 bytes of K) ahead of its reads the kernel asks for the B panel's lines.
+pub const B_AHEAD: usize = 2;
+
+/// Prefetch hints: into L1 (`_MM_HINT_T0`) and into L2 (`_MM_HINT_T1`).
+#[cfg(target_arch = "x86_64")]
+const L1: i32 = std::arch::x86_64::_MM_HINT_T0;
+#[cfg(target_arch = "x86_64")]
+const L2: i32 = std::arch::x86_64::_MM_HINT_T1;
+#[cfg(not(target_arch = "x86_64"))]
+const L1: i32 = 0;
+#[cfg(not(target_arch = "x86_64"))]
+const L2: i32 = 0;
+
+/// Asks for the `LINES` cache lines from `p` into the cache level `HINT` names.
 #[inline(always)]
-fn prefetch_l2_lines<const LINES: usize>(p: *const i8) {
+fn prefetch_lines<const LINES: usize, const HINT: i32>(p: *const i8) {
     for line in 0..LINES {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a prefetch is a hint: it never faults, whatever the address.
         unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                p.wrapping_add(64 * line),
-            )
+            std::arch::x86_64::_mm_prefetch::<HINT>(p.wrapping_add(64 * line))
         };
         #[cfg(not(target_arch = "x86_64"))]
         let _ = p.wrapping_add(64 * line);
