@@ -31,6 +31,8 @@ unsafe impl Pod for i8 {}
 pub struct AlignedBuf<T: Pod> {
     ptr: NonNull<T>,
     len: usize,
+    /// Carved from a huge-page chunk ([`super::hugepages`]) rather than the heap.
+    huge: bool,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like Vec<T>; T is Send + Sync.
@@ -50,7 +52,35 @@ impl<T: Pod> AlignedBuf<T> {
         // SAFETY: layout has non-zero size (at least ALIGN bytes).
         let raw = unsafe { alloc_zeroed(layout) } as *mut T;
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        Self { ptr, len }
+        Self {
+            ptr,
+            len,
+            huge: false,
+        }
+    }
+
+    /// Allocates `len` zeroed elements for packed weights: on transparent huge pages when they
+    /// take at least [`super::hugepages::MIN_BYTES`] (shared chunks, see
+    /// [`super::hugepages`]), else on the heap as [`AlignedBuf::zeroed`].
+    ///
+    /// ```
+    /// use codegen::kernels::AlignedBuf;
+    /// let w: AlignedBuf<i8> = AlignedBuf::for_weights(3 << 20);
+    /// assert!(w.iter().all(|&b| b == 0));
+    /// assert_eq!(w.as_ptr() as usize % 64, 0);
+    /// ```
+    pub fn for_weights(len: usize) -> Self {
+        let bytes = len * std::mem::size_of::<T>();
+        match super::hugepages::alloc_zeroed(bytes) {
+            Some(p) => Self {
+                // SAFETY: alloc_zeroed returns a non-null, 64-byte aligned pointer to `bytes`
+                // zeroed bytes (zero is a valid T: Pod), ours until freed in Drop.
+                ptr: unsafe { NonNull::new_unchecked(p as *mut T) },
+                len,
+                huge: true,
+            },
+            None => Self::zeroed(len),
+        }
     }
 
     /// Number of elements.
@@ -106,6 +136,11 @@ impl<T: Pod> Clone for AlignedBuf<T> {
 
 impl<T: Pod> Drop for AlignedBuf<T> {
     fn drop(&mut self) {
+        if self.huge {
+            // SAFETY: ptr came from hugepages::alloc_zeroed in `for_weights`; dropped once.
+            unsafe { super::hugepages::free(self.ptr.as_ptr() as *mut u8) };
+            return;
+        }
         // SAFETY: ptr was allocated in `zeroed` with exactly this layout.
         unsafe { dealloc(self.ptr.as_ptr() as *mut u8, Self::layout(self.len)) }
     }

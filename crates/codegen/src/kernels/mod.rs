@@ -20,7 +20,8 @@
 //!   [`math`]: its exp / GELU / bf16 conversions.
 //! * [`pool`]: persistent workers, weight-stationary partition.
 //! * [`peak`], [`hwbench`](mod@hwbench): measured roofline and per-kernel timing.
-//! * [`buf`]: 64-byte aligned buffers; [`error`]: [`KernelError`].
+//! * [`buf`]: 64-byte aligned buffers, packed weights on [`hugepages`] (`ENCORE_HUGE_PAGES=0`
+//!   turns them off); [`error`]: [`KernelError`].
 
 pub mod buf;
 pub mod epilogue;
@@ -28,6 +29,7 @@ pub mod epilogue;
 pub mod epilogue_chain;
 pub mod error;
 pub mod f32;
+pub mod hugepages;
 pub mod hwbench;
 pub mod int8;
 pub mod math;

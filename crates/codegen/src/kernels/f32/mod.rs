@@ -108,7 +108,7 @@ impl PackedF32 {
         }
         let nr = info(kernel).nr;
         let panels = n.div_ceil(nr);
-        let mut data = AlignedBuf::zeroed(panels * k * nr);
+        let mut data = AlignedBuf::for_weights(panels * k * nr);
         for p in 0..panels {
             let dst = &mut data[p * k * nr..(p + 1) * k * nr];
             let jn = nr.min(n - p * nr);

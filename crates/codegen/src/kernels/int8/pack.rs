@@ -75,7 +75,7 @@ impl PackedI8 {
         let nr = d.nr;
         let k_pad = k.next_multiple_of(d.k_align).max(d.k_align);
         let panels = n.div_ceil(nr);
-        let mut data = AlignedBuf::<i8>::zeroed(panels * k_pad * nr);
+        let mut data = AlignedBuf::<i8>::for_weights(panels * k_pad * nr);
         let mut colsum = vec![0i32; n];
         let at = |kk: usize, j: usize| {
             if b_is_transposed {
