@@ -137,8 +137,14 @@ impl<T: Pod> Clone for AlignedBuf<T> {
 impl<T: Pod> Drop for AlignedBuf<T> {
     fn drop(&mut self) {
         if self.huge {
-            // SAFETY: ptr came from hugepages::alloc_zeroed in `for_weights`; dropped once.
-            unsafe { super::hugepages::free(self.ptr.as_ptr() as *mut u8) };
+            // SAFETY: ptr came from hugepages::alloc_zeroed for len elements in `for_weights`;
+            // dropped once.
+            unsafe {
+                super::hugepages::free(
+                    self.ptr.as_ptr() as *mut u8,
+                    self.len * std::mem::size_of::<T>(),
+                )
+            };
             return;
         }
         // SAFETY: ptr was allocated in `zeroed` with exactly this layout.

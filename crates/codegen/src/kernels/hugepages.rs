@@ -11,8 +11,11 @@
 //! `MADV_HUGEPAGE`, a bump pointer each, unmapped when the last buffer in them is freed. Only the
 //! touched pages are resident, so a chunk costs at most the unused part of its last huge page.
 //!
-//! Freed space inside a chunk is not reused until the whole chunk is free: weights are made
-//! together when a session is compiled and freed together when it is dropped.
+//! Freed space inside a chunk is not reused until the whole chunk is free (weights are made
+//! together when a session is compiled and freed together when it is dropped), but the whole
+//! huge pages inside a freed buffer are handed back to the system at once (`MADV_DONTNEED`), so
+//! a chunk that outlives most of its buffers (one session's weights carved after another's)
+//! does not keep their memory resident.
 //!
 //! Linux only (elsewhere, and with `ENCORE_HUGE_PAGES=0`, [`alloc_zeroed`] returns `None` and
 //! the caller uses the ordinary heap). With THP disabled system-wide (`never`) the advice is a
@@ -20,8 +23,9 @@
 
 use std::sync::{Mutex, OnceLock};
 
-/// Buffers at least this large come from the chunks; smaller ones stay on the heap.
-pub const MIN_BYTES: usize = 1 << 20;
+/// Buffers at least this large come from the chunks; smaller ones (biases, norms) stay on the
+/// heap. BERT-base's 768 × 768 weights (590 KB) are above it.
+pub const MIN_BYTES: usize = 64 << 10;
 /// One huge page.
 const HUGE: usize = 2 << 20;
 /// A chunk's usable size (larger buffers get a chunk of their own, rounded up to huge pages).
@@ -67,8 +71,9 @@ impl Slab {
         Some(base)
     }
 
-    /// Frees the buffer at `addr`; unmaps its chunk when it was the last one there.
-    fn free(&mut self, addr: usize) {
+    /// Frees the buffer of `bytes` at `addr`; unmaps its chunk when it was the last one there,
+    /// else releases the whole huge pages inside the buffer.
+    fn free(&mut self, addr: usize, bytes: usize) {
         let Some(i) = self
             .chunks
             .iter()
@@ -84,6 +89,8 @@ impl Slab {
         if self.chunks[i].live == 0 {
             let c = self.chunks.swap_remove(i);
             unmap(c.map);
+        } else {
+            release(addr.next_multiple_of(HUGE)..(addr + bytes) / HUGE * HUGE);
         }
     }
 }
@@ -115,12 +122,13 @@ pub fn alloc_zeroed(bytes: usize) -> Option<*mut u8> {
         .map(|p| p as *mut u8)
 }
 
-/// Returns a buffer from [`alloc_zeroed`]; its chunk is unmapped when it holds no other.
+/// Returns a buffer of `bytes` from [`alloc_zeroed`]; its chunk is unmapped when it holds no
+/// other.
 ///
 /// # Safety
-/// `p` came from [`alloc_zeroed`], is freed once, and is not used after.
-pub unsafe fn free(p: *mut u8) {
-    slab().free(p as usize)
+/// `p` came from [`alloc_zeroed`] for `bytes`, is freed once, and is not used after.
+pub unsafe fn free(p: *mut u8, bytes: usize) {
+    slab().free(p as usize, bytes)
 }
 
 /// An anonymous mapping with `size` bytes from a 2 MB boundary, advised for huge pages:
@@ -164,6 +172,26 @@ fn unmap((start, len): (usize, usize)) {
 #[cfg(not(target_os = "linux"))]
 fn unmap(_: (usize, usize)) {}
 
+/// Hands the pages of `range` (whole huge pages of a freed buffer, or empty) back to the
+/// system; they would read as zero, but freed chunk space is never handed out again.
+#[cfg(target_os = "linux")]
+fn release(range: std::ops::Range<usize>) {
+    if range.start < range.end {
+        // SAFETY: the range lies inside a freed buffer of a live chunk mapping (private and
+        // anonymous), which no one reads or writes any more; MADV_DONTNEED only drops its pages.
+        unsafe {
+            libc::madvise(
+                range.start as *mut libc::c_void,
+                range.end - range.start,
+                libc::MADV_DONTNEED,
+            )
+        };
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn release(_: std::ops::Range<usize>) {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,11 +205,7 @@ mod tests {
             return;
         }
         let mut slab = Slab::default();
-        let sizes = [
-            MIN_BYTES,
-            (3 * MIN_BYTES + 5).next_multiple_of(64),
-            2 * MIN_BYTES,
-        ];
+        let sizes = [HUGE + 128, (3 * HUGE + 5).next_multiple_of(64), MIN_BYTES];
         let bufs: Vec<usize> = sizes
             .iter()
             .map(|&n| slab.alloc(n).expect("an anonymous mapping"))
@@ -203,12 +227,22 @@ mod tests {
         let big = slab.alloc(CHUNK + 64).expect("an anonymous mapping");
         assert_eq!(slab.chunks.len(), 2);
         assert_eq!(slab.chunks[1].size, CHUNK + HUGE);
-        slab.free(bufs[0]);
-        slab.free(bufs[2]);
+        slab.free(bufs[0], sizes[0]);
+        slab.free(bufs[2], sizes[2]);
         assert_eq!(slab.chunks.len(), 2, "a chunk with a live buffer stays");
-        slab.free(bufs[1]);
+        // The first buffer's whole huge page went back to the system (it reads as zero now;
+        // the chunk's mapping is still there), its tail did not.
+        // SAFETY: inside the live chunk's mapping; nothing else uses that freed space.
+        let freed = unsafe { std::slice::from_raw_parts(bufs[0] as *const u8, sizes[0]) };
+        assert!(freed[..HUGE].iter().all(|&b| b == 0));
+        assert!(freed[HUGE..].iter().all(|&b| b == 0xA5));
+        // SAFETY: bufs[1] is still live and holds sizes[1] bytes: the release of its freed
+        // neighbours' pages must not have touched it.
+        let s = unsafe { std::slice::from_raw_parts(bufs[1] as *const u8, sizes[1]) };
+        assert!(s.iter().all(|&b| b == 0xA5));
+        slab.free(bufs[1], sizes[1]);
         assert_eq!(slab.chunks.len(), 1);
-        slab.free(big);
+        slab.free(big, CHUNK + 64);
         assert!(slab.chunks.is_empty());
     }
 
@@ -217,8 +251,8 @@ mod tests {
     fn small_buffers_stay_on_the_heap() {
         assert!(alloc_zeroed(MIN_BYTES - 1).is_none());
         if let Some(p) = alloc_zeroed(MIN_BYTES) {
-            // SAFETY: from alloc_zeroed, freed once.
-            unsafe { free(p) };
+            // SAFETY: from alloc_zeroed for MIN_BYTES, freed once.
+            unsafe { free(p, MIN_BYTES) };
         }
     }
 }
