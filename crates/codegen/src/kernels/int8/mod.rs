@@ -1094,9 +1094,13 @@ unsafe fn compute_unit(
         .any(|o| matches!(o, EpilogueOp::LayerNorm { .. }));
     // Chunks of whole panel groups (`g`, see the driver), so that every boundary stays on one.
     let chunk = if whole_rows { pans.len() } else { epi_chunk }.max(g);
-    debug_assert!(
+    // What keeps the tiles inside the accumulator (sized from the same blocking): checked in
+    // release builds too, once per unit.
+    assert!(
         chunk.min(pans.len()) * nr <= shape.ldacc,
-        "a chunk wider than the accumulator"
+        "a chunk of {} panels wider than the accumulator ({} columns)",
+        chunk.min(pans.len()),
+        shape.ldacc
     );
     // One pointer for the microkernel's writes and the epilogue's reads.
     let acc = acc.as_mut_ptr();
