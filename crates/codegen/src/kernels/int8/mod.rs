@@ -489,10 +489,21 @@ struct Blocking {
     /// Panels per epilogue chunk of a unit whose tile pass has no row-wide step: whole groups
     /// whose i32 tiles fit in L1 beside the A micro-panel.
     epi_chunk: usize,
-    /// Width of each thread's i32 accumulator, in panels: the block when the tile pass ends in
-    /// a row-wide step (LayerNorm over whole rows), else one epilogue chunk, which every chunk
-    /// of every micro-panel row reuses (see [`compute_unit`]).
-    acc_panels: usize,
+    /// The tile pass ends in a row-wide step (LayerNorm) over whole rows: a block spans them.
+    whole_rows: bool,
+}
+
+impl Blocking {
+    /// Width of each thread's i32 accumulator, in panels, which is also a unit's epilogue chunk
+    /// (see [`compute_unit`]): the block when the tile pass ends in a row-wide step, else one
+    /// epilogue chunk, which every chunk of every micro-panel row reuses.
+    fn acc_panels(&self) -> usize {
+        if self.whole_rows {
+            self.nc_panels
+        } else {
+            self.epi_chunk.min(self.nc_panels)
+        }
+    }
 }
 
 /// `g`: panels per group (see [`Plan`]); the block takes whole groups, as the units do, so
@@ -528,17 +539,11 @@ fn blocking(d: &KernelDesc, k_pad: usize, n: usize, row_epilogue: bool, g: usize
     // when the epilogue has one and a block spans the rows (else the units walk strips, whose
     // tile pass stops before it: see `Plan`).
     let epi_chunk = (((c.l1d / 3) / (d.mr * d.nr * 4)) / g * g).max(g);
-    let whole_rows = row_epilogue && nc_panels >= panels;
-    let acc_panels = if whole_rows {
-        nc_panels
-    } else {
-        epi_chunk.min(nc_panels)
-    };
     Blocking {
         mc,
         nc_panels,
         epi_chunk,
-        acc_panels,
+        whole_rows: row_epilogue && nc_panels >= panels,
     }
 }
 
@@ -740,7 +745,6 @@ fn drive(
         threads,
         parts,
         blk,
-        g,
         strips,
         mc,
         ..
@@ -842,7 +846,7 @@ fn drive(
             ACC.with_borrow_mut(|acc| {
                 EPI_TMP.with_borrow_mut(|tmp| {
                     STRIP.with_borrow_mut(|strip| {
-                        acc.ensure(d.mr * blk.acc_panels * d.nr);
+                        acc.ensure(d.mr * blk.acc_panels() * d.nr);
                         if strips {
                             strip.ensure(mc * n);
                         }
@@ -899,8 +903,6 @@ fn drive(
                                         tile_out,
                                         acc,
                                         tmp,
-                                        g,
-                                        blk.epi_chunk,
                                         next,
                                     )
                                 };
@@ -970,7 +972,7 @@ fn unit_shape(d: &KernelDesc, blk: &Blocking, k_pad: usize) -> crate::jit::UnitS
         mr: d.mr,
         nr: d.nr,
         k_pad,
-        ldacc: blk.acc_panels * d.nr,
+        ldacc: blk.acc_panels() * d.nr,
     }
 }
 
@@ -1057,9 +1059,9 @@ impl NextLines {
 /// Computes one unit: the microkernel over its panels for each micro-panel row of its rows (in
 /// `a_rows`, the A micro-panels of its rows) into the i32 block, then the epilogue to `out`; through
 /// the JIT-compiled nest `unit` when given (same calls, same order), else interpreted. `next`:
-/// the weights the thread reads after this unit (see [`NextLines`]). `epi_chunk`: the plan's
-/// panels per epilogue chunk when the epilogue has no row-wide step (made on the caller's
-/// thread, like every choice that depends on the cache sizes).
+/// the weights the thread reads after this unit (see [`NextLines`]). The epilogue runs on chunks
+/// as wide as the accumulator (`shape.ldacc`: the plan's choice, made on the caller's thread like
+/// every choice that depends on the cache sizes).
 #[allow(clippy::too_many_arguments)]
 unsafe fn compute_unit(
     kern: &dyn MicroKernel,
@@ -1074,8 +1076,6 @@ unsafe fn compute_unit(
     out: OutPtr,
     acc: &mut AlignedBuf<i32>,
     tmp: &mut Vec<f32>,
-    g: usize,
-    epi_chunk: usize,
     next: &[i8],
 ) {
     if rows.is_empty() || pans.is_empty() {
@@ -1085,22 +1085,21 @@ unsafe fn compute_unit(
     debug_assert_eq!(rows.start % mr, 0, "units start on a micro-panel");
     // The A micro-panel (mr × Kp, a few KB) stays in L1 while the B panels of the block stream
     // from L2 in address order. Each chunk of a micro-panel row is computed into the start of
-    // the accumulator (chunk·nr i32 wide, unless the epilogue needs whole rows), so the same few
-    // KB of L1 take every tile and are still there when its epilogue reads them: the AMX kernel's
-    // 32×32 tiles would otherwise be written to lines of a 100 KB row evicted since their last
-    // use, and read back from L2.
+    // the accumulator, which is one chunk wide (whole panel groups; the block when the epilogue
+    // needs whole rows), so the same few KB of L1 take every tile and are still there when its
+    // epilogue reads them: the AMX kernel's 32×32 tiles would otherwise be written to lines of a
+    // 100 KB row evicted since their last use, and read back from L2.
+    let chunk = shape.ldacc / nr;
+    // A row-wide step needs the unit's whole width in one chunk: the plan that sized the
+    // accumulator and the one that left LayerNorm in the tile pass must agree (checked in
+    // release builds too, once per unit: a partial row would be a silent wrong answer).
     let whole_rows = ops
         .iter()
         .any(|o| matches!(o, EpilogueOp::LayerNorm { .. }));
-    // Chunks of whole panel groups (`g`, see the driver), so that every boundary stays on one.
-    let chunk = if whole_rows { pans.len() } else { epi_chunk }.max(g);
-    // What keeps the tiles inside the accumulator (sized from the same blocking): checked in
-    // release builds too, once per unit.
     assert!(
-        chunk.min(pans.len()) * nr <= shape.ldacc,
-        "a chunk of {} panels wider than the accumulator ({} columns)",
-        chunk.min(pans.len()),
-        shape.ldacc
+        !whole_rows || pans.len() <= chunk,
+        "a row-wide epilogue over {} panels with an accumulator of {chunk}",
+        pans.len()
     );
     // One pointer for the microkernel's writes and the epilogue's reads.
     let acc = acc.as_mut_ptr();
@@ -1144,7 +1143,7 @@ unsafe fn compute_unit(
             for p in p0..p1 {
                 // SAFETY: panel p has kp·nr bytes; A micro-panel ip has mr·kp bytes; the i32
                 // tile (mr × nr at column (p − p0)·nr) is inside the accumulator, which is a
-                // chunk wide (checked above).
+                // chunk wide.
                 unsafe {
                     kern.run(
                         kp / 4,
@@ -1196,9 +1195,9 @@ mod tests {
                     // whole rows, else one epilogue chunk (whole groups, at most the block).
                     assert!(b.epi_chunk >= g && b.epi_chunk % g == 0, "{at}: {b:?}");
                     if rows && b.nc_panels >= panels {
-                        assert_eq!(b.acc_panels, b.nc_panels, "{at}: {b:?}");
+                        assert_eq!(b.acc_panels(), b.nc_panels, "{at}: {b:?}");
                     } else {
-                        assert_eq!(b.acc_panels, b.epi_chunk.min(b.nc_panels), "{at}: {b:?}");
+                        assert_eq!(b.acc_panels(), b.epi_chunk.min(b.nc_panels), "{at}: {b:?}");
                     }
                 }
             }
