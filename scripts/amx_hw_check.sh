@@ -154,5 +154,5 @@ PY
 case "${1:-}" in
     pack) shift; pack "$@" ;;
     run) run ;;
-    *) echo "usage: $0 pack [BASELINE_ENCORE] | run" >&2; exit 2 ;;
+    *) echo "usage: $0 pack [BASELINE_ENCORE [VARIANT_ENCORE...]] | run" >&2; exit 2 ;;
 esac

@@ -4,7 +4,8 @@
 //! than the L3), and with 4 KB pages every 4 KB of weights costs a TLB miss on top. On 2 MB
 //! pages BERT-base INT8 (Zen 4, 2 threads, `ENCORE_HUGE_PAGES=0` against the default, runs
 //! alternating) ran batch 1 faster in 8 of 8 pairs (median latency 32.4 → 30.8 ms), sequence
-//! 384 in 3 of 4, batch 8 in 4 of 4 (+4 % summed), for 2.2 MB more peak resident memory.
+//! 384 in 3 of 4, batch 8 in 4 of 4 (+4 % summed), for 2.2 MB more peak resident memory, with a
+//! 1 MB threshold; with today's 64 KB, batch 1 in 7 of 8 pairs (30.6 → 29.8 ms).
 //! Giving each weight buffer its own huge pages would round every one up to 2 MB (about 40 MB
 //! more resident for BERT-base: tried and dropped before), so large buffers are
 //! carved one after another out of shared chunks: 2 MB-aligned anonymous mappings marked
