@@ -35,9 +35,11 @@ What it does:
                          target_device=CPU, subset_size=N)` (SmoothQuant on, as NNCF does for
                          transformers) on `--calibration` random samples at the benchmark's sequence
                          length, then compiled as openvino-fp32.
-   Also runs `encore hwbench --json --threads T` once for the measured int8 (vpdpbusd) peak of T
+   Also runs `encore hwbench --json --threads T` for the measured int8 (vpdpbusd) peak of T
    threads (gops / fraction_of_peak of its int8 rows; the best int8 kernel's GOPS when that is
-   higher, i.e. the short peak loop was slowed; the 1-thread peak times T if T gives none).
+   higher, i.e. the short peak loop was slowed; the 1-thread peak times T if T gives none), once
+   before any engine is prepared and once after the rounds, keeping the higher: each is a lower
+   bound, and a busy host can slow the short loop by half.
 4. For each round, for each batch size, each engine in turn (interleaved): warm-up runs, then
    timed runs for at least `--seconds` and `--min-runs`, the protocol of `encore bench`. The
    encore engines are `encore bench --model ... --json`; the others run in this process on random
@@ -47,8 +49,14 @@ What it does:
 5. Prints the CPU model and its avx512_vnni / avx_vnni / amx flags, then per batch size a table
    (engine, median seq/s over the rounds, p50 latency, ratio to encore-int8 and to encore-fp32)
    and a roofline line: GEMM MACs of one BERT-base forward, 12 x (4*768*768 + 2*768*3072 +
-   2*seq*768) per token, and the fraction of the measured int8 peak encore-int8 reached. With
-   `--out FILE`, writes every measurement as JSON.
+   2*seq*768) per token, and the fraction of the measured int8 peak encore-int8 reached; then the
+   fraction of the peak every INT8 engine's forward ran at (its GEMM MACs over its time), and the
+   runtime issue's goal for the row (batch 1: p50 <= 0.8x OpenVINO INT8's; larger batches:
+   throughput >= 1.25x), whether the best encore INT8 engine met it, the fraction of the peak the
+   goal needs over the whole forward, and beside it the best bare GEMM of the same run (hwbench,
+   M = 1024, no epilogue): the goal leaves 1 - needed/bare of its time for everything that is not
+   a product (attention, epilogues, normalisations, embeddings). With `--out FILE`, writes every
+   measurement as JSON (`summary[].goal`).
 
 Real lengths (`--lengths-from FILE --tokenizer T`): instead of full `--seq` batches, every engine
 cycles through `--distinct-batches` batches per batch size whose sequences have the token counts
@@ -704,6 +712,27 @@ def int8_peak(args: argparse.Namespace, encore: Path) -> dict:
     return result
 
 
+def remeasure_peak(args: argparse.Namespace, encore: Path, first: dict) -> dict:
+    """The peak measured again after the rounds; the higher of the two is kept.
+
+    Nothing runs faster than the instruction's peak, so each measurement is a lower bound, and a
+    short loop that a busy host slowed (a vCPU taken away for the 0.1 s it runs: seen on the
+    2-vCPU guests, the 2-thread loop at 470-720 GOPS between runs at 930) would make every
+    fraction of the peak too high. Both figures are kept in the JSON.
+    """
+    try:
+        again = int8_peak(args, encore)
+    except BenchError as err:
+        log(f"int8 peak after the rounds FAILED ({tail(str(err), 3)}); keeping the first")
+        return first
+    higher = again["int8_peak_gops"] > first["int8_peak_gops"]
+    kept = dict(again if higher else first)
+    kept["measured_gops"] = [first["int8_peak_gops"], again["int8_peak_gops"]]
+    kept["source"] += f" (the {'second' if higher else 'first'} of two measurements, before and after the rounds)"
+    log(f"int8 peak after the rounds {again['int8_peak_gops']:.1f} GOPS; using {kept['int8_peak_gops']:.1f}")
+    return kept
+
+
 def gemm_macs_per_sequence(seq: int, facts: dict) -> int:
     """Multiply-adds of the model's products for one sequence of `seq` tokens (see model_facts);
     BERT-base's when the model's could not be counted."""
@@ -780,8 +809,63 @@ def summarize(args: argparse.Namespace, rows: dict, peak: dict | None) -> list[d
                     roof["encore_int8_fraction_of_int8_peak"] = gops / peak["int8_peak_gops"]
                 if eng == "encore-fp32" and peak and peak.get("fma_peak_gflops"):
                     roof["encore_fp32_fraction_of_fma_peak"] = gops / peak["fma_peak_gflops"]
-        summary.append({"batch": b, "engines": med, "roofline": roof})
+        if peak:
+            # Every INT8 engine's throughput as a fraction of the peak: the same MACs at the
+            # same `vpdpbusd` rate, so peers and encore read on one scale.
+            for eng, v in med.items():
+                if "int8" in eng:
+                    v["fraction_of_int8_peak"] = 2 * macs * v["seq_per_s"] / b / 1e9 / peak["int8_peak_gops"]
+        summary.append({"batch": b, "engines": med, "roofline": roof, "goal": goal_row(b, macs, med, peak)})
     return summary
+
+
+# The runtime issue's goals against OpenVINO INT8, measured in the same run: throughput at batch
+# 8 and more, p50 latency at batch 1.
+GOAL_PEER = "openvino-int8-nncf"
+GOAL_THROUGHPUT_RATIO = 1.25
+GOAL_LATENCY_RATIO = 0.8
+
+
+def goal_row(b: int, macs: int, med: dict, peak: dict | None) -> dict | None:
+    """What the goal asks of this row and what it would take of the CPU.
+
+    The goal's speed is turned into the fraction of the measured int8 peak the whole forward
+    would have to run at (its GEMM MACs over its time), and set beside the best bare GEMM of
+    the same run (hwbench's M = 1024 product, no epilogue, nothing else to do): a goal that
+    needs more of the peak than a bare GEMM reaches cannot be met on this CPU by any schedule
+    that does the model's MACs with `vpdpbusd`, since attention, the epilogues and the
+    normalisations come on top of them; one just below it leaves them the rest of the time
+    (`share_left_beside_bare_gemms`).
+    """
+    peer = med.get(GOAL_PEER)
+    ours = {e: v for e, v in med.items() if e.startswith("encore-int8")}
+    if not peer or not ours:
+        return None
+    if b == 1:
+        target_ms = GOAL_LATENCY_RATIO * peer["p50_ms"]
+        best = min(ours, key=lambda e: ours[e]["p50_ms"])
+        row = {"kind": "latency", "ratio": GOAL_LATENCY_RATIO, "peer": GOAL_PEER,
+               "target_p50_ms": target_ms, "best_engine": best,
+               "best_ratio": ours[best]["p50_ms"] / peer["p50_ms"],
+               "met": ours[best]["p50_ms"] <= target_ms}
+        needed_gops = 2 * macs / (target_ms / 1e3) / 1e9
+    else:
+        target = GOAL_THROUGHPUT_RATIO * peer["seq_per_s"]
+        best = max(ours, key=lambda e: ours[e]["seq_per_s"])
+        row = {"kind": "throughput", "ratio": GOAL_THROUGHPUT_RATIO, "peer": GOAL_PEER,
+               "target_seq_per_s": target, "best_engine": best,
+               "best_ratio": ours[best]["seq_per_s"] / peer["seq_per_s"],
+               "met": ours[best]["seq_per_s"] >= target}
+        needed_gops = 2 * macs * target / b / 1e9
+    if peak:
+        row["needed_fraction_of_int8_peak"] = needed_gops / peak["int8_peak_gops"]
+        bare = (peak.get("best_int8_kernel") or {}).get("fraction_of_peak")
+        if bare:
+            row["bare_gemm_fraction_of_int8_peak"] = bare
+            # Were the MACs all done at the bare GEMM's rate, this share of the goal's time
+            # would be left for everything else (negative: not even the MACs fit).
+            row["share_left_beside_bare_gemms"] = 1 - row["needed_fraction_of_int8_peak"] / bare
+    return row
 
 
 def fmt_ratio(x: float | None) -> str:
@@ -832,6 +916,28 @@ def print_report(args: argparse.Namespace, summary: list[dict], engines: list[En
             line += (f" (encore-fp32 {r['encore-fp32_gops']:.1f} GFLOP/s = "
                      f"{100 * r['encore_fp32_fraction_of_fma_peak']:.1f}% of the FMA peak)")
         print(line)
+        fractions = [f"{e} {100 * v['fraction_of_int8_peak']:.1f}%" for e, v in s["engines"].items()
+                     if "fraction_of_int8_peak" in v]
+        if fractions:
+            print("  fraction of the int8 peak over the whole forward: " + ", ".join(fractions))
+        g = s.get("goal")
+        if g:
+            if g["kind"] == "latency":
+                line = (f"  goal: p50 <= {g['ratio']:g}x {g['peer']} = {g['target_p50_ms']:.2f} ms; "
+                        f"best {g['best_engine']} {g['best_ratio']:.3f}x ({'met' if g['met'] else 'not met'})")
+            else:
+                line = (f"  goal: >= {g['ratio']:g}x {g['peer']} = {g['target_seq_per_s']:.2f} seq/s; "
+                        f"best {g['best_engine']} {g['best_ratio']:.3f}x ({'met' if g['met'] else 'not met'})")
+            print(line)
+            if "needed_fraction_of_int8_peak" in g:
+                line = (f"        it needs {100 * g['needed_fraction_of_int8_peak']:.1f}% of the int8 peak "
+                        "over the whole forward")
+                if "bare_gemm_fraction_of_int8_peak" in g:
+                    line += (f"; the best bare GEMM of this run reached "
+                             f"{100 * g['bare_gemm_fraction_of_int8_peak']:.1f}%, which leaves "
+                             f"{100 * g['share_left_beside_bare_gemms']:.1f}% of the goal's time for all "
+                             "the rest (attention, epilogues, normalisations, embeddings)")
+                print(line)
     if failed:
         print("\nfailed engines:")
         for name, err in failed.items():
@@ -927,6 +1033,16 @@ def main(argv: list[str]) -> int:
             ctx = {"encore": encore, "model": model, "workdir": workdir,
                    "inputs": Inputs(args, vocab, facts["inputs"])}
 
+            # Before any peer is loaded: a peer's idle worker threads may still spin.
+            peak, peak_error = None, None
+            try:
+                peak = int8_peak(args, encore)
+                log(f"int8 peak {peak['int8_peak_gops']:.1f} GOPS on {args.threads} threads ({peak['source']})")
+            except BenchError as err:
+                peak_error = str(err)
+                failures.append(f"int8 peak: {err}")
+                log(f"int8 peak FAILED: {tail(peak_error, 12)}")
+
             engines = [ENGINE_CLASSES[n](args, ctx) for n in ENGINES if n not in args.skip_list]
             for e in engines:
                 log(f"preparing {e.name}")
@@ -939,14 +1055,6 @@ def main(argv: list[str]) -> int:
                 if e.error:
                     log(f"{e.name} FAILED: {tail(e.error, 12)}")
 
-            peak, peak_error = None, None
-            try:
-                peak = int8_peak(args, encore)
-                log(f"int8 peak {peak['int8_peak_gops']:.1f} GOPS on {args.threads} threads ({peak['source']})")
-            except BenchError as err:
-                peak_error = str(err)
-                failures.append(f"int8 peak: {err}")
-                log(f"int8 peak FAILED: {tail(peak_error, 12)}")
 
             rows: dict[int, dict[str, list[dict]]] = {b: {e.name: [] for e in engines} for b in args.batch_list}
             for r in range(args.rounds):
@@ -969,6 +1077,8 @@ def main(argv: list[str]) -> int:
                         log(f"round {r + 1}/{args.rounds} batch {b}: {e.name:<20} "
                             f"{m['throughput_seq_per_s']:10.2f} seq/s")
 
+            if peak is not None:
+                peak = remeasure_peak(args, encore, peak)
             summary = summarize(args, rows, peak)
             print_report(args, summary, engines, peak, peak_error, versions)
             failures += [f"{e.name}: {e.error}" for e in engines if e.error]
