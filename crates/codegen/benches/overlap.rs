@@ -1,0 +1,165 @@
+//! Can epilogue arithmetic hide under the microkernel's `vpdpbusd`?
+//!
+//! `cargo bench -p codegen --bench overlap` times a loop shaped like the AVX512-VNNI
+//! microkernel's (a 4 × 48 tile: per K step three 64-byte B loads, four broadcasts of A and
+//! 12 independent `vpdpbusd zmm`), alone and with `E` vectors of epilogue work put into every K
+//! step, and the same epilogue work alone. The epilogue is a chain of the kinds of operations
+//! the FFN1 chain runs per 16 outputs (absolute value, clamp, a piece index, five FMAs over six
+//! two-table permutes, a select, a product, the requantization's division, rounding, the zero
+//! point, the clamp to u8 and a store): if the CPU ran it on units the `vpdpbusd` leaves idle,
+//! the interleaved loop would take the microkernel's time, and a fused kernel that applies the
+//! previous tile's epilogue during the next tile's K loop would hide the epilogues (11-12 % of
+//! a BERT-base INT8 run on Zen 4). Where it prints `added` close to `alone`, there is nothing to
+//! win that way on this CPU.
+//!
+//! Prints, per `E`: ns per K step, the `vpdpbusd` rate, and the time each epilogue vector added
+//! over the bare loop. SKIPs without AVX512-VNNI.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Pieces the chain's table permutes index (two 16-lane tables a permute).
+    pub const TABLE: usize = 64;
+    /// Rows of the tile: the product's 8 would leave the epilogue 4 of the 32 vector registers
+    /// and spill accumulators; 4 rows (12 accumulators) keep `vpdpbusd` at its peak alone and
+    /// leave the chain room, so that what is measured is the units, not spills.
+    pub const ROWS: usize = 4;
+
+    /// `steps` K steps of a [`ROWS`] × 48 VNNI tile with `E` epilogue vectors in each (none of
+    /// the products when `PRODUCTS` is false): returns values so that nothing is removed.
+    ///
+    /// # Safety
+    /// The CPU has AVX512F, AVX512BW and AVX512-VNNI; `b` holds 256 steps of 192 bytes, `a`
+    /// 2 KB, `table` [`TABLE`] floats, `ep_in` and `ep_out` the same whole number of vectors.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn run<const E: usize, const PRODUCTS: bool>(
+        steps: usize,
+        a: &[u8],
+        b: &[i8],
+        ep_in: &[f32],
+        ep_out: &mut [f32],
+        table: &[f32; TABLE],
+    ) -> i32 {
+        let mut acc = [[_mm512_setzero_si512(); 3]; ROWS];
+        let vectors = ep_in.len() / 16;
+        let mut e = 0;
+        for s in 0..steps {
+            if PRODUCTS {
+                // SAFETY: step s % 256 of B (192 bytes) and 4 bytes of each of A's 8 rows of 256.
+                let bp = unsafe { b.as_ptr().add((s % 256) * 192) };
+                let bv: [__m512i; 3] = std::array::from_fn(|v| unsafe {
+                    _mm512_loadu_si512(bp.add(64 * v) as *const __m512i)
+                });
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let at = unsafe { a.as_ptr().add(i * 256 + (s % 64) * 4) };
+                    let av = _mm512_set1_epi32(unsafe { (at as *const i32).read_unaligned() });
+                    for (r, bv) in row.iter_mut().zip(bv) {
+                        *r = _mm512_dpbusd_epi32(*r, av, bv);
+                    }
+                }
+            }
+            for _ in 0..E {
+                // SAFETY: vector e of both buffers; the table's four 16-float quarters.
+                unsafe {
+                    let x = _mm512_loadu_ps(ep_in.as_ptr().add(16 * e));
+                    let t: [__m512; 4] =
+                        std::array::from_fn(|q| _mm512_loadu_ps(table.as_ptr().add(16 * q)));
+                    let ax = _mm512_min_ps(_mm512_abs_ps(x), _mm512_set1_ps(5.75));
+                    let idx = _mm512_cvttps_epi32(_mm512_mul_ps(ax, _mm512_set1_ps(4.0)));
+                    let f = _mm512_fmsub_ps(ax, _mm512_set1_ps(4.0), _mm512_cvtepi32_ps(idx));
+                    let mut p = _mm512_permutex2var_ps(t[0], idx, t[1]);
+                    for (lo, hi) in [(2, 3), (0, 3), (2, 1), (1, 3), (1, 2)] {
+                        p = _mm512_fmadd_ps(p, f, _mm512_permutex2var_ps(t[lo], idx, t[hi]));
+                    }
+                    let negative = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_setzero_ps());
+                    let phi = _mm512_mask_sub_ps(p, !negative, _mm512_set1_ps(1.0), p);
+                    let g = _mm512_mul_ps(x, phi);
+                    let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                        _mm512_div_ps(g, _mm512_set1_ps(0.02)),
+                    );
+                    let q = _mm512_add_ps(q, _mm512_set1_ps(46.0));
+                    let q =
+                        _mm512_min_ps(_mm512_set1_ps(255.0), _mm512_max_ps(_mm512_setzero_ps(), q));
+                    _mm512_storeu_ps(ep_out.as_mut_ptr().add(16 * e), q);
+                }
+                e = if e + 1 == vectors { 0 } else { e + 1 };
+            }
+        }
+        let sum = acc
+            .iter()
+            .flatten()
+            .fold(_mm512_setzero_si512(), |s, v| _mm512_add_epi32(s, *v));
+        _mm512_reduce_add_epi32(sum)
+    }
+}
+
+fn main() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !(std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni"))
+        {
+            println!("SKIP: this CPU has no AVX512-VNNI, which the loop measures");
+            return;
+        }
+        let a: Vec<u8> = (0..2048).map(|i| (i % 251) as u8).collect();
+        let b: Vec<i8> = (0..256 * 192).map(|i| (i % 127) as i8).collect();
+        let ep_in: Vec<f32> = (0..16 * 64).map(|i| i as f32 * 0.013 - 3.0).collect();
+        let mut ep_out = vec![0f32; ep_in.len()];
+        let table: [f32; x86::TABLE] = std::array::from_fn(|i| 0.01 * i as f32);
+        let steps = 10_000_000;
+        let mut bare = f64::INFINITY;
+        for round in 1..=3 {
+            let mut time = |f: &dyn Fn(&mut [f32]) -> i32| {
+                let t = Instant::now();
+                black_box(f(&mut ep_out));
+                t.elapsed().as_secs_f64() * 1e9 / steps as f64
+            };
+            // SAFETY (every call): the features were detected above; the buffers have the
+            // sizes `run` asks for.
+            let alone =
+                time(&|o| unsafe { x86::run::<4, false>(steps, &a, &b, &ep_in, o, &table) }) / 4.0;
+            let per_e: [(usize, f64); 4] = [
+                (
+                    0,
+                    time(&|o| unsafe { x86::run::<0, true>(steps, &a, &b, &ep_in, o, &table) }),
+                ),
+                (
+                    1,
+                    time(&|o| unsafe { x86::run::<1, true>(steps, &a, &b, &ep_in, o, &table) }),
+                ),
+                (
+                    2,
+                    time(&|o| unsafe { x86::run::<2, true>(steps, &a, &b, &ep_in, o, &table) }),
+                ),
+                (
+                    4,
+                    time(&|o| unsafe { x86::run::<4, true>(steps, &a, &b, &ep_in, o, &table) }),
+                ),
+            ];
+            bare = bare.min(per_e[0].1);
+            println!("round {round}: the epilogue chain alone {alone:.2} ns per vector");
+            for (e, ns) in per_e {
+                let added = if e == 0 {
+                    String::new()
+                } else {
+                    format!(
+                        ", {:.2} ns added per epilogue vector",
+                        (ns - bare) / e as f64
+                    )
+                };
+                println!(
+                    "  E = {e}: {ns:.2} ns per K step, {:.2} G vpdpbusd/s{added}",
+                    (3 * x86::ROWS) as f64 / ns
+                );
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    println!("SKIP: not an x86-64 CPU");
+}
