@@ -299,9 +299,15 @@ fn dump_prints_the_graph_after_each_pass() {
         2,
         "{final_text}"
     );
+    // What enters packed: the two id inputs (the lookups make packed rows) and the position
+    // embeddings (the row of each token's position).
     assert_eq!(
         final_text.matches(" = pack_rows(").count(),
-        1,
+        3,
+        "{final_text}"
+    );
+    assert!(
+        final_text.contains(": i64[1,packed_tokens]  # input_ids/pack_rows"),
         "{final_text}"
     );
     // After `fuse`, GELU lives in the FFN1 epilogue of each layer, not as its own op.

@@ -789,7 +789,8 @@ pub enum Op {
     },
     /// `(x, mask)`: the rows of `x` (`[B, S, …]`) at the real tokens of `mask` (`[B, S]`,
     /// non-zero = real), in order, as `[1, T, …]` with `T` the number of real tokens: token-wise
-    /// ops after it compute no padding.
+    /// ops after it compute no padding. An `x` of `[1, S, …]` (a row per position, the same for
+    /// every sequence) gives each real token the row of its position.
     ///
     /// ```text
     /// %5 = pack_rows(%4, %1) : f32[1,packed_tokens,768]    # %4 : f32[B,S,768], %1 : i64[B,S]

@@ -1,10 +1,12 @@
 //! The `pack` pipeline: padding-free execution decided on the graph.
 //!
 //! [`PackTokens`] finds the token-wise part of an encoder (every op that computes each token's
-//! row from that row alone: linears and their epilogues, LayerNorm, elementwise ops with
-//! per-feature operands, per-token activation quantization) around its attention ops, and
-//! runs it on the real tokens only: `pack_rows(x, mask)` turns a `[B, S, …]` value entering the
-//! region into `[1, T, …]` (`T` = [`ir::PACKED_TOKENS`], the real tokens of the batch),
+//! row from that row alone: embedding lookups by the token's id, linears and their epilogues,
+//! LayerNorm, elementwise ops with per-feature or per-position operands, per-token activation
+//! quantization) around its attention ops, and runs it on the real tokens only: `pack_rows(x,
+//! mask)` turns a `[B, S, …]` value entering the region (token ids included) into `[1, T, …]`
+//! (`T` = [`ir::PACKED_TOKENS`], the real tokens of the batch), and a `[1, S, …]` one (position
+//! embeddings) into the rows of the tokens' positions,
 //! `attention_qkv` becomes `attention_packed`, which attends within each sequence's rows, and
 //! `unpack_rows` lays every value leaving the region back into `[B, S, …]` with zeros at the
 //! padding. Each real token's result is the padded program's: a row never depends on the
@@ -166,6 +168,17 @@ fn per_token(t: &TensorType, lead: &[Dim]) -> bool {
         .is_some_and(|s| s.len() >= 2 && s[..2] == lead[..])
 }
 
+/// Whether `t` is the same for every sequence of the batch, one row per position: `[1, S, …]`
+/// with the mask's `S` (BERT's position embeddings, `position_ids[:, :S]` looked up), a
+/// batch of one excepted (there it is per token). Packed, token `t` of sequence `b` at position
+/// `s` reads row `s`.
+fn per_position(t: &TensorType, lead: &[Dim]) -> bool {
+    lead[0].as_fixed() != Some(1)
+        && t.shape
+            .as_ref()
+            .is_some_and(|s| s.len() >= 2 && s[0].as_fixed() == Some(1) && s[1] == lead[1])
+}
+
 /// Whether `t` is the same for every token: no dim in the two leading positions of a rank-`r`
 /// result once aligned to the right (a per-feature vector, a scalar, `[1, 1, H]`).
 fn per_feature(t: &TensorType, rank: usize) -> bool {
@@ -193,8 +206,11 @@ fn is_token_wise(g: &Graph, id: NodeId, lead: &[Dim]) -> bool {
         let a = if axis < 0 { axis + rank as i64 } else { axis };
         a >= 2
     };
-    let operands_ok =
-        |from: usize| (from..ins.len()).all(|i| per_token(ty(i), lead) || per_feature(ty(i), rank));
+    let operands_ok = |from: usize| {
+        (from..ins.len()).all(|i| {
+            per_token(ty(i), lead) || per_position(ty(i), lead) || per_feature(ty(i), rank)
+        })
+    };
     // A linear's weights and per-column vectors, or a residual of its output's per-token shape.
     let params_ok = |from: usize| {
         (from..ins.len()).all(|i| !per_token(ty(i), lead) || ty(i) == &node.outputs[0])
@@ -206,6 +222,14 @@ fn is_token_wise(g: &Graph, id: NodeId, lead: &[Dim]) -> bool {
             !matches!(act, ActQuant::DynamicTensor) && per_token(ty(0), lead) && params_ok(1)
         }
         Op::AttentionQkv { .. } => per_token(ty(0), lead),
+        // An embedding lookup: rows of a table that is the same for every token, picked by
+        // each token's own id (`[B, S]`).
+        Op::Gather { axis: 0 | -2 } => {
+            ty(0).rank() == Some(2)
+                && !per_token(ty(0), lead)
+                && ty(1).shape.as_ref().is_some_and(|s| s.len() == 2)
+                && per_token(ty(1), lead)
+        }
         Op::LayerNorm { axis, .. } => per_token(ty(0), lead) && trailing(*axis) && operands_ok(1),
         Op::Softmax { axis } => per_token(ty(0), lead) && trailing(*axis),
         Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => {
@@ -244,7 +268,13 @@ fn token_wise_region(
             continue;
         }
         let node = g.node(id);
-        let producers = g.node_inputs(id).into_iter().map(|o| o.node);
+        // A lookup's ids are packed where they enter, not computed packed: their producers
+        // (XLM-R's positions come from a cumulative sum over the padded row) stay outside.
+        let producers = g
+            .node_inputs(id)
+            .into_iter()
+            .map(|o| o.node)
+            .filter(|_| !matches!(node.op, Op::Gather { .. }));
         let consumers = (0..node.outputs.len())
             .flat_map(|s| g.consumers(Outlet::new(id, s)))
             .map(|(c, _)| c);
@@ -345,8 +375,9 @@ fn rewrite(
         let bias_slot = matches!(g.node(id).op, Op::AttentionQkv { .. })
             .then(|| ir::qkv_pieces(g.outlet_type(g.node_inputs(id)[0]).dtype));
         for (slot, o) in g.node_inputs(id).into_iter().enumerate() {
+            let t = g.outlet_type(o);
             if region.contains(&o.node)
-                || !per_token(g.outlet_type(o), lead)
+                || !(per_token(t, lead) || per_position(t, lead))
                 || bias_slot == Some(slot)
             {
                 continue;
@@ -355,7 +386,12 @@ fn rewrite(
                 Some(&p) => p,
                 None => {
                     let ty = packed_type(g.outlet_type(o));
-                    let name = format!("{}/pack_rows", g.node(o.node).name);
+                    // (a graph input's node is unnamed: its input name says what is packed)
+                    let from = match &g.node(o.node).op {
+                        Op::Input { name } if g.node(o.node).name.is_empty() => name,
+                        _ => &g.node(o.node).name,
+                    };
+                    let name = format!("{from}/pack_rows");
                     let p: Outlet = g
                         .add_node(Op::PackRows, &name, &[o, mask], vec![ty])
                         .map_err(e)?

@@ -1194,9 +1194,9 @@ fn fuse_epilogue_merges_qkv() {
     );
 }
 
-/// One encoder layer after `fuse`: the embedding sum (with a per-position term, so not
-/// token-wise), its LayerNorm, the merged QKV GEMM, attention with the usual mask bias, the
-/// output projection with residual and LayerNorm; `tail` is appended (it may read `%13`).
+/// One encoder layer after `fuse`: the embedding sum (a per-token and a per-position term), its
+/// LayerNorm, the merged QKV GEMM, attention with the usual mask bias, the output projection
+/// with residual and LayerNorm; `tail` is appended (it may read `%13`).
 fn encoder_layer(tail: &str) -> String {
     format!(
         "%0 = input[name=\"x\"] : f32[B,S,4]\n\
@@ -1221,24 +1221,26 @@ fn encoder_layer(tail: &str) -> String {
     )
 }
 
-/// The token-wise layers run on packed rows: one `pack_rows` where the embedding sum enters,
-/// `attention_packed` reading the raw mask, one `unpack_rows` for the output.
+/// The token-wise layers run on packed rows: a `pack_rows` for each term of the embedding sum
+/// (the per-position one gives each token its position's row), `attention_packed` reading the
+/// raw mask, one `unpack_rows` for the output.
 #[test]
 fn pack_tokens_packs_the_encoder_layers() {
     let (snap, changed, _, after, report) =
         one_pass(&PackTokens, &encoder_layer("output \"y\" = %15\n"));
     assert!(changed);
     let t = print(&after);
-    assert_eq!(count(&after, "pack_rows"), 1, "{t}");
+    assert_eq!(count(&after, "pack_rows"), 2, "{t}");
     assert_eq!(count(&after, "unpack_rows"), 1, "{t}");
     assert_eq!(count(&after, "attention_packed"), 1, "{t}");
+    assert!(t.contains(": f32[1,packed_tokens,4]  # embed\n"), "{t}");
     assert!(t.contains(": f32[1,packed_tokens,12]  # qkv"), "{t}");
     assert!(t.contains("unpack_rows(%"), "{t}");
     assert!(has_note(
         &report,
         NoteKind::Fired,
         "attn",
-        "4 ops run on the real tokens"
+        "5 ops run on the real tokens"
     ));
     insta::assert_snapshot!(snap);
     // Once packed, the pass has nothing left to do.
@@ -1258,6 +1260,40 @@ fn pack_tokens_packs_the_encoder_layers() {
     let (_, changed, _, after, _) = one_pass(&PackTokens, &dims_from_x);
     assert!(changed);
     assert_eq!(count(&after, "attention_packed"), 1, "{}", print(&after));
+}
+
+/// Embedding lookups by the tokens' ids run on the real tokens: the ids are packed (`i64[1,
+/// packed_tokens]`) and the lookup makes packed rows, while what computes the ids (XLM-R's
+/// positions: a cumulative sum over the padded row) stays padded; the same for a lookup whose
+/// ids are one row per position, broadcast over the batch.
+#[test]
+fn pack_tokens_packs_embedding_lookups() {
+    let lookups = encoder_layer("output \"y\" = %15\n").replace(
+        "%0 = input[name=\"x\"] : f32[B,S,4]\n",
+        &format!(
+            "%40 = input[name=\"ids\"] : i64[B,S]\n\
+             %41 = const[value=i64[]{{1}}] : i64[]\n\
+             %42 = add(%40, %41) : i64[B,S]  # ids/shift\n\
+             %43 = {}  # word/table\n\
+             %0 = gather[axis=0](%43, %42) : f32[B,S,4]  # word\n",
+            f32_const(&[6, 4], &weights(6, 4, 4))
+        ),
+    );
+    let (snap, changed, _, after, _) = one_pass(&PackTokens, &lookups);
+    assert!(changed);
+    let t = print(&after);
+    assert!(t.contains(": f32[1,packed_tokens,4]  # word\n"), "{t}");
+    assert!(
+        t.contains(": i64[1,packed_tokens]  # ids/shift/pack_rows"),
+        "{t}"
+    );
+    assert!(t.contains(": i64[B,S]  # ids/shift\n"), "{t}");
+    assert!(
+        t.contains(": f32[1,packed_tokens,4]  # pos/pack_rows"),
+        "{t}"
+    );
+    assert_eq!(count(&after, "pack_rows"), 2, "{t}");
+    insta::assert_snapshot!(snap);
 }
 
 /// The batch stays padded, and the report says why, when a later op may combine tokens (a

@@ -128,7 +128,8 @@ pub(super) fn analyse(p: &Program, graph: &Graph) -> Result<BatchSplit, NoBatchS
         let rows_in = ins.iter().any(|f| matches!(f, Flow::Rows(_)));
         let out = match &st.op {
             Op::PackRows => {
-                if ins[0] != Flow::Rows(0) || ins[1] != Flow::Rows(0) {
+                // (a free `x` is a row per position, the same for every sequence)
+                if !matches!(ins[0], Flow::Rows(0) | Flow::Free) || ins[1] != Flow::Rows(0) {
                     return Err(at("packs rows that are not the batch's"));
                 }
                 if let Some(name) = input_name(p, st.inputs[1]) {

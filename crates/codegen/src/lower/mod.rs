@@ -643,11 +643,13 @@ pub fn trace_to_input(g: &Graph, mut o: Outlet) -> Option<String> {
         let n = g.node(o.node);
         match &n.op {
             Op::Input { name } => return Some(name.clone()),
+            // (`pack_rows` keeps the real tokens' ids: a padding-free lookup.)
             Op::Cast { .. }
             | Op::Reshape { .. }
             | Op::Unsqueeze { .. }
             | Op::Squeeze { .. }
-            | Op::Flatten { .. } => o = *g.node_inputs(o.node).first()?,
+            | Op::Flatten { .. }
+            | Op::PackRows => o = *g.node_inputs(o.node).first()?,
             _ => return None,
         }
     }
@@ -668,7 +670,8 @@ fn trace_to_sliced_const(g: &Graph, mut o: Outlet) -> Option<usize> {
             | Op::Reshape { .. }
             | Op::Unsqueeze { .. }
             | Op::Squeeze { .. }
-            | Op::Expand => o = *ins.first()?,
+            | Op::Expand
+            | Op::PackRows => o = *ins.first()?,
             _ => return None,
         }
     }

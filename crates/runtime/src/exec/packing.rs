@@ -86,7 +86,9 @@ fn row_width(x: &TensorValue) -> usize {
     x.shape()[2..].iter().product()
 }
 
-/// `x` `[B, S, …]` → `[1, T, …]`: the rows of the real tokens of `mask`, in order.
+/// `x` `[B, S, …]` → `[1, T, …]`: the rows of the real tokens of `mask`, in order. A `[1, S, …]`
+/// `x` (one row per position, the same for every sequence: position embeddings) gives each
+/// real token the row of its position.
 pub(crate) fn pack_rows(
     x: &TensorValue,
     mask: &TensorValue,
@@ -104,29 +106,41 @@ fn pack_mapped(
     ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
-    if x.rank() < 2 || x.shape()[..2] != [map.batch, map.seq] {
+    let lead = |b: usize| x.rank() >= 2 && x.shape()[..2] == [b, map.seq];
+    if !(lead(map.batch) || lead(1)) {
         return Err(Error::op(
             node,
             "pack_rows",
             format!(
-                "x {:?} must start with the mask's [{}, {}]",
+                "x {:?} must start with the mask's [{}, {}] (or [1, {}]: a row per position)",
                 x.shape(),
                 map.batch,
+                map.seq,
                 map.seq
             ),
         ));
     }
+    // Row `r` of the padded batch is position `r mod S` of its sequence.
+    let per_position = x.shape()[0] != map.batch;
+    let src_row = |r: usize| if per_position { r % map.seq } else { r };
     let w = row_width(x);
     let mut shape: Dims = smallvec::smallvec![1, map.rows.len()];
     shape.extend_from_slice(&x.shape()[2..]);
     if let Some(src) = x.as_f32() {
         let mut out = ctx.arena.f32_for_overwrite(map.rows.len() * w);
         for (dst, &r) in out.chunks_exact_mut(w.max(1)).zip(&map.rows) {
-            dst.copy_from_slice(&src[r * w..][..w]);
+            dst.copy_from_slice(&src[src_row(r) * w..][..w]);
         }
         return Ok(TensorValue::raw(shape, out));
     }
-    let data = crate::map_data!(x.data(), v => map.rows.iter().flat_map(|&r| v[r * w..][..w].iter().copied()).collect());
+    // Token ids and other dtypes in recycled buffers too: a run allocates no activations.
+    let data = crate::map_data!(x.data(), v => {
+        let mut out = ctx.arena.vec_with_capacity(map.rows.len() * w);
+        for &r in &map.rows {
+            out.extend_from_slice(&v[src_row(r) * w..][..w]);
+        }
+        out
+    });
     Ok(TensorValue::raw_data(shape, data))
 }
 
@@ -213,5 +227,31 @@ mod tests {
         let bad = TensorValue::from_i64(vec![2, 2], vec![1; 4]).unwrap();
         assert!(pack_rows(&x, &bad, &mut ctx, "p").is_err());
         assert!(unpack_rows(&x, &mask, &mut ctx, "u").is_err());
+    }
+
+    /// A `[1, S, …]` value (position embeddings) packs to the row of each real token's
+    /// position; f32 and other dtypes alike, and a wrong sequence length is an error naming
+    /// the node.
+    #[test]
+    fn a_row_per_position_packs_to_each_tokens_position() {
+        let mut arena = Arena::default();
+        let mut ctx = Ctx {
+            threads: 1,
+            arena: &mut arena,
+        };
+        let mask = TensorValue::from_i64(vec![3, 3], vec![1, 1, 0, 0, 1, 1, 1, 0, 1]).unwrap();
+        let pos = TensorValue::from_f32(vec![1, 3, 2], vec![0., 1., 10., 11., 20., 21.]).unwrap();
+        let p = pack_rows(&pos, &mask, &mut ctx, "p").unwrap();
+        assert_eq!(p.shape(), &[1, 6, 2]);
+        assert_eq!(
+            p.as_f32().unwrap(),
+            &[0., 1., 10., 11., 10., 11., 20., 21., 0., 1., 20., 21.]
+        );
+        let ids = TensorValue::from_u8(vec![1, 3], vec![7, 8, 9]).unwrap();
+        let pi = pack_rows(&ids, &mask, &mut ctx, "p").unwrap();
+        assert_eq!(pi.as_u8().unwrap(), &[7, 8, 8, 9, 7, 9]);
+        let short = TensorValue::from_f32(vec![1, 2, 2], vec![0.; 4]).unwrap();
+        let err = pack_rows(&short, &mask, &mut ctx, "emb/pack").unwrap_err();
+        assert!(err.to_string().contains("emb/pack"), "{err}");
     }
 }
