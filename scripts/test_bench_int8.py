@@ -1,0 +1,92 @@
+"""Unit tests of bench_int8.py's arithmetic: the goal of a row, the peak kept, the fractions.
+
+    python3 -m unittest scripts/test_bench_int8.py
+
+Standard library only (bench_int8 imports no third-party module at load time); `.ci/run` runs it.
+"""
+
+from __future__ import annotations
+
+import sys
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_int8  # noqa: E402
+
+PEAK = {"int8_peak_gops": 1000.0, "source": "test",
+        "best_int8_kernel": {"kernel": "avx512vnni", "gops": 900.0, "fraction_of_peak": 0.9}}
+
+
+def engines(ours_seq_s: float, ours_p50: float, ov_seq_s: float, ov_p50: float) -> dict:
+    return {"encore-int8-static-attn": {"seq_per_s": ours_seq_s, "p50_ms": ours_p50},
+            "openvino-int8-nncf": {"seq_per_s": ov_seq_s, "p50_ms": ov_p50}}
+
+
+class GoalRow(unittest.TestCase):
+    def test_throughput_goal_and_what_it_needs_of_the_peak(self):
+        # 10 GMAC per batch of 8; 1.25 x 40 = 50 seq/s = 125 GOPS... of a 1000 GOPS peak.
+        g = bench_int8.goal_row(8, 10 * 10**9, engines(45.0, 180.0, 40.0, 200.0), PEAK)
+        self.assertEqual(g["kind"], "throughput")
+        self.assertAlmostEqual(g["target_seq_per_s"], 50.0)
+        self.assertAlmostEqual(g["best_ratio"], 45.0 / 40.0)
+        self.assertFalse(g["met"])
+        self.assertAlmostEqual(g["needed_fraction_of_int8_peak"], 2 * 10e9 * 50.0 / 8 / 1e9 / 1000.0)
+        self.assertAlmostEqual(g["share_left_beside_bare_gemms"], 1 - 0.125 / 0.9)
+        g = bench_int8.goal_row(8, 10 * 10**9, engines(51.0, 150.0, 40.0, 200.0), PEAK)
+        self.assertTrue(g["met"])
+
+    def test_latency_goal_at_batch_1(self):
+        g = bench_int8.goal_row(1, 10**9, engines(30.0, 30.0, 25.0, 40.0), PEAK)
+        self.assertEqual(g["kind"], "latency")
+        self.assertAlmostEqual(g["target_p50_ms"], 32.0)
+        self.assertTrue(g["met"])
+        # 1 GMAC in 32 ms: 62.5 GOPS of 1000.
+        self.assertAlmostEqual(g["needed_fraction_of_int8_peak"], 2e9 / 0.032 / 1e9 / 1000.0)
+        g = bench_int8.goal_row(1, 10**9, engines(30.0, 33.0, 25.0, 40.0), PEAK)
+        self.assertFalse(g["met"])
+
+    def test_no_goal_without_the_peer_or_without_encore(self):
+        self.assertIsNone(bench_int8.goal_row(8, 10**9, {"openvino-int8-nncf": {"seq_per_s": 1, "p50_ms": 1}}, PEAK))
+        self.assertIsNone(bench_int8.goal_row(8, 10**9, {"encore-int8": {"seq_per_s": 1, "p50_ms": 1}}, PEAK))
+
+    def test_without_a_peak_the_goal_still_says_met_or_not(self):
+        g = bench_int8.goal_row(8, 10**9, engines(45.0, 180.0, 40.0, 200.0), None)
+        self.assertNotIn("needed_fraction_of_int8_peak", g)
+        self.assertFalse(g["met"])
+
+
+class RemeasurePeak(unittest.TestCase):
+    def setUp(self):
+        self.saved = bench_int8.int8_peak
+
+    def tearDown(self):
+        bench_int8.int8_peak = self.saved
+
+    def test_the_higher_peak_and_the_faster_bare_gemm_are_kept(self):
+        # A busy first measurement (the loop at half speed) and a quiet second one.
+        first = {"int8_peak_gops": 470.0, "source": "first",
+                 "best_int8_kernel": {"kernel": "avx512vnni", "gops": 460.0, "fraction_of_peak": 0.98}}
+        second = {"int8_peak_gops": 930.0, "source": "second",
+                  "best_int8_kernel": {"kernel": "avx512vnni", "gops": 870.0, "fraction_of_peak": 0.935}}
+        bench_int8.int8_peak = lambda args, encore: dict(second)
+        kept = bench_int8.remeasure_peak(None, None, first)
+        self.assertEqual(kept["int8_peak_gops"], 930.0)
+        self.assertEqual(kept["measured_gops"], [470.0, 930.0])
+        self.assertAlmostEqual(kept["best_int8_kernel"]["fraction_of_peak"], 870.0 / 930.0)
+        # The other way round: the first kept, the bare GEMM from whichever run was faster.
+        bench_int8.int8_peak = lambda args, encore: dict(first)
+        kept = bench_int8.remeasure_peak(None, None, second)
+        self.assertEqual(kept["int8_peak_gops"], 930.0)
+        self.assertAlmostEqual(kept["best_int8_kernel"]["gops"], 870.0)
+
+    def test_a_failed_second_measurement_keeps_the_first(self):
+        def fail(args, encore):
+            raise bench_int8.BenchError("no hwbench")
+        bench_int8.int8_peak = fail
+        self.assertIs(bench_int8.remeasure_peak(None, None, PEAK), PEAK)
+
+
+if __name__ == "__main__":
+    unittest.main()
