@@ -206,7 +206,10 @@ fn is_token_wise(g: &Graph, id: NodeId, lead: &[Dim]) -> bool {
         let a = if axis < 0 { axis + rank as i64 } else { axis };
         a >= 2
     };
-    let operands_ok = |from: usize| {
+    let operands_ok =
+        |from: usize| (from..ins.len()).all(|i| per_token(ty(i), lead) || per_feature(ty(i), rank));
+    // Broadcasting elementwise ops also take a row per position, packed to each token's.
+    let elementwise_operands_ok = |from: usize| {
         (from..ins.len()).all(|i| {
             per_token(ty(i), lead) || per_position(ty(i), lead) || per_feature(ty(i), rank)
         })
@@ -243,7 +246,7 @@ fn is_token_wise(g: &Graph, id: NodeId, lead: &[Dim]) -> bool {
                 })
         }
         Op::Unary(_) | Op::Binary(_) | Op::Cast { .. } | Op::Clip | Op::Where | Op::Gelu { .. } => {
-            (0..ins.len()).any(|i| per_token(ty(i), lead)) && operands_ok(0)
+            (0..ins.len()).any(|i| per_token(ty(i), lead)) && elementwise_operands_ok(0)
         }
         _ => false,
     }

@@ -1247,6 +1247,18 @@ fn pack_tokens_packs_the_encoder_layers() {
     let mut again = after.clone();
     assert!(!step(&PackTokens, &mut again, &mut PassContext::default()));
 
+    // A row per position is taken by broadcasting elementwise ops only: a LayerNorm whose
+    // scale varies by position stays padded (the packing starts after it).
+    let position_gamma = encoder_layer("output \"y\" = %15\n").replace(
+        "layer_norm[axis=-1, epsilon=1e-12](%3, %4, %5)",
+        "layer_norm[axis=-1, epsilon=1e-12](%3, %2, %5)",
+    );
+    let (_, changed, _, after, _) = one_pass(&PackTokens, &position_gamma);
+    assert!(changed);
+    let t = print(&after);
+    assert!(t.contains(": f32[B,S,4]  # embed/ln\n"), "{t}");
+    assert!(t.contains(": f32[1,packed_tokens,12]  # qkv"), "{t}");
+
     // A mask reshaped to [B, 1, 1, S] with dims read from another input (dynamo exports read
     // them from `input_ids`) is still computed from the mask alone: `Shape` reads no data.
     let dims_from_x = encoder_layer("output \"y\" = %15\n").replace(
