@@ -14,7 +14,9 @@ use codegen::kernels::hwbench::time_best;
 use codegen::kernels::hwbench::{hwbench_with, render_json, render_table, KernelBenchResult};
 use codegen::kernels::int8::{gemm_i8, gemm_i8_step, Activations, NextGemm, PackedI8};
 use codegen::kernels::{measure_peak, F32Kernel, Int8Kernel, Peak};
-use codegen::kernels::{pick_int8, Epilogue, EpilogueOp, HeadsOut, Output, QType, RowParam};
+use codegen::kernels::{
+    pick_int8, Epilogue, EpilogueOp, ForkOut, HeadsOut, Output, QType, RowParam,
+};
 use std::time::Duration;
 
 /// The picked int8 kernel with the fused dequant → requant(u8) epilogue: the equivalent of ONNX
@@ -103,7 +105,10 @@ fn epilogue_costs(threads: usize, m: usize) {
         zero_point: 128,
         ty: QType::U8,
     };
-    let res_ln = |n: usize| {
+    // The LayerNorm GEMMs also write the u8 copy (SmoothQuant factors applied) that the next
+    // GEMM reads, as the fuse pipeline makes them (`fork_u8 … smooth`).
+    let mut fork = vec![0u8; m * 768];
+    let mut res_ln = |n: usize| {
         vec![
             dq,
             EpilogueOp::Bias(&bias),
@@ -116,6 +121,12 @@ fn epilogue_costs(threads: usize, m: usize) {
                 beta: &beta,
                 eps: 1e-12,
             },
+            EpilogueOp::ForkU8 {
+                smooth: Some(&smooth[..n]),
+                scale: 0.005,
+                zero_point: 128,
+                out: ForkOut::new(&mut fork, n),
+            },
         ]
     };
     let gemms: Vec<(&str, usize, usize, Vec<EpilogueOp<'_>>)> = vec![
@@ -126,7 +137,7 @@ fn epilogue_costs(threads: usize, m: usize) {
             vec![dq, EpilogueOp::Bias(&bias)],
         ),
         (
-            "attn-out: dequant+bias+residual+layernorm -> f32",
+            "attn-out: dequant+bias+residual+layernorm -> f32 + u8 copy",
             768,
             768,
             res_ln(768),
@@ -144,7 +155,7 @@ fn epilogue_costs(threads: usize, m: usize) {
             ],
         ),
         (
-            "ffn2: dequant+bias+residual+layernorm -> f32",
+            "ffn2: dequant+bias+residual+layernorm -> f32 + u8 copy",
             768,
             3072,
             res_ln(768),
