@@ -781,6 +781,12 @@ def package_versions() -> dict:
     return out
 
 
+def forward_gops(macs: int, batch: int, seq_per_s: float) -> float:
+    """The GEMM work rate of forwards of `macs` multiply-adds per batch of `batch` sequences run
+    at `seq_per_s`: 2 operations per multiply-add, in GOPS."""
+    return 2 * macs * seq_per_s / batch / 1e9
+
+
 def summarize(args: argparse.Namespace, rows: dict, peak: dict | None) -> list[dict]:
     summary = []
     for b in args.batch_list:
@@ -809,7 +815,7 @@ def summarize(args: argparse.Namespace, rows: dict, peak: dict | None) -> list[d
             roof["int8_peak_gops"] = peak["int8_peak_gops"]
         for eng in ("encore-int8", "encore-fp32"):
             if eng in med:
-                gops = 2 * macs * med[eng]["seq_per_s"] / b / 1e9
+                gops = forward_gops(macs, b, med[eng]["seq_per_s"])
                 roof[f"{eng}_gops"] = gops
                 if eng == "encore-int8" and peak:
                     roof["encore_int8_fraction_of_int8_peak"] = gops / peak["int8_peak_gops"]
@@ -820,7 +826,7 @@ def summarize(args: argparse.Namespace, rows: dict, peak: dict | None) -> list[d
             # same `vpdpbusd` rate, so peers and encore read on one scale.
             for eng, v in med.items():
                 if "int8" in eng:
-                    v["fraction_of_int8_peak"] = 2 * macs * v["seq_per_s"] / b / 1e9 / peak["int8_peak_gops"]
+                    v["fraction_of_int8_peak"] = forward_gops(macs, b, v["seq_per_s"]) / peak["int8_peak_gops"]
         summary.append({"batch": b, "engines": med, "roofline": roof, "goal": goal_row(b, macs, med, peak)})
     return summary
 
@@ -854,7 +860,7 @@ def goal_row(b: int, macs: int, med: dict, peak: dict | None) -> dict | None:
                "target_p50_ms": target_ms, "best_engine": best,
                "best_ratio": ours[best]["p50_ms"] / peer["p50_ms"],
                "met": ours[best]["p50_ms"] <= target_ms}
-        needed_gops = 2 * macs / (target_ms / 1e3) / 1e9
+        needed_gops = forward_gops(macs, b, b * 1e3 / target_ms)
     else:
         target = GOAL_THROUGHPUT_RATIO * peer["seq_per_s"]
         best = max(ours, key=lambda e: ours[e]["seq_per_s"])
@@ -862,7 +868,7 @@ def goal_row(b: int, macs: int, med: dict, peak: dict | None) -> dict | None:
                "target_seq_per_s": target, "best_engine": best,
                "best_ratio": ours[best]["seq_per_s"] / peer["seq_per_s"],
                "met": ours[best]["seq_per_s"] >= target}
-        needed_gops = 2 * macs * target / b / 1e9
+        needed_gops = forward_gops(macs, b, target)
     if peak:
         row["needed_fraction_of_int8_peak"] = needed_gops / peak["int8_peak_gops"]
         bare = (peak.get("best_int8_kernel") or {}).get("fraction_of_peak")

@@ -206,12 +206,13 @@ fn is_token_wise(g: &Graph, id: NodeId, lead: &[Dim]) -> bool {
         let a = if axis < 0 { axis + rank as i64 } else { axis };
         a >= 2
     };
-    let operands_ok =
-        |from: usize| (from..ins.len()).all(|i| per_token(ty(i), lead) || per_feature(ty(i), rank));
-    // Broadcasting elementwise ops also take a row per position, packed to each token's.
-    let elementwise_operands_ok = |from: usize| {
+    // Operands from `from` on are per token or per feature; with `by_position`, also a row per
+    // position (packed to each token's), which only broadcasting elementwise ops take.
+    let operands_ok = |from: usize, by_position: bool| {
         (from..ins.len()).all(|i| {
-            per_token(ty(i), lead) || per_position(ty(i), lead) || per_feature(ty(i), rank)
+            per_token(ty(i), lead)
+                || (by_position && per_position(ty(i), lead))
+                || per_feature(ty(i), rank)
         })
     };
     // A linear's weights and per-column vectors, or a residual of its output's per-token shape.
@@ -233,7 +234,9 @@ fn is_token_wise(g: &Graph, id: NodeId, lead: &[Dim]) -> bool {
                 && ty(1).shape.as_ref().is_some_and(|s| s.len() == 2)
                 && per_token(ty(1), lead)
         }
-        Op::LayerNorm { axis, .. } => per_token(ty(0), lead) && trailing(*axis) && operands_ok(1),
+        Op::LayerNorm { axis, .. } => {
+            per_token(ty(0), lead) && trailing(*axis) && operands_ok(1, false)
+        }
         Op::Softmax { axis } => per_token(ty(0), lead) && trailing(*axis),
         Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => {
             per_token(ty(0), lead)
@@ -246,7 +249,7 @@ fn is_token_wise(g: &Graph, id: NodeId, lead: &[Dim]) -> bool {
                 })
         }
         Op::Unary(_) | Op::Binary(_) | Op::Cast { .. } | Op::Clip | Op::Where | Op::Gelu { .. } => {
-            (0..ins.len()).any(|i| per_token(ty(i), lead)) && elementwise_operands_ok(0)
+            (0..ins.len()).any(|i| per_token(ty(i), lead)) && operands_ok(0, true)
         }
         _ => false,
     }
@@ -388,7 +391,7 @@ fn rewrite(
             let p = match packed.get(&o) {
                 Some(&p) => p,
                 None => {
-                    let ty = packed_type(g.outlet_type(o));
+                    let ty = packed_type(t);
                     // (a graph input's node is unnamed: its input name says what is packed)
                     let from = match &g.node(o.node).op {
                         Op::Input { name } if g.node(o.node).name.is_empty() => name,
