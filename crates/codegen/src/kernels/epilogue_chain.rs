@@ -18,7 +18,7 @@
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::epilogue::{head_slot, EpilogueOp, HeadSlot, Int8Ctx, OutPtr};
+use super::epilogue::{EpilogueOp, HeadSlot, Int8Ctx, OutPtr};
 use super::math::GeluErf512;
 
 /// The widest head [`OutPtr::Heads`] takes in registers (16 vectors).
@@ -535,63 +535,62 @@ unsafe fn run_with<const F: u32>(
             // reference kept it on the stack for the other outputs' loop too (the FFN1 chain
             // ran 2x slower).
             let dh = h.head_dim;
-            let vectors = dh / 16;
+            // The head's vectors, a constant for the usual widths so that they stay in
+            // registers (a runtime count kept them on the stack).
+            macro_rules! head_row {
+                ($vectors:expr, $hc:expr, $slot:expr) => {{
+                    let (vectors, hc): (usize, usize) = ($vectors, $hc);
+                    let (byte_col, scale, offset) = match $slot {
+                        HeadSlot::Values { col } => {
+                            for t in 0..vectors {
+                                // SAFETY: row r of v, this head's columns (caller contract).
+                                unsafe {
+                                    _mm512_storeu_ps(
+                                        h.v.add(r * h.ld_v + col + 16 * t),
+                                        values!(1, hc + 16 * t, 0xffff)[0],
+                                    )
+                                };
+                            }
+                            continue;
+                        }
+                        HeadSlot::Quantized {
+                            byte_col,
+                            scale,
+                            offset,
+                        } => (byte_col, scale, offset),
+                    };
+                    // `math::abs_max`: lane l keeps the largest |x| of the elements l mod 16, a
+                    // NaN never replacing what it holds (`if b > a { b } else { a }` is
+                    // `vmaxps b, a`).
+                    let mut amax = _mm512_setzero_ps();
+                    for (t, v) in head.iter_mut().enumerate().take(vectors) {
+                        *v = values!(1, hc + 16 * t, 0xffff)[0];
+                        amax = _mm512_max_ps(_mm512_abs_ps(*v), amax);
+                    }
+                    let amax = super::math::lanes16::fold_max(amax);
+                    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                    let bytes = h.bytes.add(r * h.ld_bytes + byte_col);
+                    quantize_head(&head[..vectors], inv, offset, bytes);
+                    // SAFETY: row r's scale of this head (caller contract).
+                    unsafe { *h.scales.add(r * h.ld_scales + scale) = amax / 127.0 };
+                }};
+            }
+            // The heads of the block in order, from the slot of its first head: no division
+            // per head (three integer divisions a head were a visible share of the chain).
+            let mut slots = HeadSlots::new(c0, h.hidden, dh);
             // A `while` rather than `step_by`, whose trip count cost an integer division per
             // row.
             let mut hc = 0;
             while hc < w {
-                let c = c0 + hc;
+                let slot = slots.next_slot();
                 hc += dh;
                 let hc = hc - dh;
-                let (byte_col, scale, offset) = match head_slot(c, h.hidden, dh) {
-                    HeadSlot::Values { col } => {
-                        for t in 0..vectors {
-                            // SAFETY: row r of v, this head's columns (caller contract).
-                            unsafe {
-                                _mm512_storeu_ps(
-                                    h.v.add(r * h.ld_v + col + 16 * t),
-                                    values!(1, hc + 16 * t, 0xffff)[0],
-                                )
-                            };
-                        }
-                        continue;
-                    }
-                    HeadSlot::Quantized {
-                        byte_col,
-                        scale,
-                        offset,
-                    } => (byte_col, scale, offset),
-                };
-                // `math::abs_max`: lane l keeps the largest |x| of the elements l mod 16, a NaN never
-                // replacing what it holds (`if b > a { b } else { a }` is `vmaxps b, a`).
-                let mut amax = _mm512_setzero_ps();
-                for (t, v) in head.iter_mut().enumerate().take(vectors) {
-                    *v = values!(1, hc + 16 * t, 0xffff)[0];
-                    amax = _mm512_max_ps(_mm512_abs_ps(*v), amax);
+                match dh / 16 {
+                    2 => head_row!(2, hc, slot),
+                    4 => head_row!(4, hc, slot),
+                    8 => head_row!(8, hc, slot),
+                    vectors => head_row!(vectors, hc, slot),
                 }
-                let amax = super::math::lanes16::fold_max(amax);
-                let inv = _mm512_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
-                let offset = _mm512_set1_epi32(i32::from(offset));
-                for (t, v) in head.iter().enumerate().take(vectors) {
-                    let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                        _mm512_mul_ps(*v, inv),
-                    );
-                    let q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q), q);
-                    let q = _mm512_min_ps(
-                        _mm512_set1_ps(127.0),
-                        _mm512_max_ps(_mm512_set1_ps(-127.0), q),
-                    );
-                    let bytes = _mm512_add_epi32(_mm512_cvtps_epi32(q), offset);
-                    // SAFETY: row r of the bytes, this head's columns (caller contract).
-                    unsafe {
-                        _mm_storeu_si128(
-                            h.bytes.add(r * h.ld_bytes + byte_col + 16 * t) as *mut __m128i,
-                            _mm512_cvtepi32_epi8(bytes),
-                        )
-                    };
-                }
-                // SAFETY: row r's scale of this head (caller contract).
-                unsafe { *h.scales.add(r * h.ld_scales + scale) = amax / 127.0 };
             }
             continue;
         }
@@ -617,6 +616,95 @@ unsafe fn run_with<const F: u32>(
             unsafe { store(out, r, c0 + j, m, values!(1, j, m)[0]) };
             j += 16;
         }
+    }
+}
+
+/// The slots of consecutive heads from column `c0` (see [`head_slot`]): the first one's by
+/// division, each next one by counting (three integer divisions a head were a visible share of
+/// the QKV chain).
+struct HeadSlots {
+    head: usize,
+    part: usize,
+    hidden: usize,
+    head_dim: usize,
+    /// Heads per projection: the scale column of k's head 0.
+    heads: usize,
+}
+
+impl HeadSlots {
+    fn new(c0: usize, hidden: usize, head_dim: usize) -> Self {
+        Self {
+            head: c0 / (3 * head_dim),
+            part: c0 / head_dim % 3,
+            hidden,
+            head_dim,
+            heads: hidden / head_dim,
+        }
+    }
+
+    /// The slot of the next head: `head_slot` of its first column.
+    fn next_slot(&mut self) -> HeadSlot {
+        let (head, part) = (self.head, self.part);
+        self.part += 1;
+        if self.part == 3 {
+            self.part = 0;
+            self.head += 1;
+        }
+        let col = head * self.head_dim;
+        match part {
+            0 => HeadSlot::Quantized {
+                byte_col: col,
+                scale: head,
+                offset: 128,
+            },
+            1 => HeadSlot::Quantized {
+                byte_col: self.hidden + col,
+                scale: self.heads + head,
+                offset: 0,
+            },
+            _ => HeadSlot::Values { col },
+        }
+    }
+}
+
+/// The bytes of one head of q or k (`offset` 128 or 0) from its values `head` and `inv`
+/// (`127 / amax`, or 0 for an all-zero head), as `math::quantize_sym` makes them: the product
+/// rounded to the nearest integer, ties to even, NaN as 0, clamped to ±127, plus `offset`.
+///
+/// When `inv` is finite the clamp is a no-op: every |x| ≤ amax, so |x · inv| ≤ 127·(1 + 2⁻²⁴)²
+/// before rounding, which rounds to 127 at most; the product goes straight to a rounding
+/// conversion (with NaN lanes zeroed). A subnormal `amax` makes `inv` infinite and takes the
+/// clamped path.
+///
+/// # Safety
+/// `bytes` addresses `16 · head.len()` writable bytes.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn quantize_head(head: &[__m512], inv: f32, offset: u8, bytes: *mut u8) {
+    let (inv_v, offset) = (_mm512_set1_ps(inv), _mm512_set1_epi32(i32::from(offset)));
+    for (t, v) in head.iter().enumerate() {
+        let x = _mm512_mul_ps(*v, inv_v);
+        let q = if inv.is_finite() {
+            _mm512_maskz_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_cmp_ps_mask::<_CMP_ORD_Q>(x, x),
+                x,
+            )
+        } else {
+            let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+            let q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q), q);
+            let q = _mm512_min_ps(
+                _mm512_set1_ps(127.0),
+                _mm512_max_ps(_mm512_set1_ps(-127.0), q),
+            );
+            _mm512_cvtps_epi32(q)
+        };
+        // SAFETY: 16 of the head's bytes (caller contract).
+        unsafe {
+            _mm_storeu_si128(
+                bytes.add(16 * t) as *mut __m128i,
+                _mm512_cvtepi32_epi8(_mm512_add_epi32(q, offset)),
+            )
+        };
     }
 }
 
@@ -863,6 +951,91 @@ pub(crate) unsafe fn run_norm_f32(
                 tmp
             };
             norm_row(&norm, &gelu, src, w, None, r, c0, out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{__m512, _mm512_loadu_ps, quantize_head, HeadSlots};
+    use crate::kernels::epilogue::head_slot;
+    use crate::kernels::math::{abs_max, quantize_sym};
+
+    /// Counting gives the slot `head_slot` divides out, for every head of several layouts,
+    /// from any head a block may start at.
+    #[test]
+    fn head_slots_count_as_head_slot_divides() {
+        for (hidden, dh) in [(32, 8), (384, 32), (768, 64), (1024, 128), (96, 48)] {
+            let n = 3 * hidden;
+            for first in (0..n).step_by(dh) {
+                let mut slots = HeadSlots::new(first, hidden, dh);
+                for c in (first..n).step_by(dh) {
+                    assert_eq!(
+                        slots.next_slot(),
+                        head_slot(c, hidden, dh),
+                        "h={hidden} dh={dh} from {first}, column {c}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The unclamped conversion gives `quantize_sym`'s bytes wherever it is taken, and the
+    /// clamped one where it is not: heads at the extremes of f32 (a subnormal maximum, whose
+    /// `127 / amax` is infinite), with NaN and infinities, all zero, negative zero, ties.
+    #[test]
+    fn quantize_head_equals_quantize_sym() {
+        if !crate::kernels::cpu_features().avx512 {
+            eprintln!("SKIP quantize_head_equals_quantize_sym: no AVX-512 on this CPU");
+            return;
+        }
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut heads: Vec<Vec<f32>> = Vec::new();
+        for scale in [1.0f32, 1e-3, 3e38, 1e-38, 1e-44, 0.0] {
+            for _ in 0..20 {
+                heads.push(
+                    (0..64)
+                        .map(|_| ((next() % 2001) as f32 - 1000.0) / 1000.0 * scale)
+                        .collect(),
+                );
+            }
+        }
+        // Ties after the product: 127 / 127 = 1, so x·inv = x, halves included.
+        heads.push((0..64).map(|i| i as f32 / 2.0 - 16.0 + 0.5).collect());
+        let mut special = heads[0].clone();
+        special[3] = f32::NAN;
+        special[17] = f32::INFINITY;
+        special[40] = -0.0;
+        heads.push(special);
+        let mut only_nan = vec![0.0f32; 64];
+        only_nan[5] = f32::NAN;
+        heads.push(only_nan);
+        heads.push(vec![-0.0; 64]);
+        for (index, head) in heads.iter().enumerate() {
+            for offset in [0u8, 128] {
+                let mut want = vec![0u8; 64];
+                quantize_sym(head, &mut want, offset);
+                let amax = abs_max(head);
+                let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                // SAFETY: AVX-512F was checked; 64 floats make four vectors.
+                let vectors: Vec<__m512> = head
+                    .chunks_exact(16)
+                    .map(|c| unsafe { _mm512_loadu_ps(c.as_ptr()) })
+                    .collect();
+                let mut got = vec![0u8; 64];
+                // SAFETY: AVX-512F; `got` holds the 64 bytes of four vectors.
+                unsafe { quantize_head(&vectors, inv, offset, got.as_mut_ptr()) };
+                assert_eq!(
+                    got, want,
+                    "head {index} (amax {amax:e}, inv {inv:e}) offset {offset}"
+                );
+            }
         }
     }
 }
