@@ -1,6 +1,6 @@
 //! Multi-head attention (the recognised `attention` op).
 
-use super::attn_int8::{scores_i8, values_i8, ScoreOperands, ValueOperands};
+use super::attn_int8::{scores_i8, values_i8, values_u8, ScoreOperands, U8Sink, ValueOperands};
 use super::attn_kernels::{attn_scores, attn_values, IB, JB};
 use super::packing::RowMap;
 use super::simd::{
@@ -923,9 +923,15 @@ fn attend(
                 // sequence's rows (`rows` lie within its nq, and sequences own disjoint rows),
                 // and `out` outlives the parallel call.
                 unsafe {
-                    put_head_rows(out, rows, m_block, dh, o_scratch, |o, ldo, m| {
-                        attn_values(p, n_pad, v_rows, ldv, o, ldo, m, n, dh_pad)
-                    })
+                    put_head_rows(
+                        out,
+                        rows,
+                        m_block,
+                        dh,
+                        o_scratch,
+                        |o, ldo, m| attn_values(p, n_pad, v_rows, ldv, o, ldo, m, n, dh_pad),
+                        |_| false,
+                    )
                 }
             };
             put(sc, 0..m_full, m_full);
@@ -1204,9 +1210,15 @@ unsafe fn head_i8(
         };
         // SAFETY: rows 0..sq of this head are the caller's (its contract); `real` is within.
         unsafe {
-            put_head_rows(out, real, m_blk, dh, &mut s.out, |o, ldo, m| {
-                values_i8(&ops, o, ldo, m, dh_pad)
-            });
+            put_head_rows(
+                out,
+                real,
+                m_blk,
+                dh,
+                &mut s.out,
+                |o, ldo, m| values_i8(&ops, o, ldo, m, dh_pad),
+                |sink| values_u8(&ops, sink, m_blk, dh_pad),
+            );
         }
         r0 = r1;
     }
@@ -1421,12 +1433,15 @@ unsafe fn quantize_values_avx512<'v>(
 /// Output rows `rows` of one head, a block of `m_block` rows of which `rows.len()` are real,
 /// made by `values(dst, ld, m_block)`: straight into an f32 output when the block is whole and
 /// a head is whole kernel columns, else into `scratch` (`m_block` rows of the head padded to
-/// [`JB`]) and copied, or quantized into a u8 output while the rows are in L1.
+/// [`JB`]) and copied, or quantized into a u8 output while the rows are in L1. A u8 output of
+/// a whole block of whole kernel columns is first offered to `values_u8`, which quantizes in
+/// registers and returns true, or returns false (nothing written) to go through f32.
 ///
 /// # Safety
 /// `out` must address this head's rows `rows` (`dh` columns each), writable and touched by no
 /// other thread during the call; `values` must write exactly `m_block` rows of the padded head
-/// at the pointer and stride it is given.
+/// at the pointer and stride it is given, and `values_u8` exactly those rows of the sink or
+/// nothing.
 unsafe fn put_head_rows(
     out: HeadOut<'_>,
     rows: std::ops::Range<usize>,
@@ -1434,17 +1449,33 @@ unsafe fn put_head_rows(
     dh: usize,
     scratch: &mut Vec<f32>,
     values: impl FnOnce(*mut f32, usize, usize),
+    values_u8: impl FnOnce(&U8Sink) -> bool,
 ) {
     let dh_pad = dh.div_ceil(JB) * JB;
-    if let HeadDst::F32(ptr) = out.dst {
-        if dh == dh_pad && rows.len() == m_block {
-            // SAFETY: the block is the caller's rows, whole.
-            values(
-                unsafe { ptr.get().add(out.at + rows.start * out.ld) },
-                out.ld,
-                m_block,
-            );
-            return;
+    if dh == dh_pad && rows.len() == m_block {
+        match out.dst {
+            HeadDst::F32(ptr) => {
+                // SAFETY: the block is the caller's rows, whole.
+                values(
+                    unsafe { ptr.get().add(out.at + rows.start * out.ld) },
+                    out.ld,
+                    m_block,
+                );
+                return;
+            }
+            HeadDst::U8(ptr, q) => {
+                let sink = U8Sink {
+                    // SAFETY: the block is the caller's rows, whole.
+                    out: unsafe { ptr.get().add(out.at + rows.start * out.ld) },
+                    ldo: out.ld,
+                    inv: q.inv_smooth.map(|f| f[out.col..out.col + dh].as_ptr()),
+                    scale: q.scale,
+                    zero_point: q.zero_point,
+                };
+                if values_u8(&sink) {
+                    return;
+                }
+            }
         }
     }
     scratch.resize(m_block * dh_pad, 0.0);

@@ -99,6 +99,24 @@ pub(crate) struct ValueOperands<'a> {
     pub n4: usize,
 }
 
+impl ValueOperands<'_> {
+    /// Panics unless the operands hold `m_pad` rows (a multiple of [`IB`]) and `dh_pad`
+    /// columns (a multiple of [`JB`]): what the kernels read.
+    fn check(&self, m_pad: usize, dh_pad: usize) {
+        let ValueOperands {
+            p8,
+            ldp,
+            rs,
+            v,
+            vs,
+            n4,
+        } = *self;
+        assert!(m_pad.is_multiple_of(IB) && dh_pad.is_multiple_of(JB) && ldp >= 4 * n4);
+        assert!(m_pad == 0 || p8.len() >= (m_pad - 1) * ldp + 4 * n4);
+        assert!(rs.len() >= m_pad && vs.len() >= dh_pad && v.len() >= n4 * dh_pad);
+    }
+}
+
 /// `out[i·ldo + c] = (Σ_j p8[i, j]·v8[j, c]) · vs[c] · rs[i]` for `i < m_pad` (a multiple of
 /// [`IB`]) and `c < dh_pad` (a multiple of [`JB`]).
 ///
@@ -112,17 +130,7 @@ pub(crate) unsafe fn values_i8(
     m_pad: usize,
     dh_pad: usize,
 ) {
-    let ValueOperands {
-        p8,
-        ldp,
-        rs,
-        v,
-        vs,
-        n4,
-    } = *op;
-    assert!(m_pad.is_multiple_of(IB) && dh_pad.is_multiple_of(JB) && ldp >= 4 * n4);
-    assert!(m_pad == 0 || p8.len() >= (m_pad - 1) * ldp + 4 * n4);
-    assert!(rs.len() >= m_pad && vs.len() >= dh_pad && v.len() >= n4 * dh_pad);
+    op.check(m_pad, dh_pad);
     #[cfg(target_arch = "x86_64")]
     if codegen::kernels::cpu_features().avx512vnni {
         // SAFETY: the CPU has AVX-512 F/BW and VNNI; the input sizes were checked above and the
@@ -131,6 +139,43 @@ pub(crate) unsafe fn values_i8(
     }
     // SAFETY: forwarded caller contract.
     unsafe { values_portable(op, out, ldo, m_pad, dh_pad) }
+}
+
+/// Where [`values_u8`] puts a head's output: element `(i, c)` as the byte
+/// `quantize_u8(o·inv[c], scale, zero_point)` at `out + i·ldo + c`, `o` the f32 that
+/// [`values_i8`] would store there (`inv`, when given, addresses the head's `dh_pad` smoothing
+/// factors).
+pub(crate) struct U8Sink {
+    pub out: *mut u8,
+    pub ldo: usize,
+    pub inv: Option<*const f32>,
+    pub scale: f32,
+    pub zero_point: f32,
+}
+
+/// [`values_i8`] with each output quantized to u8 in registers as it is made (the bits of
+/// `fused::quantize_row_u8` of the f32 rows, without writing and reading them back), where the
+/// CPU has AVX512-VNNI; false (nothing written) elsewhere, for the caller to go through f32.
+///
+/// # Safety
+/// `sink.out` must be valid for writes of `m_pad` rows of `dh_pad` bytes at stride `sink.ldo`,
+/// touched by no other thread during the call; `sink.inv`, when given, must address `dh_pad`
+/// readable f32.
+pub(crate) unsafe fn values_u8(
+    op: &ValueOperands<'_>,
+    sink: &U8Sink,
+    m_pad: usize,
+    dh_pad: usize,
+) -> bool {
+    op.check(m_pad, dh_pad);
+    #[cfg(target_arch = "x86_64")]
+    if codegen::kernels::cpu_features().avx512vnni {
+        // SAFETY: the CPU has AVX-512 F/BW and VNNI; the input sizes were checked above and the
+        // caller vouches for the sink.
+        unsafe { vnni::values_u8(op, sink, m_pad, dh_pad) };
+        return true;
+    }
+    false
 }
 
 /// [`values_i8`] on any CPU.
@@ -158,7 +203,7 @@ unsafe fn values_portable(
 
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use super::{ScoreOperands, ValueOperands, IB, JB};
+    use super::{ScoreOperands, U8Sink, ValueOperands, IB, JB};
     use std::arch::x86_64::*;
 
     /// `finish(i, j, acc)` for each 16 columns `j` of every row `i < m_pad`, `j < n_pad`
@@ -256,6 +301,44 @@ mod vnni {
         // SAFETY: the operand sizes were checked by the caller.
         unsafe { dot(left, right, op.n4, [m_pad, dh_pad], finish) }
     }
+
+    /// See [`super::values_u8`]: the f32 of [`values`], then `fused::quantize_row_u8`'s
+    /// operations in its order (the smoothing factor, IEEE division, rounding half to even, NaN
+    /// as 0, the zero point, the clamp to [0, 255], truncation).
+    ///
+    /// # Safety
+    /// AVX-512 F/BW and VNNI; the slice sizes checked by the caller; the sink as in
+    /// [`super::values_u8`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn values_u8(op: &ValueOperands<'_>, sink: &U8Sink, m_pad: usize, dh_pad: usize) {
+        let left = (op.p8.as_ptr(), op.ldp);
+        let right = (op.v.as_ptr(), dh_pad);
+        let (scale, zero_point) = (_mm512_set1_ps(sink.scale), _mm512_set1_ps(sink.zero_point));
+        let (v0, v255) = (_mm512_setzero_ps(), _mm512_set1_ps(255.0));
+        let finish = |i: usize, c: usize, a: __m512i| {
+            // SAFETY: row i < m_pad, columns c..c + 16 ≤ dh_pad: the caller's writable block,
+            // and inside `rs`, `vs` and the smoothing factors.
+            unsafe {
+                let rs = _mm512_set1_ps(*op.rs.get_unchecked(i));
+                let vs = _mm512_loadu_ps(op.vs.as_ptr().add(c));
+                let mut o = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), vs), rs);
+                if let Some(inv) = sink.inv {
+                    o = _mm512_mul_ps(o, _mm512_loadu_ps(inv.add(c)));
+                }
+                let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    _mm512_div_ps(o, scale),
+                );
+                let q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q), q);
+                let q = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(q, zero_point), v0), v255);
+                _mm_storeu_si128(
+                    sink.out.add(i * sink.ldo + c) as *mut __m128i,
+                    _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(q)),
+                );
+            }
+        };
+        // SAFETY: the operand sizes were checked by the caller.
+        unsafe { dot(left, right, op.n4, [m_pad, dh_pad], finish) }
+    }
 }
 
 #[cfg(test)]
@@ -338,6 +421,69 @@ mod tests {
                 }
                 let want = (acc as f32 * vs[c]) * rs[i];
                 assert_eq!(o[i * ldo + c].to_bits(), want.to_bits(), "value {i},{c}");
+            }
+        }
+    }
+
+    /// The u8 outputs quantized in registers are the bytes `quantize_u8` makes of the f32
+    /// outputs (times the smoothing factors when there are some), bit for bit: scales that put
+    /// values past both ends of [0, 255], a degenerate scale (0: every quotient ±∞ or NaN), and
+    /// nothing written past a row or a head.
+    #[test]
+    fn u8_values_are_the_quantized_f32_values() {
+        let mut r = super::super::lcg24(29);
+        let (m_pad, n, dh) = (16usize, 45usize, 64usize);
+        let (n4, dh_pad) = (n.div_ceil(4), dh.div_ceil(JB) * JB);
+        let ldp = 4 * n4 + 3;
+        let p8: Vec<u8> = (0..m_pad * ldp).map(|_| r() as u8).collect();
+        let rs: Vec<f32> = (0..m_pad).map(|_| (r() % 1000) as f32 * 1e-5).collect();
+        let v: Vec<u32> = (0..n4 * dh_pad).map(|_| r() ^ (r() << 16)).collect();
+        let vs: Vec<f32> = (0..dh_pad).map(|_| (r() % 1000) as f32 * 1e-3).collect();
+        let smooth: Vec<f32> = (0..dh_pad).map(|_| (r() % 1000) as f32 * 2e-3).collect();
+        let op = ValueOperands {
+            p8: &p8,
+            ldp,
+            rs: &rs,
+            v: &v,
+            vs: &vs,
+            n4,
+        };
+        let mut f = vec![0f32; m_pad * dh_pad];
+        // SAFETY: `f` holds m_pad rows of dh_pad.
+        unsafe { values_i8(&op, f.as_mut_ptr(), dh_pad, m_pad, dh_pad) };
+        let ldo = dh_pad + 5;
+        for inv in [None, Some(&smooth)] {
+            for (scale, zero_point) in [(0.01f32, 128.0f32), (0.002, 10.0), (0.0, 7.0)] {
+                let mut bytes = vec![0xa5u8; m_pad * ldo];
+                let sink = U8Sink {
+                    out: bytes.as_mut_ptr(),
+                    ldo,
+                    inv: inv.map(|s| s.as_ptr()),
+                    scale,
+                    zero_point,
+                };
+                // SAFETY: `bytes` holds m_pad rows of dh_pad at stride ldo; `smooth` dh_pad.
+                if !unsafe { values_u8(&op, &sink, m_pad, dh_pad) } {
+                    eprintln!("SKIP u8_values_are_the_quantized_f32_values: no AVX512-VNNI");
+                    return;
+                }
+                for i in 0..m_pad {
+                    for c in 0..ldo {
+                        let got = bytes[i * ldo + c];
+                        if c >= dh_pad {
+                            assert_eq!(got, 0xa5, "wrote outside at {i},{c}");
+                            continue;
+                        }
+                        let x = f[i * dh_pad + c] * inv.map_or(1.0, |s| s[c]);
+                        let want = crate::exec::fused::quantize_u8(x, scale, zero_point);
+                        assert_eq!(
+                            got,
+                            want,
+                            "{i},{c} scale {scale} smoothed {}",
+                            inv.is_some()
+                        );
+                    }
+                }
             }
         }
     }

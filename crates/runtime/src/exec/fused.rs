@@ -116,7 +116,7 @@ pub(crate) fn fused_linear(
 /// the kernels' [`codegen::kernels::math::quantize_div`], so that a quantization moved into a
 /// producer's epilogue (`requant_u8`, `fork_u8`) gives these bytes.
 #[inline]
-fn quantize_u8(x: f32, scale: f32, zp: f32) -> u8 {
+pub(crate) fn quantize_u8(x: f32, scale: f32, zp: f32) -> u8 {
     codegen::kernels::math::quantize_div(x, scale, zp, 0.0, 255.0) as u8
 }
 
