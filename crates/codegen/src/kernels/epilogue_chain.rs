@@ -569,8 +569,16 @@ unsafe fn run_with<const F: u32>(
                     }
                     let amax = super::math::lanes16::fold_max(amax);
                     let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-                    let bytes = h.bytes.add(r * h.ld_bytes + byte_col);
-                    quantize_head(&head[..vectors], inv, offset, bytes);
+                    // SAFETY: row r of the bytes, this head's `16 · vectors` columns from
+                    // `byte_col` (caller contract).
+                    unsafe {
+                        quantize_head(
+                            &head[..vectors],
+                            inv,
+                            offset,
+                            h.bytes.add(r * h.ld_bytes + byte_col),
+                        )
+                    };
                     // SAFETY: row r's scale of this head (caller contract).
                     unsafe { *h.scales.add(r * h.ld_scales + scale) = amax / 127.0 };
                 }};
@@ -619,7 +627,7 @@ unsafe fn run_with<const F: u32>(
     }
 }
 
-/// The slots of consecutive heads from column `c0` (see [`head_slot`]): the first one's by
+/// The slots of consecutive heads from column `c0` (see [`super::epilogue::head_slot`]): the first one's by
 /// division, each next one by counting (three integer divisions a head were a visible share of
 /// the QKV chain).
 struct HeadSlots {
