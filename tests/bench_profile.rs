@@ -112,3 +112,37 @@ fn fusion_leaves_no_standalone_elementwise_op_in_a_layer() {
         "{h}"
     );
 }
+
+/// The profile counts the parallel regions of a run and what lies between them: none on one
+/// thread; on two (where the machine has them), some, and no more time inside them than in
+/// the nodes that hold them.
+#[test]
+fn the_profile_counts_the_hand_offs_between_threads() {
+    let Some(m) = models_dir("bench_profile") else {
+        return;
+    };
+    let fp32 = m.join("tiny/bert/model.onnx");
+    let fp32 = fp32.to_str().unwrap();
+    let one = profile(fp32, &["--threads", "1"]);
+    for key in [
+        "regions_per_run",
+        "region_ms_per_run",
+        "between_regions_ms_per_run",
+        "region_spread_ms_per_run",
+    ] {
+        assert_eq!(one[key], 0.0, "{key}: {one}");
+    }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!(
+            "SKIP the two-thread half of the_profile_counts_the_hand_offs_between_threads: one CPU"
+        );
+        return;
+    }
+    let two = profile(fp32, &["--threads", "2"]);
+    let f = |key: &str| two[key].as_f64().unwrap();
+    assert!(f("regions_per_run") >= 1.0, "{two}");
+    let inside = f("region_ms_per_run");
+    assert!(inside > 0.0 && inside <= f("total_ms"), "{two}");
+    assert!(f("region_spread_ms_per_run") <= inside, "{two}");
+    assert!(f("between_regions_ms_per_run") >= 0.0, "{two}");
+}

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use codegen::kernels::pool::{record_regions, RegionStats};
 use runtime::{CompileOptions, Model, NodeTime, Session, TensorValue};
 use std::collections::BTreeMap;
 
@@ -155,6 +156,9 @@ pub struct Profile {
     pub gemm_groups: Vec<(String, usize, f64, f64)>,
     /// The compute peak the GEMMs are rated against (ops/s) and which unit it is.
     pub peak: Option<(f64, &'static str)>,
+    /// The parallel regions of the profiled runs, summed over them (none recorded on one
+    /// thread).
+    pub regions: RegionStats,
 }
 
 /// [`Profile::gemm_groups`]: the weight GEMM nodes of `runs` grouped by role.
@@ -270,6 +274,7 @@ impl Profile {
                 / n,
             gemm_groups: gemm_groups(runs),
             peak: None,
+            regions: RegionStats::default(),
         }
     }
 
@@ -295,6 +300,9 @@ impl Profile {
                 "    {k:<12} {c:>5} nodes  {ms:>9.2} ms  {:>5.1} %",
                 100.0 * ms / self.total_ms.max(1e-9)
             );
+        }
+        if let Some(line) = self.regions_line() {
+            println!("{line}");
         }
         println!("  slowest ops");
         for (op, kind, c, ms) in self.ops.iter().take(8) {
@@ -350,6 +358,28 @@ impl Profile {
         }
     }
 
+    /// The hand-offs between threads per run: regions, the calling thread alone between them,
+    /// parts ending apart; `None` without regions (one thread).
+    fn regions_line(&self) -> Option<String> {
+        let r = &self.regions;
+        if r.regions == 0 || self.runs == 0 {
+            return None;
+        }
+        let runs = self.runs as f64;
+        let per_run_ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / runs;
+        let share = |ms: f64| 100.0 * ms / self.total_ms.max(1e-9);
+        let regions = r.regions as f64 / runs;
+        let (between, spread) = (per_run_ms(r.between), per_run_ms(r.spread));
+        Some(format!(
+            "  threads       {regions:.1} parallel regions per run, {:.1} us each; the calling thread alone between them {:.2} ms per run ({:.1} %, {:.1} us a gap); their parts ending apart {spread:.2} ms ({:.1} %)",
+            1e3 * per_run_ms(r.inside) / regions,
+            between,
+            share(between),
+            1e3 * between / (regions - 1.0).max(1.0),
+            share(spread),
+        ))
+    }
+
     fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "runs": self.runs,
@@ -366,6 +396,10 @@ impl Profile {
             "run_gemm_ops_per_s": self.gemm_rates().1,
             "peak_ops_per_s": self.peak.map(|p| p.0),
             "peak_unit": self.peak.map(|p| p.1),
+            "regions_per_run": self.regions.regions as f64 / self.runs.max(1) as f64,
+            "region_ms_per_run": self.regions.inside.as_secs_f64() * 1e3 / self.runs.max(1) as f64,
+            "between_regions_ms_per_run": self.regions.between.as_secs_f64() * 1e3 / self.runs.max(1) as f64,
+            "region_spread_ms_per_run": self.regions.spread.as_secs_f64() * 1e3 / self.runs.max(1) as f64,
         })
     }
 }
@@ -478,10 +512,20 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         // each is a lower bound, and on a busy 2-vCPU guest one short measurement came out at
         // half the other (469 against 930 GOPS), which would double every fraction printed.
         let peak_before = gemm_peak(model.is_quantized(), args.threads.max(1));
+        // Each run's parallel regions recorded on this thread, which dispatches them all.
+        let mut regions = RegionStats::default();
         let runs = (0..args.min_runs.max(1))
-            .map(|i| session.run_profiled(&refs[i % refs.len()]).map(|(_, t)| t))
+            .map(|i| {
+                let (run, r) = record_regions(|| session.run_profiled(&refs[i % refs.len()]));
+                regions.regions += r.regions;
+                regions.inside += r.inside;
+                regions.between += r.between;
+                regions.spread += r.spread;
+                run.map(|(_, t)| t)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let mut p = Profile::from_runs(&runs);
+        p.regions = regions;
         let peak_after = gemm_peak(model.is_quantized(), args.threads.max(1));
         p.peak = Some(if peak_after.0 > peak_before.0 {
             peak_after

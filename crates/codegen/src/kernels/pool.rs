@@ -168,6 +168,76 @@ pub fn parallel_for(parts: usize, f: &(dyn Fn(usize) + Sync)) {
         }
         return;
     }
+    if RECORDING.with(|r| r.get().is_none()) {
+        return dispatch(parts, f);
+    }
+    let start = Instant::now();
+    let ends: smallvec::SmallVec<[AtomicU64; 8]> = (0..parts).map(|_| AtomicU64::new(0)).collect();
+    dispatch(parts, &|t| {
+        f(t);
+        ends[t].store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    });
+    let end = Instant::now();
+    let ends = ends.iter().map(|e| e.load(Ordering::Relaxed));
+    let spread = ends.clone().max().unwrap_or(0) - ends.min().unwrap_or(0);
+    RECORDING.with(|r| {
+        if let Some((mut stats, last_end)) = r.get() {
+            stats.regions += 1;
+            stats.inside += end - start;
+            stats.spread += Duration::from_nanos(spread);
+            if let Some(last_end) = last_end {
+                stats.between += start.saturating_duration_since(last_end);
+            }
+            r.set(Some((stats, Some(end))));
+        }
+    });
+}
+
+/// What the parallel regions a thread dispatches cost beyond their parts' work, as
+/// [`record_regions`] counts them: a region is a [`parallel_for`] of two parts or more (and the
+/// helpers built on it), from its dispatch to its last part's end.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct RegionStats {
+    /// Regions dispatched.
+    pub regions: u64,
+    /// Time inside them.
+    pub inside: Duration,
+    /// Time the dispatching thread ran alone between one region's end and the next one's
+    /// dispatch (set-up, single-threaded ops): the other threads idle meanwhile.
+    pub between: Duration,
+    /// Summed over regions, how far apart their parts ended: the first part done waits for
+    /// the last (uneven shares, or a core busy with something else).
+    pub spread: Duration,
+}
+
+thread_local! {
+    /// The recording [`record_regions`] keeps on this thread: the counts so far and the end
+    /// of the last region.
+    static RECORDING: std::cell::Cell<Option<(RegionStats, Option<Instant>)>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f`, counting the parallel regions this thread dispatches meanwhile (see
+/// [`RegionStats`]); what `bench --profile` reports of the hand-offs between threads. A
+/// recording inside another replaces it for its duration (the outer one misses those regions).
+///
+/// ```
+/// use codegen::kernels::pool::{parallel_for, record_regions};
+/// let ((), stats) = record_regions(|| {
+///     parallel_for(2, &|_| {});
+///     parallel_for(2, &|_| {});
+/// });
+/// assert_eq!(stats.regions, 2);
+/// ```
+pub fn record_regions<R>(f: impl FnOnce() -> R) -> (R, RegionStats) {
+    let outer = RECORDING.replace(Some((RegionStats::default(), None)));
+    let result = f();
+    let stats = RECORDING.replace(outer).map(|(s, _)| s).unwrap_or_default();
+    (result, stats)
+}
+
+/// [`parallel_for`] of two parts or more.
+fn dispatch(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     let Ok(mut workers) = pool().workers.try_lock() else {
         (0..parts).for_each(f);
         return;
@@ -550,5 +620,43 @@ impl PartWork {
     /// A thief's next unit (from the back).
     pub(crate) fn claim_back(&self) -> Option<usize> {
         self.queue.claim_back()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parallel_chunks, parallel_for, record_regions};
+    use std::time::Duration;
+
+    /// Regions of two parts or more are counted (one part is not a region), with the time
+    /// between them and inside them at least what the parts and the caller slept; a region
+    /// whose parts ran one after another (the pool busy with another test's GEMM) counts too.
+    /// Nothing is recorded outside `record_regions`, and an inner recording leaves the outer
+    /// one's counts as they were.
+    #[test]
+    fn recorded_regions_count_the_time_between_and_inside() {
+        let pause = Duration::from_millis(15);
+        let ((), stats) = record_regions(|| {
+            parallel_for(2, &|t| {
+                if t == 1 {
+                    std::thread::sleep(2 * pause);
+                }
+            });
+            std::thread::sleep(pause);
+            parallel_for(1, &|_| {});
+            parallel_chunks(8, 2, |_| {});
+        });
+        assert_eq!(stats.regions, 2, "{stats:?}");
+        assert!(stats.between >= pause, "{stats:?}");
+        assert!(stats.inside >= 2 * pause, "{stats:?}");
+        assert!(stats.spread <= stats.inside, "{stats:?}");
+
+        parallel_for(2, &|_| {});
+        let ((), outer) = record_regions(|| {
+            parallel_for(2, &|_| {});
+            let ((), inner) = record_regions(|| parallel_for(2, &|_| {}));
+            assert_eq!(inner.regions, 1);
+        });
+        assert_eq!(outer.regions, 1, "{outer:?}");
     }
 }
