@@ -1391,6 +1391,14 @@ unsafe fn quantize_values_avx512<'v>(
             let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(*a, _mm512_setzero_ps());
             *inv = _mm512_maskz_div_ps(positive, hi, *a);
         }
+        // With every reciprocal finite the clamp cannot act: each |x| ≤ its column's maximum,
+        // so |x · inv| ≤ 127·(1 + 2⁻²⁴)², which rounds to 127 at most, and a NaN product
+        // converts to 0x8000_0000, whose low byte is 0: one rounding conversion gives the
+        // byte. A subnormal maximum (an infinite reciprocal) takes the clamped form.
+        let unclamped = inv
+            .iter()
+            .take(vecs)
+            .all(|&i| _mm512_cmp_ps_mask::<_CMP_LT_OQ>(i, _mm512_set1_ps(f32::INFINITY)) == !0);
         for j4 in 0..n4 {
             let rows: [Option<*const f32>; 4] = std::array::from_fn(|t| {
                 let r = 4 * j4 + t;
@@ -1405,17 +1413,26 @@ unsafe fn quantize_values_avx512<'v>(
                         Some(p) => unsafe { _mm512_maskz_loadu_ps(lanes(c), p.add(c.min(dh))) },
                         None => _mm512_setzero_ps(),
                     };
-                    let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                        _mm512_mul_ps(x, inv),
-                    );
-                    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(q, q);
-                    let q = _mm512_mask_mov_ps(q, nan, _mm512_setzero_ps());
-                    let q = _mm512_min_ps(_mm512_max_ps(q, lo), hi);
-                    // `int_byte`: the low byte of the bits of q + 1.5·2^23.
-                    let byte = _mm512_and_si512(
-                        _mm512_castps_si512(_mm512_add_ps(q, magic)),
-                        _mm512_set1_epi32(0xff),
-                    );
+                    let byte = if unclamped {
+                        _mm512_and_si512(
+                            _mm512_cvt_roundps_epi32::<
+                                { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                            >(_mm512_mul_ps(x, inv)),
+                            _mm512_set1_epi32(0xff),
+                        )
+                    } else {
+                        let q = _mm512_roundscale_ps::<
+                            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                        >(_mm512_mul_ps(x, inv));
+                        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(q, q);
+                        let q = _mm512_mask_mov_ps(q, nan, _mm512_setzero_ps());
+                        let q = _mm512_min_ps(_mm512_max_ps(q, lo), hi);
+                        // `int_byte`: the low byte of the bits of q + 1.5·2^23.
+                        _mm512_and_si512(
+                            _mm512_castps_si512(_mm512_add_ps(q, magic)),
+                            _mm512_set1_epi32(0xff),
+                        )
+                    };
                     word = _mm512_or_si512(
                         word,
                         _mm512_sllv_epi32(byte, _mm512_set1_epi32(8 * t as i32)),
@@ -1608,6 +1625,10 @@ mod tests {
                         data[(n - 1) * ld] = f32::INFINITY;
                         data[3 % dh] = f32::NEG_INFINITY;
                         data[ld * (n / 3) + dh - 1] = 1e-30;
+                        // A column of subnormals: its reciprocal 127 / amax is infinite.
+                        for r in 0..n {
+                            data[r * ld + dh / 3] = 1e-40 * (r % 3) as f32;
+                        }
                     }
                     let v_row = |r: usize| &data[r * ld..r * ld + dh];
                     let dh_pad = dh.div_ceil(32) * 32;
