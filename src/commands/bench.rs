@@ -517,10 +517,7 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         let runs = (0..args.min_runs.max(1))
             .map(|i| {
                 let (run, r) = record_regions(|| session.run_profiled(&refs[i % refs.len()]));
-                regions.regions += r.regions;
-                regions.inside += r.inside;
-                regions.between += r.between;
-                regions.spread += r.spread;
+                regions += r;
                 run.map(|(_, t)| t)
             })
             .collect::<Result<Vec<_>, _>>()?;

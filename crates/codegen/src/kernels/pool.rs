@@ -182,12 +182,12 @@ pub fn parallel_for(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     let spread = ends.clone().max().unwrap_or(0) - ends.min().unwrap_or(0);
     RECORDING.with(|r| {
         if let Some((mut stats, last_end)) = r.get() {
-            stats.regions += 1;
-            stats.inside += end - start;
-            stats.spread += Duration::from_nanos(spread);
-            if let Some(last_end) = last_end {
-                stats.between += start.saturating_duration_since(last_end);
-            }
+            stats += RegionStats {
+                regions: 1,
+                inside: end - start,
+                between: last_end.map_or(Duration::ZERO, |e| start.saturating_duration_since(e)),
+                spread: Duration::from_nanos(spread),
+            };
             r.set(Some((stats, Some(end))));
         }
     });
@@ -208,6 +208,15 @@ pub struct RegionStats {
     /// Summed over regions, how far apart their parts ended: the first part done waits for
     /// the last (uneven shares, or a core busy with something else).
     pub spread: Duration,
+}
+
+impl std::ops::AddAssign for RegionStats {
+    fn add_assign(&mut self, o: RegionStats) {
+        self.regions += o.regions;
+        self.inside += o.inside;
+        self.between += o.between;
+        self.spread += o.spread;
+    }
 }
 
 thread_local! {

@@ -204,6 +204,7 @@ unsafe fn values_portable(
 #[cfg(target_arch = "x86_64")]
 mod vnni {
     use super::{ScoreOperands, U8Sink, ValueOperands, IB, JB};
+    use crate::exec::fused::quantize_u8_16;
     use std::arch::x86_64::*;
 
     /// `finish(i, j, acc)` for each 16 columns `j` of every row `i < m_pad`, `j < n_pad`
@@ -291,20 +292,30 @@ mod vnni {
         let finish = |i: usize, c: usize, a: __m512i| {
             // SAFETY: row i < m_pad, columns c..c + 16 ≤ dh_pad: the caller's writable block,
             // and inside `rs` and `vs`.
-            unsafe {
-                let rs = _mm512_set1_ps(*op.rs.get_unchecked(i));
-                let vs = _mm512_loadu_ps(op.vs.as_ptr().add(c));
-                let o = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), vs), rs);
-                _mm512_storeu_ps(out.add(i * ldo + c), o);
-            }
+            unsafe { _mm512_storeu_ps(out.add(i * ldo + c), value16(op, i, c, a)) };
         };
         // SAFETY: the operand sizes were checked by the caller.
         unsafe { dot(left, right, op.n4, [m_pad, dh_pad], finish) }
     }
 
-    /// See [`super::values_u8`]: the f32 of [`values`], then `fused::quantize_row_u8`'s
-    /// operations in its order (the smoothing factor, IEEE division, rounding half to even, NaN
-    /// as 0, the zero point, the clamp to [0, 255], truncation).
+    /// The f32 outputs of row `i`, columns `c..c + 16`, from their integer sums `a`:
+    /// `(a · vs[c]) · rs[i]`.
+    ///
+    /// # Safety
+    /// AVX-512F; `i` and `c + 16` within the operands' `rs` and `vs`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn value16(op: &ValueOperands<'_>, i: usize, c: usize, a: __m512i) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let rs = _mm512_set1_ps(*op.rs.get_unchecked(i));
+            let vs = _mm512_loadu_ps(op.vs.as_ptr().add(c));
+            _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), vs), rs)
+        }
+    }
+
+    /// See [`super::values_u8`]: the f32 of [`values`] times the smoothing factor, then
+    /// `fused::quantize_row_u8`'s vector form (`quantize_u8_16`).
     ///
     /// # Safety
     /// AVX-512 F/BW and VNNI; the slice sizes checked by the caller; the sink as in
@@ -314,25 +325,17 @@ mod vnni {
         let left = (op.p8.as_ptr(), op.ldp);
         let right = (op.v.as_ptr(), dh_pad);
         let (scale, zero_point) = (_mm512_set1_ps(sink.scale), _mm512_set1_ps(sink.zero_point));
-        let (v0, v255) = (_mm512_setzero_ps(), _mm512_set1_ps(255.0));
         let finish = |i: usize, c: usize, a: __m512i| {
             // SAFETY: row i < m_pad, columns c..c + 16 ≤ dh_pad: the caller's writable block,
             // and inside `rs`, `vs` and the smoothing factors.
             unsafe {
-                let rs = _mm512_set1_ps(*op.rs.get_unchecked(i));
-                let vs = _mm512_loadu_ps(op.vs.as_ptr().add(c));
-                let mut o = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), vs), rs);
+                let mut o = value16(op, i, c, a);
                 if let Some(inv) = sink.inv {
                     o = _mm512_mul_ps(o, _mm512_loadu_ps(inv.add(c)));
                 }
-                let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                    _mm512_div_ps(o, scale),
-                );
-                let q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q), q);
-                let q = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(q, zero_point), v0), v255);
                 _mm_storeu_si128(
                     sink.out.add(i * sink.ldo + c) as *mut __m128i,
-                    _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(q)),
+                    _mm512_cvtepi32_epi8(quantize_u8_16(o, scale, zero_point)),
                 );
             }
         };

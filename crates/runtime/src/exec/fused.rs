@@ -146,6 +146,8 @@ impl QuantizedRows {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use row::avx512::quantize16 as quantize_u8_16;
 pub(crate) use row::quantize as quantize_row_u8;
 
 /// Row quantizers: the range of a row (times the smoothing factors) and its quantization. The
@@ -195,7 +197,7 @@ mod row {
     }
 
     #[cfg(target_arch = "x86_64")]
-    mod avx512 {
+    pub(super) mod avx512 {
         use std::arch::x86_64::*;
 
         /// Lanes `i..i+16` of `x` (times `inv`), masked to the slice; masked-off lanes are 0.
@@ -237,28 +239,40 @@ mod row {
             out: &mut [u8],
         ) {
             let (vs, vz) = (_mm512_set1_ps(scale), _mm512_set1_ps(zp));
-            let (v0, v255) = (_mm512_setzero_ps(), _mm512_set1_ps(255.0));
             let mut i = 0;
             while i < x.len() {
                 let m = crate::exec::simd::lanes_below(x.len() - i);
                 // SAFETY: masked to the slice.
                 let v = unsafe { load(x, inv, i, m) };
-                let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                    _mm512_div_ps(v, vs),
-                );
-                // A NaN quotient (a NaN value, or 0/0 and ∞/∞ with a degenerate scale) is 0.
-                let q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q), q);
-                let q = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(q, vz), v0), v255);
                 // SAFETY: the store is masked to the lanes that lie within `out`.
                 unsafe {
                     _mm512_mask_cvtepi32_storeu_epi8(
                         out.as_mut_ptr().add(i) as *mut i8,
                         m,
-                        _mm512_cvttps_epi32(q),
+                        quantize16(v, vs, vz),
                     )
                 };
                 i += 16;
             }
+        }
+
+        /// `quantize_u8` of 16 lanes with the scale and zero point in every lane of `scale` and
+        /// `zp`: IEEE division, rounding half to even, NaN as 0, the zero point, the clamp to
+        /// [0, 255]; the bytes as the low byte of each i32 lane. The one vector form of it: the
+        /// row quantizer and int8 attention's u8 output both make their bytes here.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        pub(crate) fn quantize16(v: __m512, scale: __m512, zp: __m512) -> __m512i {
+            let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_div_ps(v, scale),
+            );
+            // A NaN quotient (a NaN value, or 0/0 and ∞/∞ with a degenerate scale) is 0.
+            let q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q), q);
+            let q = _mm512_min_ps(
+                _mm512_max_ps(_mm512_add_ps(q, zp), _mm512_setzero_ps()),
+                _mm512_set1_ps(255.0),
+            );
+            _mm512_cvttps_epi32(q)
         }
     }
 }
