@@ -31,8 +31,9 @@ fn grid() -> impl Iterator<Item = f32> {
 /// lengths that leave a remainder.
 #[test]
 fn gelu_erf_slice_equals_the_scalar_function() {
+    // Pieces are centred on the integers of |x|·31.25/5.75: they meet at the half-integers.
     let pieces = (0..=32).flat_map(|i| {
-        let a = i as f32 * 5.75 / 32.0;
+        let a = (i as f32 + 0.5) * 5.75 / 31.25;
         [
             a,
             -a,
@@ -252,6 +253,41 @@ fn validation_errors() {
         ),
         "Requant must be last",
         "requant not last",
+    );
+    // A zero point outside its type's range is no quantization parameter.
+    let rq_u8 = |zero_point| EpilogueOp::Requant {
+        scale: 1.0,
+        zero_point,
+        ty: QType::U8,
+    };
+    bad(
+        run(
+            &Epilogue::new(vec![rq_u8(256)]),
+            Output::U8 { c: &mut q, ldc: 2 },
+        ),
+        "Requant zero point 256 outside the U8 range",
+        "u8 requant with zero point 256",
+    );
+    bad(
+        run(
+            &Epilogue::new(vec![rq_u8(-1)]),
+            Output::U8 { c: &mut q, ldc: 2 },
+        ),
+        "Requant zero point -1 outside the U8 range",
+        "u8 requant with zero point -1",
+    );
+    bad(
+        run(
+            &Epilogue::new(vec![EpilogueOp::ForkU8 {
+                smooth: None,
+                scale: 1.0,
+                zero_point: 300,
+                out: ForkOut::new(&mut fork_bytes, 2),
+            }]),
+            Output::F32 { c: &mut c, ldc: 2 },
+        ),
+        "ForkU8 zero point 300 outside the u8 range",
+        "fork with zero point 300",
     );
     let dq = EpilogueOp::Dequant {
         a_scale: RowParam::PerTensor(1.0),

@@ -113,7 +113,7 @@ pub enum EpilogueOp<'a> {
         smooth: Option<&'a [f32]>,
         /// Scale of the copy.
         scale: f32,
-        /// Zero point of the copy.
+        /// Zero point of the copy, in [0, 255] (`validate` refuses others).
         zero_point: i32,
         /// Where the copy goes.
         out: ForkOut,
@@ -125,7 +125,7 @@ pub enum EpilogueOp<'a> {
     Requant {
         /// Output scale.
         scale: f32,
-        /// Output zero point.
+        /// Output zero point, in the range of `ty` (`validate` refuses others).
         zero_point: i32,
         /// Output type.
         ty: QType,
@@ -539,9 +539,19 @@ impl<'a> Epilogue<'a> {
                 EpilogueOp::LayerNorm { gamma, beta, .. } if gamma.len() < n || beta.len() < n => {
                     return bad("LayerNorm gamma/beta shorter than n".into());
                 }
-                EpilogueOp::ForkU8 { smooth, out: f, .. } => {
+                EpilogueOp::ForkU8 {
+                    smooth,
+                    zero_point,
+                    out: f,
+                    ..
+                } => {
                     if !last || !matches!(out, Output::F32 { .. }) {
                         return bad("ForkU8 must be last and needs an f32 output".into());
+                    }
+                    if !(0..=255).contains(zero_point) {
+                        return bad(format!(
+                            "ForkU8 zero point {zero_point} outside the u8 range"
+                        ));
                     }
                     if smooth.is_some_and(|s| s.len() < n) {
                         return bad("ForkU8 factors shorter than n".into());
@@ -553,13 +563,21 @@ impl<'a> Epilogue<'a> {
                         ));
                     }
                 }
-                EpilogueOp::Requant { ty, .. } => {
+                EpilogueOp::Requant { ty, zero_point, .. } => {
                     let ok = matches!(
                         (ty, out),
                         (QType::U8, Output::U8 { .. }) | (QType::S8, Output::S8 { .. })
                     );
                     if !last || !ok {
                         return bad("Requant must be last and match a u8/s8 output".into());
+                    }
+                    // A zero point is a value of its type (ONNX types it so); the kernels rely
+                    // on it (the vector requantization clamps before it adds the zero point).
+                    let (lo, hi) = ty.range();
+                    if !(lo..=hi).contains(&(*zero_point as f32)) {
+                        return bad(format!(
+                            "Requant zero point {zero_point} outside the {ty:?} range"
+                        ));
                     }
                 }
                 _ => {}

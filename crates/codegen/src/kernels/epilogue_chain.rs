@@ -357,16 +357,24 @@ unsafe fn step(
 }
 
 /// `math::quantize_div` of 16 lanes: IEEE division, ties to even, NaN as 0, the zero point
-/// added, then `clamp` (which keeps the value itself at equality).
+/// added, then `clamp` (which keeps the value itself at equality). Rounding is monotonic and
+/// keeps integers, so clamping the quotient to the integral bounds less the zero point before
+/// rounding gives the same values, NaN kept through the clamp (`max_ps` and `min_ps` return
+/// their second operand when either is NaN) and zeroed by the rounding's mask: one vector
+/// operation fewer than rounding, zeroing, adding and clamping in that order.
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn requantize(v: __m512, (scale, zero_point, lo, hi): (f32, f32, f32, f32)) -> __m512 {
-    let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm512_div_ps(v, _mm512_set1_ps(scale)),
+    let q = _mm512_div_ps(v, _mm512_set1_ps(scale));
+    let q = _mm512_min_ps(
+        _mm512_set1_ps(hi - zero_point),
+        _mm512_max_ps(_mm512_set1_ps(lo - zero_point), q),
     );
-    let q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q), q);
-    let q = _mm512_add_ps(q, _mm512_set1_ps(zero_point));
-    _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), q))
+    let q = _mm512_maskz_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q),
+        q,
+    );
+    _mm512_add_ps(q, _mm512_set1_ps(zero_point))
 }
 
 /// [`run`] for the chain kinds `F` (bits of the canonical order, or [`INTERPRETED`]).
@@ -968,6 +976,68 @@ mod tests {
     use super::{__m512, _mm512_loadu_ps, quantize_head, HeadSlots};
     use crate::kernels::epilogue::head_slot;
     use crate::kernels::math::{abs_max, quantize_sym};
+
+    /// The vector requantization (clamped before it rounds) gives `math::quantize_div`'s
+    /// values: ties, the clamp bounds and just past them, NaN, infinities, signed zeros, huge
+    /// values, for u8 and s8 ranges and zero points at and between their ends.
+    #[test]
+    fn requantize_equals_quantize_div() {
+        if !crate::kernels::cpu_features().avx512 {
+            eprintln!("SKIP requantize_equals_quantize_div: no AVX-512 on this CPU");
+            return;
+        }
+        let mut xs = vec![
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1e30,
+            -1e30,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+        ];
+        for k in -300..=300 {
+            let k = k as f32;
+            xs.extend([k, k + 0.5, k - 0.5, k + 0.499_999_97, k + 0.500_000_1]);
+        }
+        for (lo, hi, zps) in [
+            (0.0f32, 255.0f32, [0.0, 3.0, 128.0, 255.0]),
+            (-128.0, 127.0, [-128.0, -5.0, 0.0, 127.0]),
+        ] {
+            for zp in zps {
+                for scale in [1.0f32, 0.37, 2.5e-3] {
+                    let want: Vec<f32> = xs
+                        .iter()
+                        .map(|&x| crate::kernels::math::quantize_div(x * scale, scale, zp, lo, hi))
+                        .collect();
+                    for (chunk, want) in xs.chunks(16).zip(want.chunks(16)) {
+                        let mut lanes = [0f32; 16];
+                        lanes[..chunk.len()].copy_from_slice(chunk);
+                        let lanes = lanes.map(|x| x * scale);
+                        let mut got = [0f32; 16];
+                        // SAFETY: the CPU has AVX-512F (checked); 16-float arrays.
+                        unsafe {
+                            let v = super::requantize(
+                                _mm512_loadu_ps(lanes.as_ptr()),
+                                (scale, zp, lo, hi),
+                            );
+                            super::_mm512_storeu_ps(got.as_mut_ptr(), v);
+                        }
+                        for (i, w) in want.iter().enumerate() {
+                            assert_eq!(
+                                got[i].to_bits(),
+                                w.to_bits(),
+                                "{} / {scale} with zero point {zp} in [{lo}, {hi}]",
+                                lanes[i]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// Counting gives the slot `head_slot` divides out, for every head of several layouts,
     /// from any head a block may start at.
