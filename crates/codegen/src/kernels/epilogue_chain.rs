@@ -412,10 +412,19 @@ unsafe fn run_with<const F: u32>(
     });
     let fetch = |r: usize| {
         if let Some((data, ld)) = residual {
-            let row = &data[(r * ld + c0).min(data.len())..];
-            for line in row[..w.min(row.len())].chunks(16) {
-                // A hint (safe under this function's target features): reads nothing.
-                _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8);
+            // One hint per 64-byte line of the row's block columns, as a plain address loop:
+            // iterating the row's slice in chunks made the LayerNorm chain ~10 % slower (an
+            // attention-output block of 8 rows timed alone on Zen 4: 7.9-8.0 against 7.2-7.3 ns
+            // per 16 values).
+            let start = (r * ld + c0).min(data.len());
+            let bytes = 4 * w.min(data.len() - start);
+            let first = data.as_ptr().wrapping_add(start) as *const i8;
+            let mut offset = 0;
+            while offset < bytes {
+                // A hint (safe under this function's target features): reads nothing, and
+                // never faults even where the address were outside the residual.
+                _mm_prefetch::<_MM_HINT_T0>(first.wrapping_add(offset));
+                offset += 64;
             }
         }
     };
