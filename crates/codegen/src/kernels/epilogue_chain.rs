@@ -364,17 +364,41 @@ unsafe fn step(
 /// operation fewer than rounding, zeroing, adding and clamping in that order.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn requantize(v: __m512, (scale, zero_point, lo, hi): (f32, f32, f32, f32)) -> __m512 {
+fn requantize(v: __m512, requant: (f32, f32, f32, f32)) -> __m512 {
+    let (q, ordered) = clamped_quotient(v, requant);
+    let q =
+        _mm512_maskz_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(ordered, q);
+    _mm512_add_ps(q, _mm512_set1_ps(requant.1))
+}
+
+/// [`requantize`] as the integers it leaves, for a byte output: the clamped quotient rounded
+/// by the conversion itself (NaN lanes masked to 0) and the zero point added as an integer, in
+/// place of a rounding, a float addition and a conversion (same integers).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn requantize_i32(v: __m512, requant: (f32, f32, f32, f32)) -> __m512i {
+    let (q, ordered) = clamped_quotient(v, requant);
+    let q = _mm512_maskz_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        ordered, q,
+    );
+    // The zero point is an integer of the output's range (`validate`): exact as i32.
+    _mm512_add_epi32(q, _mm512_set1_epi32(requant.1 as i32))
+}
+
+/// `v / scale` clamped to `[lo − zero_point, hi − zero_point]` (NaN kept), and the mask of its
+/// lanes that are not NaN: the part [`requantize`] and [`requantize_i32`] share.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn clamped_quotient(
+    v: __m512,
+    (scale, zero_point, lo, hi): (f32, f32, f32, f32),
+) -> (__m512, __mmask16) {
     let q = _mm512_div_ps(v, _mm512_set1_ps(scale));
     let q = _mm512_min_ps(
         _mm512_set1_ps(hi - zero_point),
         _mm512_max_ps(_mm512_set1_ps(lo - zero_point), q),
     );
-    let q = _mm512_maskz_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q),
-        q,
-    );
-    _mm512_add_ps(q, _mm512_set1_ps(zero_point))
+    (q, _mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q))
 }
 
 /// [`run`] for the chain kinds `F` (bits of the canonical order, or [`INTERPRETED`]).
@@ -506,9 +530,7 @@ unsafe fn run_with<const F: u32>(
                     if F & RESIDUAL != 0 {
                         each!(RESIDUAL, &fixed);
                     }
-                    if F & REQUANT != 0 {
-                        each!(REQUANT, &fixed);
-                    }
+                    // `REQUANT` is applied by `put!` as the bytes are stored.
                 }
                 v
             }};
@@ -620,14 +642,26 @@ unsafe fn run_with<const F: u32>(
             continue;
         }
         let mut j = 0;
+        // The lanes `m` of `v` into row `r` at column `c`: a specialised chain ending in
+        // `Requant` requantizes them here, straight to integers.
+        //
+        // SAFETY (its callers): masked to the block's columns of row `r` of `out`, ours.
+        macro_rules! put {
+            ($c:expr, $m:expr, $v:expr) => {
+                if F != INTERPRETED && F & REQUANT != 0 {
+                    unsafe { store_bytes(out, r, $c, $m, requantize_i32($v, fixed.requant)) }
+                } else {
+                    unsafe { store(out, r, $c, $m, $v) }
+                }
+            };
+        }
         // Whole runs of `$n` vectors from column `j` on, while the block has them.
         macro_rules! store_runs {
             ($n:expr) => {
                 while w - j >= 16 * $n {
                     let v = values!($n, j, 0xffff);
                     for (u, v) in v.into_iter().enumerate() {
-                        // SAFETY: masked to the block's columns of row `r` of `out`, ours.
-                        unsafe { store(out, r, c0 + j + 16 * u, 0xffff, v) };
+                        put!(c0 + j + 16 * u, 0xffff, v);
                     }
                     j += 16 * $n;
                 }
@@ -637,8 +671,7 @@ unsafe fn run_with<const F: u32>(
         store_runs!(AT_ONCE);
         while j < w {
             let m = lanes_below(w - j);
-            // SAFETY: as above.
-            unsafe { store(out, r, c0 + j, m, values!(1, j, m)[0]) };
+            put!(c0 + j, m, values!(1, j, m)[0]);
             j += 16;
         }
     }
@@ -781,6 +814,26 @@ unsafe fn store(out: OutPtr, r: usize, c: usize, m: __mmask16, v: __m512) {
     }
 }
 
+/// The lanes `m` of the integers `q` into row `r`, columns `c..c + 16` (absolute) of a byte
+/// output, as their low bytes.
+///
+/// # Safety
+/// The masked elements of row `r` of `out` are writable and ours; `out` is a byte output.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn store_bytes(out: OutPtr, r: usize, c: usize, m: __mmask16, q: __m512i) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match out {
+            OutPtr::U8(p, ldc) => {
+                _mm512_mask_cvtepi32_storeu_epi8(p.add(r * ldc + c) as *mut i8, m, q)
+            }
+            OutPtr::S8(p, ldc) => _mm512_mask_cvtepi32_storeu_epi8(p.add(r * ldc + c), m, q),
+            _ => unreachable!("eligible: a chain ending in Requant has a byte output"),
+        }
+    }
+}
+
 /// The row step: `LayerNorm` of the `w` values at `y` (row `r`, columns `c0..c0 + w` absolute,
 /// `c0` = 0: the whole row), the ops after it, the `ForkU8` copy, into `out`. The multi-pass
 /// path's bits: the mean and the variance summed as `math::wide_sum` and `math::wide_sum_sq`
@@ -883,7 +936,7 @@ unsafe fn norm_out<const N: usize>(
                 _mm512_mask_cvtepi32_storeu_epi8(
                     f.out.add(r * f.ld + c) as *mut i8,
                     m,
-                    _mm512_cvtps_epi32(requantize(x, f.requant)),
+                    requantize_i32(x, f.requant),
                 );
             }
         }
@@ -986,8 +1039,8 @@ mod tests {
     use crate::kernels::epilogue::head_slot;
     use crate::kernels::math::{abs_max, quantize_sym};
 
-    /// The vector requantization (clamped before it rounds) gives `math::quantize_div`'s
-    /// values: ties, the clamp bounds and just past them, NaN, infinities, signed zeros, huge
+    /// The vector requantizations (clamped before they round; as floats and as integers) give
+    /// `math::quantize_div`'s values: ties, the clamp bounds and just past them, NaN, infinities, signed zeros, huge
     /// values, for u8 and s8 ranges and zero points at and between their ends.
     #[test]
     fn requantize_equals_quantize_div() {
@@ -1026,21 +1079,22 @@ mod tests {
                         lanes[..chunk.len()].copy_from_slice(chunk);
                         let lanes = lanes.map(|x| x * scale);
                         let mut got = [0f32; 16];
-                        // SAFETY: the CPU has AVX-512F (checked); 16-float arrays.
+                        let mut got_int = [0i32; 16];
+                        // SAFETY: the CPU has AVX-512F (checked); 16-lane arrays.
                         unsafe {
-                            let v = super::requantize(
-                                _mm512_loadu_ps(lanes.as_ptr()),
-                                (scale, zp, lo, hi),
-                            );
+                            let x = _mm512_loadu_ps(lanes.as_ptr());
+                            let v = super::requantize(x, (scale, zp, lo, hi));
                             super::_mm512_storeu_ps(got.as_mut_ptr(), v);
+                            let q = super::requantize_i32(x, (scale, zp, lo, hi));
+                            super::_mm512_storeu_si512(got_int.as_mut_ptr().cast(), q);
                         }
                         for (i, w) in want.iter().enumerate() {
-                            assert_eq!(
-                                got[i].to_bits(),
-                                w.to_bits(),
+                            let what = format!(
                                 "{} / {scale} with zero point {zp} in [{lo}, {hi}]",
                                 lanes[i]
                             );
+                            assert_eq!(got[i].to_bits(), w.to_bits(), "{what}");
+                            assert_eq!(got_int[i], *w as i32, "{what}, as an integer");
                         }
                     }
                 }
