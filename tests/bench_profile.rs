@@ -40,13 +40,19 @@ fn kind_nodes(p: &serde_json::Value, kind: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// tiny-bert's FP32 ONNX file, or None without the shared models (`models_dir` says the test
+/// skips).
+fn tiny_bert() -> Option<String> {
+    let m = models_dir("bench_profile")?;
+    Some(m.join("tiny/bert/model.onnx").to_str().unwrap().to_owned())
+}
+
 #[test]
 fn fusion_leaves_no_standalone_elementwise_op_in_a_layer() {
-    let Some(m) = models_dir("bench_profile") else {
+    let Some(fp32) = tiny_bert() else {
         return;
     };
-    let fp32 = m.join("tiny/bert/model.onnx");
-    let fp32 = fp32.to_str().unwrap();
+    let fp32 = fp32.as_str();
     let layers = 2; // tiny-bert (../shared/models/README.md)
 
     let fused = profile(fp32, &[]);
@@ -118,11 +124,10 @@ fn fusion_leaves_no_standalone_elementwise_op_in_a_layer() {
 /// the nodes that hold them.
 #[test]
 fn the_profile_counts_the_hand_offs_between_threads() {
-    let Some(m) = models_dir("bench_profile") else {
+    let Some(fp32) = tiny_bert() else {
         return;
     };
-    let fp32 = m.join("tiny/bert/model.onnx");
-    let fp32 = fp32.to_str().unwrap();
+    let fp32 = fp32.as_str();
     let one = profile(fp32, &["--threads", "1"]);
     for key in [
         "regions_per_run",

@@ -801,14 +801,7 @@ unsafe fn store(out: OutPtr, r: usize, c: usize, m: __mmask16, v: __m512) {
     unsafe {
         match out {
             OutPtr::F32(p, ldc) => _mm512_mask_storeu_ps(p.add(r * ldc + c), m, v),
-            OutPtr::U8(p, ldc) => _mm512_mask_cvtepi32_storeu_epi8(
-                p.add(r * ldc + c) as *mut i8,
-                m,
-                _mm512_cvtps_epi32(v),
-            ),
-            OutPtr::S8(p, ldc) => {
-                _mm512_mask_cvtepi32_storeu_epi8(p.add(r * ldc + c), m, _mm512_cvtps_epi32(v))
-            }
+            OutPtr::U8(..) | OutPtr::S8(..) => store_bytes(out, r, c, m, _mm512_cvtps_epi32(v)),
             _ => unreachable!("eligible: f32, byte or heads outputs only"),
         }
     }

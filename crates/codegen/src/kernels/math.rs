@@ -443,9 +443,8 @@ static PHI_TAIL: [[f32; PHI_PIECES]; PHI_DEGREE + 1] = [
 /// centred on the integers of `|x|·PHI_SCALE`, so that the piece is that product rounded,
 /// read from the low bits of one fused multiply-add with 1.5·2^23 (three vector operations
 /// where a floor, a conversion to integers and back and a clamp took five), its coefficients
-/// looked up by piece
-/// ([`PHI_TAIL`]); `Φ(x) = 1 − Φ(−x)` for `x ≥ 0`, which
-/// loses nothing since `Φ(−x) ≤ ½` there. Relative error ≤ 1e-6 for x ≥ -5.75
+/// looked up by piece ([`PHI_TAIL`]); `Φ(x) = 1 − Φ(−x)` for `x ≥ 0`, which loses nothing
+/// since `Φ(−x) ≤ ½` there. Relative error ≤ 1e-6 for x ≥ -5.75
 /// ([`GELU_ERF_FLUSH`]), where the result becomes -0 (absolute error < 2.6e-8, under an ulp of
 /// any activation it is summed with). No `exp` and no division: 5 FMAs and 6 table lookups,
 /// which AVX-512 makes register permutes ([`gelu_erf_slice`]); the former `exp(−z²)·R(z)` form
