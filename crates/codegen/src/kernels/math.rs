@@ -89,23 +89,25 @@ fn exp_sum_in_range(a: f32, b: f32) -> f32 {
     e * pow2i(n)
 }
 
-/// `exp(x)` for the numerators of a softmax whose result is quantized to 8 bits (`x = s − max`,
-/// so `x ≤ 0` or NaN): `2^n · p(f)` with `x·log2 e = n + f`, `|f| ≤ 1/2`, `p` the degree-6
-/// Taylor polynomial of `2^f`, `2^n` applied with one rounding as AVX-512's `vscalefps` does,
-/// so [`lanes16::softmax_exp`] gives the same bits. Relative error below 4e-6 on [-80, 0] (the
-/// rounding of `x·log2 e` at large `|x|`; 7e-7 on [-10, 0]): a thousandth of the rounding step of
-/// `255·e` and nothing a softmax's sum feels. 0 below about -110 (and for -inf); NaN stays NaN.
-/// Ten vector operations where [`exp`] takes twenty-two.
+/// `255·2^t`, the numerator of a softmax whose probabilities are quantized to bytes, for `t` the
+/// score less the row's maximum in log2 units (`t ≤ 0`, or NaN): `2^n · p(f)` with `t = n + f`,
+/// `|f| ≤ 1/2`, `p` a degree-4 polynomial fitted to `255·2^f` in relative error (its constant
+/// exactly 255, so the maximum's numerator is exactly 255), `2^n` applied with one rounding as
+/// AVX-512's `vscalefps` does, so [`lanes16::softmax_numerator`] gives the same bits. Relative
+/// error below 3e-6 wherever the result is normal: a thousandth of the rounding step of the
+/// byte it becomes, and nothing the row's sum feels. 0 below about -160 (and for -inf); NaN
+/// stays NaN. The scale of the scores carries `log2 e` and the bytes' 255 is in the
+/// coefficients: eight vector operations from the shifted score to the numerator.
 ///
 /// ```
-/// let e = codegen::kernels::math::softmax_exp(-1.0);
-/// assert!((e - (-1.0f32).exp()).abs() < 4e-6 * e);
-/// assert_eq!(codegen::kernels::math::softmax_exp(0.0), 1.0);
-/// assert_eq!(codegen::kernels::math::softmax_exp(f32::NEG_INFINITY), 0.0);
+/// use codegen::kernels::math::softmax_numerator;
+/// let e = softmax_numerator(-1.5);
+/// assert!((e - 255.0 * (-1.5f32).exp2()).abs() < 3e-6 * e);
+/// assert_eq!(softmax_numerator(0.0), 255.0);
+/// assert_eq!(softmax_numerator(f32::NEG_INFINITY), 0.0);
 /// ```
 #[inline(always)]
-pub fn softmax_exp(x: f32) -> f32 {
-    let t = x * LOG2E;
+pub fn softmax_numerator(t: f32) -> f32 {
     // Far enough below the smallest subnormal, and -inf kept out of `t - n`.
     let t = if SOFTMAX_EXP_FLOOR > t {
         SOFTMAX_EXP_FLOOR
@@ -114,28 +116,35 @@ pub fn softmax_exp(x: f32) -> f32 {
     };
     let n = t.round_ties_even();
     let f = t - n;
-    let mut p = SOFTMAX_EXP_POLY[0];
-    for &c in &SOFTMAX_EXP_POLY[1..] {
+    let mut p = SOFTMAX_NUMERATOR_POLY[0];
+    for &c in &SOFTMAX_NUMERATOR_POLY[1..] {
         p = p.mul_add(f, c);
     }
     scale_by_pow2(p, n)
 }
 
-/// `t` below which [`softmax_exp`] is 0: `2^-160` is below half the smallest subnormal.
+/// `t` below which [`softmax_numerator`] is 0: `361·2^-160` is below half the smallest
+/// subnormal.
 const SOFTMAX_EXP_FLOOR: f32 = -160.0;
 
-/// `(ln 2)^k / k!` for k = 6 down to 0: the Taylor polynomial of `2^f` in Horner order.
-const SOFTMAX_EXP_POLY: [f32; 7] = [
-    1.540_353e-4,
-    1.333_355_8e-3,
-    9.618_129e-3,
-    5.550_411e-2,
-    2.402_265e-1,
-    6.931_472e-1,
-    1.0,
-];
+/// `p(f) ≈ 255·2^f` on [-1/2, 1/2] in Horner order (highest power first), fitted in relative
+/// error with the constant fixed at 255 (Lawson's reweighted least squares, rounded to f32;
+/// `scripts/softmax_poly.py`): relative error 2.9e-6 evaluated in f32 with one rounding per step.
+const SOFTMAX_NUMERATOR_POLY: [f32; 5] = [2.443_615_7, 14.256_139, 61.261_45, 176.746_67, 255.0];
 
-/// `p · 2^n` rounded once (as `vscalefps`) for `p` in [0.5, 2] and integral `n` in
+/// The byte of a [`softmax_numerator`] (in [0, 255.001], or NaN): rounded half to even, NaN as
+/// 0; what AVX-512's conversion to integers (NaN as `i32::MIN`) and truncation to bytes make.
+///
+/// ```
+/// use codegen::kernels::math::numerator_byte;
+/// assert_eq!((numerator_byte(254.5), numerator_byte(3.5), numerator_byte(f32::NAN)), (254, 4, 0));
+/// ```
+#[inline(always)]
+pub fn numerator_byte(e: f32) -> u8 {
+    e.round_ties_even() as i32 as u8
+}
+
+/// `p · 2^n` rounded once (as `vscalefps`) for `p` in [0.5, 512] and integral `n` in
 /// [-160, 127] (or NaN): exact while the result is normal; below, the product by `2^(n+126)` is
 /// exact and the one by `2^-126` rounds once into the subnormals.
 #[inline(always)]
@@ -704,7 +713,7 @@ pub fn bf16_to_f32(h: u16) -> f32 {
 pub mod lanes16 {
     use std::arch::x86_64::*;
 
-    /// [`super::softmax_exp`] of each lane.
+    /// [`super::softmax_numerator`] of each lane.
     ///
     /// # Safety
     /// Callable only where the CPU has AVX-512F and FMA (a caller without those target
@@ -713,30 +722,44 @@ pub mod lanes16 {
     /// ```
     /// # #[cfg(target_arch = "x86_64")] {
     /// if std::arch::is_x86_feature_detected!("avx512f") {
+    ///     use codegen::kernels::math::{lanes16, softmax_numerator};
     ///     use std::arch::x86_64::*;
     ///     let mut y = [0f32; 16];
     ///     // SAFETY: the CPU has AVX-512F (and FMA, which every AVX-512 CPU has).
     ///     unsafe {
-    ///         let e = codegen::kernels::math::lanes16::softmax_exp(_mm512_set1_ps(-2.5));
+    ///         let e = lanes16::softmax_numerator(_mm512_set1_ps(-2.5));
     ///         _mm512_storeu_ps(y.as_mut_ptr(), e);
     ///     }
-    ///     assert_eq!(y[7], codegen::kernels::math::softmax_exp(-2.5));
+    ///     assert_eq!(y[7], softmax_numerator(-2.5));
     /// }
     /// # }
     /// ```
     #[target_feature(enable = "avx512f,fma")]
     #[inline]
-    pub fn softmax_exp(x: __m512) -> __m512 {
-        let t = _mm512_mul_ps(x, _mm512_set1_ps(super::LOG2E));
+    pub fn softmax_numerator(t: __m512) -> __m512 {
         // `if FLOOR > t { FLOOR } else { t }`: max with the bound first keeps a NaN.
         let t = _mm512_max_ps(_mm512_set1_ps(super::SOFTMAX_EXP_FLOOR), t);
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
         let f = _mm512_sub_ps(t, n);
-        let mut p = _mm512_set1_ps(super::SOFTMAX_EXP_POLY[0]);
-        for &c in &super::SOFTMAX_EXP_POLY[1..] {
+        let mut p = _mm512_set1_ps(super::SOFTMAX_NUMERATOR_POLY[0]);
+        for &c in &super::SOFTMAX_NUMERATOR_POLY[1..] {
             p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
         }
         _mm512_scalef_ps(p, n)
+    }
+
+    /// [`super::numerator_byte`] of each lane, as the 16 bytes of the result.
+    ///
+    /// # Safety
+    /// Callable only where the CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub fn numerator_bytes(e: __m512) -> __m128i {
+        // Within [0, 255.001] each lane converts to its byte's integer; NaN to i32::MIN, whose
+        // low byte is 0.
+        _mm512_cvtepi32_epi8(_mm512_cvt_roundps_epi32::<
+            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+        >(e))
     }
 
     /// [`super::fold_lanes`] of the lanes of `v` with `f` as a vector op: the same pairs in the
@@ -859,55 +882,89 @@ pub mod lanes16 {
             }
         }
 
-        /// Bit for bit the scalar function on a dense sweep of [-120, 0.5], every float near the
-        /// subnormal boundary and the floor, and the special values; within 4e-6 of `exp` (f64)
-        /// on [-80, 0].
+        /// Bit for bit the scalar functions (numerator and byte) on a dense sweep of [-170,
+        /// 0.5], every float near the subnormal boundary, the floor and the half-integers, and
+        /// the special values; the numerator within 3e-6 of `255·2^t` (f64) wherever it is
+        /// normal, the byte that value rounded half to even.
         #[test]
-        fn softmax_exp_equals_the_scalar_function_and_is_accurate() {
+        fn softmax_numerator_equals_the_scalar_function_and_is_accurate() {
             if !std::arch::is_x86_feature_detected!("avx512f") {
-                eprintln!("SKIP softmax_exp_equals_the_scalar_function: no AVX-512F on this CPU");
+                eprintln!(
+                    "SKIP softmax_numerator_equals_the_scalar_function: no AVX-512F on this CPU"
+                );
                 return;
             }
-            let mut xs: Vec<f32> = (-1_200_000..=5_000).map(|i| i as f32 * 1e-4).collect();
-            for edge in [-87.0f32, -87.5, -88.0, -103.0, -104.0, -110.9, -111.0, 0.0] {
-                let mut v = edge;
-                for _ in 0..2000 {
-                    xs.push(v);
-                    v = f32::from_bits(v.to_bits() + 1);
+            let mut ts: Vec<f32> = (-1_700_000..=5_000).map(|i| i as f32 * 1e-4).collect();
+            for edge in [
+                -0.5f32, -1.5, -125.5, -126.0, -134.0, -149.0, -157.0, -160.0, -160.5,
+            ] {
+                // Negative: bits up is away from zero, down towards it.
+                for k in 0..1000 {
+                    ts.push(f32::from_bits(edge.to_bits() + k));
+                    ts.push(f32::from_bits(edge.to_bits() - k));
                 }
             }
-            xs.extend([-0.0, f32::NEG_INFINITY, f32::NAN, f32::MIN, -1e-30]);
-            let (mut worst, mut worst_near) = (0f64, 0f64);
-            for chunk in xs.chunks(16) {
+            ts.extend([-0.0, f32::NEG_INFINITY, f32::NAN, f32::MIN, -1e-30]);
+            let mut worst = 0f64;
+            for chunk in ts.chunks(16) {
                 let mut a = [0f32; 16];
                 a[..chunk.len()].copy_from_slice(chunk);
                 let mut y = [0f32; 16];
+                let mut bytes = [0u8; 16];
                 // SAFETY: AVX-512F checked above (every such CPU has FMA).
                 unsafe {
-                    _mm512_storeu_ps(y.as_mut_ptr(), softmax_exp(_mm512_loadu_ps(a.as_ptr())))
+                    let e = softmax_numerator(_mm512_loadu_ps(a.as_ptr()));
+                    _mm512_storeu_ps(y.as_mut_ptr(), e);
+                    _mm_storeu_si128(bytes.as_mut_ptr() as *mut __m128i, numerator_bytes(e));
                 };
-                for (&x, &y) in a.iter().zip(&y) {
-                    let want = super::super::softmax_exp(x);
+                for ((&t, &y), &byte) in a.iter().zip(&y).zip(&bytes) {
+                    let want = super::super::softmax_numerator(t);
                     assert!(
                         y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()),
-                        "softmax_exp({x:e}) = {y:e}, scalar {want:e}"
+                        "softmax_numerator({t:e}) = {y:e}, scalar {want:e}"
                     );
-                    if (-80.0..=0.0).contains(&x) {
-                        let exact = (x as f64).exp();
+                    assert_eq!(byte, super::super::numerator_byte(y), "byte of {y:e}");
+                    let exact = 255.0 * (t as f64).exp2();
+                    if exact >= f32::MIN_POSITIVE as f64 && t <= 0.0 {
                         let e = (y as f64 - exact).abs() / exact;
                         worst = worst.max(e);
-                        if x >= -10.0 {
-                            worst_near = worst_near.max(e);
+                        // The byte of the exact value, but for a tie the error could tip.
+                        if (exact - exact.floor() - 0.5).abs() > 1e-3 {
+                            assert_eq!(byte as f64, exact.round(), "byte of 255·2^{t:e}");
                         }
                     }
                 }
             }
-            assert!(worst < 4e-6, "relative error {worst:e}");
-            assert!(
-                worst_near < 1e-6,
-                "relative error {worst_near:e} on [-10, 0]"
-            );
-            println!("softmax_exp: worst relative error {worst:.2e} on [-80, 0], {worst_near:.2e} on [-10, 0]");
+            assert!(worst < 3e-6, "relative error {worst:e}");
+            println!("softmax_numerator: worst relative error {worst:.2e} where normal");
+        }
+
+        /// The bytes of numerators, including ties, out-of-range values and NaN, against the
+        /// scalar function.
+        #[test]
+        fn numerator_bytes_equal_the_scalar_function() {
+            if !std::arch::is_x86_feature_detected!("avx512f") {
+                eprintln!(
+                    "SKIP numerator_bytes_equal_the_scalar_function: no AVX-512F on this CPU"
+                );
+                return;
+            }
+            let mut xs: Vec<f32> = (0..=2560).map(|i| i as f32 * 0.1).collect();
+            xs.extend((0..=255).map(|i| i as f32 + 0.5));
+            xs.extend([0.0, -0.0, f32::NAN, 1e-40, 255.001, 0.49999997, 0.50000006]);
+            for chunk in xs.chunks(16) {
+                let mut a = [0f32; 16];
+                a[..chunk.len()].copy_from_slice(chunk);
+                let mut bytes = [0u8; 16];
+                // SAFETY: AVX-512F checked above.
+                unsafe {
+                    let b = numerator_bytes(_mm512_loadu_ps(a.as_ptr()));
+                    _mm_storeu_si128(bytes.as_mut_ptr() as *mut __m128i, b);
+                }
+                for (&x, &b) in a.iter().zip(&bytes) {
+                    assert_eq!(b, super::super::numerator_byte(x), "byte of {x:e}");
+                }
+            }
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The two products of attention in 8-bit integers, for one (sequence, head):
 //! `scores = q·kᵀ` with q quantized per query row and k per key row (both symmetric, ±127), and
-//! `out = p·v` with the softmax numerators as u8 (`round(255·e)`, see
+//! `out = p·v` with the softmax numerators as u8 (`round(255·2^(s − max))`, see
 //! [`super::simd::softmax_quant_row`]) and v quantized per head column. Every scale is an outer
 //! index of its product, so each output is one exact i32 sum times two f32 scales, in the
 //! AVX-512 VNNI kernels and in the portable ones alike: results never depend on the CPU, only
@@ -90,7 +90,7 @@ pub(crate) struct ValueOperands<'a> {
     /// `m_pad` rows of `4·n4` u8 numerators at stride `ldp` (zero past the real keys).
     pub p8: &'a [u8],
     pub ldp: usize,
-    /// Row scales `1/(255·Σ e)` (`m_pad`).
+    /// Row scales `1/Σ e`, `e` the numerators before rounding (`m_pad`).
     pub rs: &'a [f32],
     /// v in 4-deep slices: word `j4·dh_pad + c` holds `v8[4·j4..4·j4 + 4, c]`, lowest first.
     pub v: &'a [u32],
