@@ -815,9 +815,10 @@ impl Session {
             .iter()
             .map(|f| split.inputs.iter().any(|n| n == f.name()))
             .collect();
-        // The whole outputs, made at the first part; each part's outputs are copied into their
-        // rows and go back to the arena, which the next part reuses (a part's outputs leaving
-        // the session would make the arena allocate activation buffers again for every part).
+        // The whole outputs, made at the first part with room for every row; each part's
+        // outputs are appended (the parts are consecutive rows from the first) and go back to
+        // the arena, which the next part reuses (a part's outputs leaving the session would make
+        // the arena allocate activation buffers again for every part).
         let batch = parts.last().map_or(0, |r| r.end);
         let mut outs: Vec<(String, TensorValue)> = Vec::new();
         for rows in parts {
@@ -840,13 +841,23 @@ impl Session {
             if outs.is_empty() {
                 outs = part
                     .iter()
-                    .map(|(n, t)| (n.clone(), TensorValue::zeros_like_rows(t, batch)))
+                    .map(|(n, t)| (n.clone(), TensorValue::with_row_capacity(t, batch)))
                     .collect();
             }
+            let ctx = Ctx {
+                threads: self.opts.threads,
+                arena: &mut scratch.arena,
+            };
             for ((_, whole), (_, t)) in outs.iter_mut().zip(part) {
-                whole.put_rows(rows.start, &t)?;
-                scratch.arena.recycle(t);
+                whole.append_rows(&t, &ctx)?;
+                ctx.arena.recycle(t);
             }
+        }
+        if let Some((name, t)) = outs.iter().find(|(_, t)| t.shape().first() != Some(&batch)) {
+            return Err(Error::Invalid(format!(
+                "internal: the parts gave output `{name}` {:?}, not {batch} rows",
+                t.shape()
+            )));
         }
         Ok(outs)
     }
@@ -1050,7 +1061,7 @@ impl Session {
             Op::Binary(b) => {
                 // Operands not reused in place stay in `ins`, which the caller recycles.
                 let (x, y) = ins.split_at_mut(1);
-                one(ew::binary(*b, &mut x[0], &mut y[0], ctx.arena, node)?)
+                one(ew::binary(*b, &mut x[0], &mut y[0], ctx, node)?)
             }
             Op::Unary(u) => one(ew::unary(*u, take(ins, 0), ctx, node)?),
             Op::Where => one(ew::where_op(r(0), r(1), r(2), node)?),

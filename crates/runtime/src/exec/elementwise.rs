@@ -246,7 +246,7 @@ pub(crate) fn binary(
     op: BinaryOp,
     a: &mut Input<'_>,
     b: &mut Input<'_>,
-    arena: &mut Arena,
+    ctx: &mut Ctx<'_>,
     node: &str,
 ) -> Result<TensorValue, Error> {
     /// Moves an owned operand out, leaving an empty placeholder.
@@ -303,14 +303,28 @@ pub(crate) fn binary(
         if let Some((mut acc, other, other_shape)) = roles {
             let ov = other.typed::<f32>()?;
             let buf = acc.typed_mut::<f32>().expect("checked f32");
-            with_f32_fn!(
-                op,
-                |f| broadcast2_inplace_left(buf, &out_shape, ov, other_shape, f),
-                ()
-            );
+            let inner = out_shape.last().copied().unwrap_or(1);
+            if *other_shape == out_shape && inner > 0 {
+                // Same shapes (an embedding sum, a residual): rows on the session's threads.
+                with_f32_fn!(
+                    op,
+                    |f| ctx.par_rows_mut(buf, inner, |r0, block| {
+                        let ys = &ov[r0 * inner..][..block.len()];
+                        block.iter_mut().zip(ys).for_each(|(x, &y)| *x = f(*x, y));
+                    }),
+                    ()
+                );
+            } else {
+                with_f32_fn!(
+                    op,
+                    |f| broadcast2_inplace_left(buf, &out_shape, ov, other_shape, f),
+                    ()
+                );
+            }
             return Ok(acc);
         }
     }
+    let arena = &mut *ctx.arena;
     let (ad, bd) = (a.get().data(), b.get().data());
     // Comparisons, or wrapping arithmetic at the type's own width; no logic ops on integers.
     macro_rules! int_binary {
@@ -817,6 +831,53 @@ pub(crate) fn clip(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An in-place sum of same shapes on two threads (the embedding sum, rows split between
+    /// them) equals the one-thread sum, and the one of borrowed operands; a broadcast one too.
+    #[test]
+    fn in_place_sums_on_threads_equal_one_thread() {
+        let (rows, w) = (301usize, 768usize);
+        let x: Vec<f32> = (0..rows * w)
+            .map(|v| (v % 977) as f32 * 0.37 - 100.0)
+            .collect();
+        let y: Vec<f32> = (0..rows * w)
+            .map(|v| (v % 613) as f32 * -0.11 + 7.0)
+            .collect();
+        let bias: Vec<f32> = (0..w).map(|v| v as f32 * 0.01).collect();
+        let t = |v: &[f32], shape: Vec<usize>| TensorValue::from_f32(shape, v.to_vec()).unwrap();
+        let mut sums = Vec::new();
+        for (threads, owned) in [(1, true), (2, true), (2, false)] {
+            let mut arena = Arena::default();
+            let mut ctx = Ctx {
+                threads,
+                arena: &mut arena,
+            };
+            let (xt, yt) = (t(&x, vec![1, rows, w]), t(&y, vec![1, rows, w]));
+            let mut a = if owned {
+                Input::Own(xt.clone())
+            } else {
+                Input::Ref(&xt)
+            };
+            let mut b = Input::Ref(&yt);
+            let s = binary(BinaryOp::Add, &mut a, &mut b, &mut ctx, "add").unwrap();
+            let bt = t(&bias, vec![w]);
+            let mut a = Input::Own(s.clone());
+            let mut b = Input::Ref(&bt);
+            let s2 = binary(BinaryOp::Sub, &mut a, &mut b, &mut ctx, "sub").unwrap();
+            assert_eq!(s.shape(), &[1, rows, w]);
+            sums.push((s.into_vec::<f32>().unwrap(), s2.into_vec::<f32>().unwrap()));
+        }
+        let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+        let want2: Vec<f32> = want
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v - bias[i % w])
+            .collect();
+        for (s, s2) in &sums {
+            assert_eq!(s, &want);
+            assert_eq!(s2, &want2);
+        }
+    }
 
     #[test]
     fn erf_is_accurate() {
