@@ -137,6 +137,26 @@ fn the_profile_counts_the_hand_offs_between_threads() {
     ] {
         assert_eq!(one[key], 0.0, "{key}: {one}");
     }
+    // One thread works alone all the time: in the nodes, their whole time, op by op.
+    let g = |v: &serde_json::Value, key: &str| v[key].as_f64().unwrap();
+    let by_op = |v: &serde_json::Value| -> f64 {
+        v["alone_by_op"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["ms"].as_f64().unwrap())
+            .sum()
+    };
+    assert!(
+        (g(&one, "alone_ms_per_run") - g(&one, "total_ms")).abs() < 1e-6,
+        "{one}"
+    );
+    assert!(
+        (by_op(&one) - g(&one, "alone_ms_per_run")).abs() < 1e-9,
+        "{one}"
+    );
+    assert!(g(&one, "wall_ms_per_run") >= g(&one, "total_ms"), "{one}");
+    assert!(g(&one, "outside_ops_ms_per_run") >= 0.0, "{one}");
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
         eprintln!(
             "SKIP the two-thread half of the_profile_counts_the_hand_offs_between_threads: one CPU"
@@ -150,4 +170,17 @@ fn the_profile_counts_the_hand_offs_between_threads() {
     assert!(inside > 0.0 && inside <= f("total_ms"), "{two}");
     assert!(f("region_spread_ms_per_run") <= inside, "{two}");
     assert!(f("between_regions_ms_per_run") >= 0.0, "{two}");
+    // Alone: the nodes' time less what the regions they dispatched took (no region runs
+    // outside a node here), so between the nodes' time less all regions' and the nodes' time.
+    let alone = f("alone_ms_per_run");
+    assert!(
+        alone >= f("total_ms") - inside - 1e-6 && alone <= f("total_ms"),
+        "{two}"
+    );
+    assert!(
+        alone < f("total_ms"),
+        "two threads: some of the time is in regions: {two}"
+    );
+    assert!((by_op(&two) - alone).abs() < 1e-9, "{two}");
+    assert!(f("wall_ms_per_run") >= f("total_ms"), "{two}");
 }

@@ -159,6 +159,12 @@ pub struct Profile {
     /// The parallel regions of the profiled runs, summed over them (none recorded on one
     /// thread).
     pub regions: RegionStats,
+    /// Per op name, milliseconds per run its nodes' calling thread worked alone (outside the
+    /// parallel regions they dispatched), most first; empty when not recorded.
+    pub alone_ops: Vec<(&'static str, f64)>,
+    /// Mean milliseconds per run of the profiled runs' wall time, when measured: what exceeds
+    /// `total_ms` ran outside the nodes (inputs bound, a batch's parts split and assembled).
+    pub wall_ms: Option<f64>,
 }
 
 /// [`Profile::gemm_groups`]: the weight GEMM nodes of `runs` grouped by role.
@@ -247,6 +253,14 @@ impl Profile {
             .map(|(op, (kind, c, ms))| (op, kind, per_run(c), ms))
             .collect();
         ops.sort_by(|a, b| b.3.total_cmp(&a.3));
+        let mut alone: BTreeMap<&'static str, f64> = BTreeMap::new();
+        for t in runs.iter().flatten() {
+            if let Some(a) = t.alone {
+                *alone.entry(t.op).or_default() += a.as_secs_f64() * 1e3 / n;
+            }
+        }
+        let mut alone_ops: Vec<_> = alone.into_iter().collect();
+        alone_ops.sort_by(|a, b| b.1.total_cmp(&a.1));
         Profile {
             runs: runs.len(),
             total_ms,
@@ -275,7 +289,37 @@ impl Profile {
             gemm_groups: gemm_groups(runs),
             peak: None,
             regions: RegionStats::default(),
+            alone_ops,
+            wall_ms: None,
         }
+    }
+
+    /// Milliseconds per run outside the nodes (the profiled runs' wall time less the nodes'),
+    /// when the wall time was measured.
+    pub fn outside_ms(&self) -> Option<f64> {
+        self.wall_ms.map(|w| (w - self.total_ms).max(0.0))
+    }
+
+    /// The calling thread alone, per run: in the ops (by op, most first) and outside them;
+    /// `None` when nothing was recorded.
+    fn alone_line(&self) -> Option<String> {
+        if self.alone_ops.is_empty() || self.regions.regions == 0 {
+            return None;
+        }
+        let in_ops: f64 = self.alone_ops.iter().map(|a| a.1).sum();
+        let top: Vec<String> = self
+            .alone_ops
+            .iter()
+            .take(5)
+            .map(|(op, ms)| format!("{op} {ms:.2}"))
+            .collect();
+        let outside = self.outside_ms().map_or(String::new(), |o| {
+            format!(", {o:.2} ms outside the ops (inputs bound, batch parts split and assembled)")
+        });
+        Some(format!(
+            "  alone         the calling thread working without the others: {in_ops:.2} ms per run in the ops ({}){outside}",
+            top.join(", ")
+        ))
     }
 
     /// GEMM ops per second over the GEMM nodes' time and over all nodes' time.
@@ -302,6 +346,9 @@ impl Profile {
             );
         }
         if let Some(line) = self.regions_line() {
+            println!("{line}");
+        }
+        if let Some(line) = self.alone_line() {
             println!("{line}");
         }
         println!("  slowest ops");
@@ -400,6 +447,10 @@ impl Profile {
             "region_ms_per_run": self.regions.inside.as_secs_f64() * 1e3 / self.runs.max(1) as f64,
             "between_regions_ms_per_run": self.regions.between.as_secs_f64() * 1e3 / self.runs.max(1) as f64,
             "region_spread_ms_per_run": self.regions.spread.as_secs_f64() * 1e3 / self.runs.max(1) as f64,
+            "alone_ms_per_run": self.alone_ops.iter().map(|a| a.1).sum::<f64>(),
+            "alone_by_op": self.alone_ops.iter().map(|(op, ms)| serde_json::json!({"op": op, "ms": ms})).collect::<Vec<_>>(),
+            "wall_ms_per_run": self.wall_ms,
+            "outside_ops_ms_per_run": self.outside_ms(),
         })
     }
 }
@@ -514,15 +565,19 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         let peak_before = gemm_peak(model.is_quantized(), args.threads.max(1));
         // Each run's parallel regions recorded on this thread, which dispatches them all.
         let mut regions = RegionStats::default();
+        let mut wall = Duration::ZERO;
         let runs = (0..args.min_runs.max(1))
             .map(|i| {
+                let t = Instant::now();
                 let (run, r) = record_regions(|| session.run_profiled(&refs[i % refs.len()]));
+                wall += t.elapsed();
                 regions += r;
                 run.map(|(_, t)| t)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mut p = Profile::from_runs(&runs);
         p.regions = regions;
+        p.wall_ms = Some(wall.as_secs_f64() * 1e3 / runs.len().max(1) as f64);
         let peak_after = gemm_peak(model.is_quantized(), args.threads.max(1));
         p.peak = Some(if peak_after.0 > peak_before.0 {
             peak_after

@@ -105,6 +105,10 @@ pub struct NodeTime {
     /// What kind of work the op does.
     pub kind: ir::OpKind,
     pub time: std::time::Duration,
+    /// Of `time`, what the calling thread worked alone: the node's time less the time inside
+    /// the parallel regions it dispatched (its set-up, a single-threaded op), while the others
+    /// idled. `None` unless the run is recorded by `codegen::kernels::pool::record_regions`.
+    pub alone: Option<std::time::Duration>,
     /// Multiply-accumulates of the node's weight GEMM (`linear`, `fused_linear`, `qlinear`:
     /// tokens × K × N, the tokens this run computed); 0 for other ops.
     pub macs: u64,
@@ -948,6 +952,10 @@ impl Session {
                 })
                 .collect::<Result<_, _>>()?;
             let t0 = times.is_some().then(std::time::Instant::now);
+            let regions0 = times
+                .is_some()
+                .then(codegen::kernels::pool::recorded_so_far)
+                .flatten();
             if let Some(obs) = observe.as_deref_mut() {
                 if matches!(
                     st.op,
@@ -966,6 +974,9 @@ impl Session {
             let outs = self.exec_step(k, st, &mut ins, &mut ctx, seq);
             if let (Some(t), Some(t0)) = (times.as_deref_mut(), t0) {
                 let time = t0.elapsed();
+                let alone = regions0
+                    .zip(codegen::kernels::pool::recorded_so_far())
+                    .map(|(a, b)| time.saturating_sub(b.inside.saturating_sub(a.inside)));
                 // N of the packed weight: the outputs' widths do not say it (quantized heads
                 // write 2H bytes, scales and H floats; a u8 fork doubles the output).
                 let n = match st.weight.map(|(_, w)| &self.weights[w]) {
@@ -983,6 +994,7 @@ impl Session {
                     op: st.op.name(),
                     kind: st.op.kind(),
                     time,
+                    alone,
                     macs: gemm_mk.unwrap_or(0) * n,
                 });
             }
@@ -1117,10 +1129,7 @@ impl Session {
                 let allow_negative = !matches!(st.lookup, Lookup::Token { .. });
                 let gathered = match weight {
                     Some(Packed::Table(table)) => table.gather(r(1), allow_negative, ctx, node)?,
-                    _ => {
-                        let arena = Some(&mut *ctx.arena);
-                        so::gather(r(0), r(1), *axis, allow_negative, arena, node)?
-                    }
+                    _ => so::gather(r(0), r(1), *axis, allow_negative, Some(ctx), node)?,
                 };
                 match gathered {
                     Ok(t) => one(t),

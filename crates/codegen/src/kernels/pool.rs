@@ -245,6 +245,23 @@ pub fn record_regions<R>(f: impl FnOnce() -> R) -> (R, RegionStats) {
     (result, stats)
 }
 
+/// What [`record_regions`] has counted so far on this thread, or `None` outside a recording:
+/// the difference of two readings is what happened between them.
+///
+/// ```
+/// use codegen::kernels::pool::{parallel_for, record_regions, recorded_so_far};
+/// assert!(recorded_so_far().is_none());
+/// record_regions(|| {
+///     let before = recorded_so_far().unwrap();
+///     parallel_for(2, &|_| {});
+///     let after = recorded_so_far().unwrap();
+///     assert!(after.inside >= before.inside);
+/// });
+/// ```
+pub fn recorded_so_far() -> Option<RegionStats> {
+    RECORDING.with(|r| r.get().map(|(stats, _)| stats))
+}
+
 /// [`parallel_for`] of two parts or more.
 fn dispatch(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     let Ok(mut workers) = pool().workers.try_lock() else {

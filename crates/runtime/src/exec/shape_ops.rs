@@ -532,26 +532,25 @@ fn copy_le_f32(dst: &mut [f32], src: &[u8]) {
 
 /// `gather[axis]`. Negative indices count from the end (ONNX) unless `allow_negative` is false,
 /// which the session sets for embedding lookups of token ids: there a negative id is bad input,
-/// not "the last row". An f32 result (embedding lookups) is built in a buffer of `arena` when
-/// given.
+/// not "the last row". With a `ctx` the result is built in a buffer of its arena, and the rows
+/// of an f32 lookup on axis 0 (a small embedding table, such as token types) are copied on its
+/// threads.
 pub(crate) fn gather(
     data: &TensorValue,
     indices: &TensorValue,
     axis: i64,
     allow_negative: bool,
-    arena: Option<&mut super::Arena>,
+    mut ctx: Option<&mut super::Ctx<'_>>,
     node: &str,
 ) -> Result<Result<TensorValue, OutOfRange>, Error> {
     let a = norm_axis(axis, data.rank(), node, "gather")?;
-    let mut own_arena;
-    let arena = match arena {
-        Some(a) => a,
-        None => {
-            own_arena = Arena::default();
-            &mut own_arena
-        }
-    };
+    // Without a session's arena, a throwaway one (empty pools: nothing allocated until used).
+    let mut own_arena = Arena::default();
     let dim = data.shape()[a];
+    let arena = match ctx.as_deref_mut() {
+        Some(c) => &mut *c.arena,
+        None => &mut own_arena,
+    };
     let norm = match gather_indices(indices, dim, allow_negative, arena, node)? {
         Ok(n) => n,
         Err(oor) => return Ok(Err(oor)),
@@ -562,6 +561,22 @@ pub(crate) fn gather(
     out_shape.extend_from_slice(indices.shape());
     out_shape.extend_from_slice(&data.shape()[a + 1..]);
     let len = outer * norm.len() * inner;
+    if let (0, Some(v), Some(ctx)) = (a, data.as_f32(), ctx.as_deref_mut()) {
+        let mut out = ctx.arena.f32_for_overwrite(len);
+        if inner > 0 {
+            ctx.par_rows_mut(&mut out, inner, |first, rows| {
+                for (dst, &i) in rows.chunks_exact_mut(inner).zip(&norm[first..]) {
+                    dst.copy_from_slice(&v[i * inner..][..inner]);
+                }
+            });
+        }
+        ctx.arena.recycle_indices(norm);
+        return Ok(Ok(TensorValue::raw(out_shape, out)));
+    }
+    let arena = match ctx {
+        Some(c) => &mut *c.arena,
+        None => &mut own_arena,
+    };
     let d = map_data!(data.data(), v => {
         gather_typed(v, outer, dim, inner, &norm, arena.vec_with_capacity(len))
     });
@@ -1669,6 +1684,12 @@ mod tests {
             let got = table.gather(&idx, true, &mut ctx, "g").unwrap().unwrap();
             assert_eq!(got, want, "{threads} threads");
             assert_eq!(got.shape(), &[11, 47, width]);
+            // The plain gather of a session (a table too small to read in place) copies its
+            // rows on the threads too, into a recycled buffer of garbage.
+            ctx.arena
+                .recycle_data(crate::TensorData::F32(vec![f32::NAN; 517 * width]));
+            let plain = gather(&data, &idx, 0, true, Some(&mut ctx), "g");
+            assert_eq!(plain.unwrap().unwrap(), want, "{threads} threads, plain");
         }
     }
 
