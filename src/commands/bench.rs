@@ -300,13 +300,18 @@ impl Profile {
         self.wall_ms.map(|w| (w - self.total_ms).max(0.0))
     }
 
+    /// Milliseconds per run the calling thread worked alone in the ops.
+    pub fn alone_ms(&self) -> f64 {
+        self.alone_ops.iter().map(|a| a.1).sum()
+    }
+
     /// The calling thread alone, per run: in the ops (by op, most first) and outside them;
     /// `None` when nothing was recorded.
     fn alone_line(&self) -> Option<String> {
         if self.alone_ops.is_empty() || self.regions.regions == 0 {
             return None;
         }
-        let in_ops: f64 = self.alone_ops.iter().map(|a| a.1).sum();
+        let in_ops = self.alone_ms();
         let top: Vec<String> = self
             .alone_ops
             .iter()
@@ -447,7 +452,7 @@ impl Profile {
             "region_ms_per_run": self.regions.inside.as_secs_f64() * 1e3 / self.runs.max(1) as f64,
             "between_regions_ms_per_run": self.regions.between.as_secs_f64() * 1e3 / self.runs.max(1) as f64,
             "region_spread_ms_per_run": self.regions.spread.as_secs_f64() * 1e3 / self.runs.max(1) as f64,
-            "alone_ms_per_run": self.alone_ops.iter().map(|a| a.1).sum::<f64>(),
+            "alone_ms_per_run": self.alone_ms(),
             "alone_by_op": self.alone_ops.iter().map(|(op, ms)| serde_json::json!({"op": op, "ms": ms})).collect::<Vec<_>>(),
             "wall_ms_per_run": self.wall_ms,
             "outside_ops_ms_per_run": self.outside_ms(),

@@ -347,6 +347,26 @@ impl Ctx<'_> {
         self.par_rows_mut_work(out, row_len, work, f)
     }
 
+    /// Row `k` of `out` is row `index(k)` of `src` (rows of `width` f32), copied in blocks of
+    /// rows on the threads: a lookup's or a packing's rows, which one thread copied while the
+    /// others waited.
+    pub fn par_copy_rows(
+        &self,
+        out: &mut [f32],
+        src: &[f32],
+        width: usize,
+        index: impl Fn(usize) -> usize + Sync,
+    ) {
+        if width == 0 {
+            return;
+        }
+        self.par_rows_mut(out, width, |first, rows| {
+            for (k, dst) in rows.chunks_exact_mut(width).enumerate() {
+                dst.copy_from_slice(&src[index(first + k) * width..][..width]);
+            }
+        });
+    }
+
     /// [`Ctx::par_rows_mut`] with the amount of work given (e.g. m·n·k for a product).
     pub fn par_rows_mut_work<T: Send>(
         &self,

@@ -563,13 +563,7 @@ pub(crate) fn gather(
     let len = outer * norm.len() * inner;
     if let (0, Some(v), Some(ctx)) = (a, data.as_f32(), ctx.as_deref_mut()) {
         let mut out = ctx.arena.f32_for_overwrite(len);
-        if inner > 0 {
-            ctx.par_rows_mut(&mut out, inner, |first, rows| {
-                for (dst, &i) in rows.chunks_exact_mut(inner).zip(&norm[first..]) {
-                    dst.copy_from_slice(&v[i * inner..][..inner]);
-                }
-            });
-        }
+        ctx.par_copy_rows(&mut out, v, inner, |k| norm[k]);
         ctx.arena.recycle_indices(norm);
         return Ok(Ok(TensorValue::raw(out_shape, out)));
     }
