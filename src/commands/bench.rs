@@ -68,6 +68,11 @@ pub struct BenchArgs {
     /// standalone elementwise ops that fusion left inside the layers.
     #[arg(long)]
     pub profile: bool,
+    /// Hand every run its outputs in new buffers (`Session::run`) instead of running into the
+    /// previous run's (`Session::run_into`, as a server loop does, and as an OpenVINO infer
+    /// request writes into the output tensors it keeps): shows what the fresh pages cost.
+    #[arg(long)]
+    pub fresh_outputs: bool,
 }
 
 /// What one benchmark measured.
@@ -116,6 +121,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             "jit_units": r.jit.0,
             "jit_compile_ms": r.jit.1,
             "jit_unavailable": r.jit.2,
+            "outputs": if args.fresh_outputs { "fresh" } else { "reused" },
         });
         if let Some(l) = &r.lengths {
             obj["lengths"] = serde_json::json!(l);
@@ -493,6 +499,14 @@ pub fn print_result(args: &BenchArgs, quantized: bool, r: &BenchResult) {
         ),
         None => {}
     }
+    println!(
+        "  outputs       {}",
+        if args.fresh_outputs {
+            "new buffers every run (--fresh-outputs)"
+        } else {
+            "into the run before's (Session::run_into)"
+        }
+    );
     println!("  runs          {}", r.runs);
     println!("  throughput    {:.2} sequences/s", r.throughput_seq_per_s);
     println!(
@@ -545,9 +559,19 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         .iter()
         .map(|f| f.iter().map(|(n, t)| (n.as_str(), t.clone())).collect())
         .collect();
+    // One output vector for every run unless `--fresh-outputs`: each run's outputs land in
+    // the buffers of the run before.
+    let mut kept = Vec::new();
+    let mut run_one = |feeds: &[(&str, TensorValue)]| -> Result<(), runtime::Error> {
+        if args.fresh_outputs {
+            session.run(feeds).map(drop)
+        } else {
+            session.run_into(feeds, &mut kept)
+        }
+    };
     for _ in 0..args.warmup {
         for r in &refs {
-            session.run(r)?;
+            run_one(r)?;
         }
     }
     let budget = Duration::from_secs_f64(args.seconds.max(0.0));
@@ -559,7 +583,7 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         || !latencies_ms.len().is_multiple_of(refs.len())
     {
         let t = Instant::now();
-        session.run(&refs[latencies_ms.len() % refs.len()])?;
+        run_one(&refs[latencies_ms.len() % refs.len()])?;
         latencies_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let total_s = latencies_ms.iter().sum::<f64>() / 1e3;
@@ -574,10 +598,17 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         let runs = (0..args.min_runs.max(1))
             .map(|i| {
                 let t = Instant::now();
-                let (run, r) = record_regions(|| session.run_profiled(&refs[i % refs.len()]));
+                let feeds = &refs[i % refs.len()];
+                let (run, r) = record_regions(|| {
+                    if args.fresh_outputs {
+                        session.run_profiled(feeds).map(|(_, t)| t)
+                    } else {
+                        session.run_profiled_into(feeds, &mut kept)
+                    }
+                });
                 wall += t.elapsed();
                 regions += r;
-                run.map(|(_, t)| t)
+                run
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mut p = Profile::from_runs(&runs);

@@ -56,6 +56,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         lengths_from: None,
         tokenizer: None,
         distinct_batches: 16,
+        fresh_outputs: false,
     };
     let result = measure(&model, &bench)?;
     print_result(&bench, model.is_quantized(), &result);

@@ -589,7 +589,10 @@ impl SentenceEncoder {
         let hidden = self
             .session
             .run_output(&enc.feeds(&self.session), &self.output)?;
-        let pooled = self.pooling.pool(&hidden, &enc.attention_mask)?;
+        let pooled = self.pooling.pool(&hidden, &enc.attention_mask);
+        // The hidden state's buffer serves the session's next run.
+        self.session.recycle(hidden);
+        let pooled = pooled?;
         if self.normalize {
             l2_normalize(&pooled)
         } else {

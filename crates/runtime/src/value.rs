@@ -305,49 +305,63 @@ impl TensorValue {
         TensorValue::new(shape, self.data)
     }
 
-    /// A copy of rows `rows` of dim 0 (rank ≥ 1, `rows` within dim 0).
-    pub(crate) fn rows(&self, rows: std::ops::Range<usize>) -> TensorValue {
+    /// A copy of rows `rows` of dim 0 (rank ≥ 1, `rows` within dim 0), in a buffer of `arena`.
+    pub(crate) fn rows_in(
+        &self,
+        rows: std::ops::Range<usize>,
+        arena: &mut crate::exec::Arena,
+    ) -> TensorValue {
         let row: usize = self.shape[1..].iter().product();
         let mut shape = self.shape.clone();
         shape[0] = rows.len();
         let at = rows.start * row..rows.end * row;
-        fn cut<T: ValueElement + Clone>(v: &[T], at: std::ops::Range<usize>) -> TensorData {
-            T::wrap(v[at].to_vec())
+        fn cut<T: ValueElement>(
+            v: &[T],
+            at: std::ops::Range<usize>,
+            arena: &mut crate::exec::Arena,
+        ) -> TensorData {
+            let mut out = arena.vec_with_capacity(at.len());
+            out.extend_from_slice(&v[at]);
+            T::wrap(out)
         }
-        let data = with_tensor_data!(&self.data, v => cut(v, at));
+        let data = with_tensor_data!(&self.data, v => cut(v, at, arena));
         TensorValue { shape, data }
     }
 
     /// The non-zero elements of each row of dim 0 (for a `[B, S]` mask: each sequence's
-    /// tokens).
-    pub(crate) fn nonzero_per_row(&self) -> Vec<usize> {
+    /// tokens), into `counts` (cleared first: a caller's buffer, kept from run to run).
+    pub(crate) fn nonzero_per_row_into(&self, counts: &mut Vec<usize>) {
         let (b, row) = match self.shape.first() {
             Some(&b) => (b, self.shape[1..].iter().product::<usize>()),
             None => (1, 1),
         };
-        fn count<T: PartialEq + Default>(v: &[T], b: usize, row: usize) -> Vec<usize> {
-            (0..b)
-                .map(|i| {
-                    v[i * row..(i + 1) * row]
-                        .iter()
-                        .filter(|x| **x != T::default())
-                        .count()
-                })
-                .collect()
+        fn count<T: PartialEq + Default>(v: &[T], b: usize, row: usize, counts: &mut Vec<usize>) {
+            counts.extend((0..b).map(|i| {
+                v[i * row..(i + 1) * row]
+                    .iter()
+                    .filter(|x| **x != T::default())
+                    .count()
+            }))
         }
-        with_tensor_data!(&self.data, v => count(v, b, row))
+        counts.clear();
+        with_tensor_data!(&self.data, v => count(v, b, row, counts))
     }
 
     /// A tensor of no rows with `like`'s dtype and trailing dims (rank ≥ 1) and room for `rows`
-    /// rows along dim 0, which [`TensorValue::append_rows`] fills.
-    pub(crate) fn with_row_capacity(like: &TensorValue, rows: usize) -> TensorValue {
+    /// rows along dim 0 (a buffer of `arena` when one fits), which [`TensorValue::append_rows`]
+    /// fills.
+    pub(crate) fn with_row_capacity(
+        like: &TensorValue,
+        rows: usize,
+        arena: &mut crate::exec::Arena,
+    ) -> TensorValue {
         let mut shape = like.shape.clone();
         shape[0] = 0;
         let row: usize = shape[1..].iter().product();
-        fn empty<T: ValueElement>(_: &[T], n: usize) -> TensorData {
-            T::wrap(Vec::with_capacity(n))
+        fn empty<T: ValueElement>(_: &[T], n: usize, arena: &mut crate::exec::Arena) -> TensorData {
+            T::wrap(arena.vec_with_capacity(n))
         }
-        let data = with_tensor_data!(&like.data, v => empty(v, rows * row));
+        let data = with_tensor_data!(&like.data, v => empty(v, rows * row, arena));
         TensorValue { shape, data }
     }
 
@@ -502,9 +516,9 @@ mod tests {
             let ids: Vec<i64> = (0..total as i64 * 2).map(|v| v * 7 - 11).collect();
             let like =
                 TensorValue::from_f32(vec![parts[0], w], all[..parts[0] * w].to_vec()).unwrap();
-            let mut whole = TensorValue::with_row_capacity(&like, total);
+            let mut whole = TensorValue::with_row_capacity(&like, total, ctx.arena);
             let like_ids = TensorValue::from_i64(vec![1, 2], vec![0, 0]).unwrap();
-            let mut whole_ids = TensorValue::with_row_capacity(&like_ids, total);
+            let mut whole_ids = TensorValue::with_row_capacity(&like_ids, total, ctx.arena);
             assert_eq!(whole.shape(), &[0, w]);
             let mut at = 0;
             for &n in &parts {

@@ -5,7 +5,9 @@
 //! the result vector, and per output its name and its buffer (the buffer leaves the session's
 //! arena, which allocates one to replace it). Nothing else: after warm-up a run allocates exactly
 //! `1 + 2 × outputs` times, the same every run, and no allocation besides the outputs' is of
-//! activation size. Shapes are inline, the kernels' bookkeeping (epilogue programs, thread
+//! activation size. With `Session::run_into` and one output vector kept from run to run, a run
+//! allocates nothing at all (batches run in parts included); with `run_output` and
+//! `Session::recycle`, only the result vector and the names. Shapes are inline, the kernels' bookkeeping (epilogue programs, thread
 //! partitions, attention plans, row maps, quantization parameters) lives on the stack or in
 //! the arena, and small values of every dtype are recycled like activations.
 
@@ -15,7 +17,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use common::*;
-use runtime::{Model, Session, TensorValue};
+use runtime::{Model, Outputs, Session, TensorValue};
 
 struct Counting;
 
@@ -203,7 +205,49 @@ fn steady(id: &str, session: &Session, batch: usize, seq: usize, hidden: usize) 
         "{id}: a run allocates {} times, expected {handed_over} (the result vector, and a name and a buffer per output); ENCORE_ALLOC_TRACE=0 shows where from",
         t.count
     );
+    reused(id, session, &refs, &outputs);
+    recycled(id, session, &refs, &outputs);
     tallies.into_iter().next().unwrap()
+}
+
+/// `run_output` giving the outputs it does not keep back to the session, and the caller the
+/// one it kept (`Session::recycle`, as `SentenceEncoder` does with the hidden state it pooled):
+/// after warm-up a run allocates only its result vector and the names, no buffer.
+fn recycled(id: &str, session: &Session, refs: &[(&str, TensorValue)], expected: &Outputs) {
+    let (name, want) = &expected[0];
+    let once = || {
+        let y = session.run_output(refs, name).unwrap();
+        assert_eq!(&y, want, "{id}: run_output gives what run gave");
+        session.recycle(y);
+    };
+    for _ in 0..3 {
+        once();
+    }
+    let t = counted(once);
+    let small = 1 + expected.len();
+    assert_eq!(
+        t.count, small,
+        "{id}: run_output and recycle allocate {} times ({} bytes, by size class {:?}), expected {small} (the result vector and the names); ENCORE_ALLOC_TRACE=0 shows where from",
+        t.count, t.bytes, t.by_size
+    );
+}
+
+/// `run_into` with one output vector kept across runs: after warm-up a run allocates nothing
+/// at all (the old outputs' buffers, names and vector serve again), and gives what `run` gave.
+fn reused(id: &str, session: &Session, refs: &[(&str, TensorValue)], expected: &Outputs) {
+    let mut kept = Vec::new();
+    for _ in 0..3 {
+        session.run_into(refs, &mut kept).unwrap();
+    }
+    for _ in 0..3 {
+        let t = counted(|| session.run_into(refs, &mut kept).unwrap());
+        assert_eq!(
+            t.count, 0,
+            "{id}: a run_into after warm-up allocates {} times ({} bytes, by size class {:?}); ENCORE_ALLOC_TRACE=0 shows where from",
+            t.count, t.bytes, t.by_size
+        );
+    }
+    assert_eq!(&kept, expected, "{id}: run_into gives what run gave");
 }
 
 /// The tests of this binary one at a time: the counters are global.
@@ -272,5 +316,45 @@ fn qdq_runs_allocate_no_activation_buffers() {
     for threads in [1, 2] {
         let s = Session::builder(&model).threads(threads).build().unwrap();
         steady(&format!("tiny-bert-qdq {threads}t"), &s, 2, 32, 128);
+    }
+}
+
+/// A batch run in parts (`batch_tokens` below the batch's tokens: one sequence a part): each
+/// part's outputs are appended to whole outputs in buffers of the arena, and the rows of the
+/// batched inputs a part reads are copied into it too, so `run_into` allocates nothing once
+/// warm here either, and gives what the whole batch gives.
+#[test]
+fn runs_in_parts_allocate_nothing_into_kept_outputs() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((dir, man)) = setup("steady-state allocations, batch parts") else {
+        return;
+    };
+    let model = load(&dir, &man, "minilm-l6");
+    for threads in [1, 2] {
+        let parts = Session::builder(&model)
+            .threads(threads)
+            .batch_tokens(Some(32))
+            .build()
+            .unwrap();
+        let whole = Session::builder(&model)
+            .threads(threads)
+            .batch_tokens(None)
+            .build()
+            .unwrap();
+        let f = feeds(&parts, 3, 32);
+        let refs: Vec<(&str, TensorValue)> =
+            f.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        assert_eq!(
+            parts.batch_parts(&refs).map(|p| p.len()),
+            Some(3),
+            "the batch runs in parts"
+        );
+        let expected = whole.run(&refs).unwrap();
+        reused(
+            &format!("minilm-l6 parts {threads}t"),
+            &parts,
+            &refs,
+            &expected,
+        );
     }
 }
