@@ -161,7 +161,12 @@ impl NativeModel {
                 let out = self.session.run(&feeds)?;
                 Ok(out
                     .into_iter()
-                    .map(|(n, t)| (n, t.to_npy_bytes()))
+                    .map(|(n, t)| {
+                        let bytes = t.to_npy_bytes();
+                        // Copied out: its buffer serves the session's next run.
+                        self.session.recycle(t);
+                        (n, bytes)
+                    })
                     .collect())
             })
             .map_err(py_err)?;
