@@ -768,7 +768,24 @@ impl Session {
         Ok((out, times))
     }
 
-    /// [`Session::run_profiled`] into `outputs`, as [`Session::run_into`] runs.
+    /// [`Session::run_profiled`] into `outputs`, as [`Session::run_into`] runs: what `encore
+    /// bench --profile` times, so that its figures are those of the runs it timed before.
+    ///
+    /// ```
+    /// use runtime::{Model, Session, TensorValue};
+    /// let g = ir::text::parse(
+    ///     "%0 = input[name=\"x\"] : f32[B,2]\n%1 = relu(%0) : f32[B,2]\noutput \"y\" = %1\n",
+    ///     None,
+    /// ).unwrap();
+    /// let session = Session::builder(&Model::from_graph(g)?).threads(1).build()?;
+    /// let x = TensorValue::from_f32(vec![1, 2], vec![3.0, -1.0])?;
+    /// let mut out = Vec::new();
+    /// let times = session.run_profiled_into(&[("x", x)], &mut out)?;
+    /// assert_eq!(times.len(), 1);
+    /// assert_eq!(times[0].op, "relu");
+    /// assert_eq!(out[0].1.as_f32().unwrap(), &[3.0, 0.0]);
+    /// # Ok::<(), runtime::Error>(())
+    /// ```
     pub fn run_profiled_into(
         &self,
         inputs: &[(&str, TensorValue)],
