@@ -356,49 +356,20 @@ unsafe fn step(
     }
 }
 
-/// `math::quantize_div` of 16 lanes: IEEE division, ties to even, NaN as 0, the zero point
-/// added, then `clamp` (which keeps the value itself at equality). Rounding is monotonic and
-/// keeps integers, so clamping the quotient to the integral bounds less the zero point before
-/// rounding gives the same values, NaN kept through the clamp (`max_ps` and `min_ps` return
-/// their second operand when either is NaN) and zeroed by the rounding's mask: one vector
-/// operation fewer than rounding, zeroing, adding and clamping in that order.
+/// `math::lanes16::quantize_div` with the parameters of a `Requant` or `ForkU8` (scale, zero
+/// point, lowest and highest value).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn requantize(v: __m512, requant: (f32, f32, f32, f32)) -> __m512 {
-    let (q, ordered) = clamped_quotient(v, requant);
-    let q =
-        _mm512_maskz_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(ordered, q);
-    _mm512_add_ps(q, _mm512_set1_ps(requant.1))
+fn requantize(v: __m512, (scale, zero_point, lo, hi): (f32, f32, f32, f32)) -> __m512 {
+    super::math::lanes16::quantize_div(v, scale, zero_point, lo, hi)
 }
 
-/// [`requantize`] as the integers it leaves, for a byte output: the clamped quotient rounded
-/// by the conversion itself (NaN lanes masked to 0) and the zero point added as an integer, in
-/// place of a rounding, a float addition and a conversion (same integers).
+/// [`requantize`] as integers (`math::lanes16::quantize_div_i32`), for a byte output; the zero
+/// point is an integer of the output's range (`validate`).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn requantize_i32(v: __m512, requant: (f32, f32, f32, f32)) -> __m512i {
-    let (q, ordered) = clamped_quotient(v, requant);
-    let q = _mm512_maskz_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        ordered, q,
-    );
-    // The zero point is an integer of the output's range (`validate`): exact as i32.
-    _mm512_add_epi32(q, _mm512_set1_epi32(requant.1 as i32))
-}
-
-/// `v / scale` clamped to `[lo − zero_point, hi − zero_point]` (NaN kept), and the mask of its
-/// lanes that are not NaN: the part [`requantize`] and [`requantize_i32`] share.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn clamped_quotient(
-    v: __m512,
-    (scale, zero_point, lo, hi): (f32, f32, f32, f32),
-) -> (__m512, __mmask16) {
-    let q = _mm512_div_ps(v, _mm512_set1_ps(scale));
-    let q = _mm512_min_ps(
-        _mm512_set1_ps(hi - zero_point),
-        _mm512_max_ps(_mm512_set1_ps(lo - zero_point), q),
-    );
-    (q, _mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q))
+fn requantize_i32(v: __m512, (scale, zero_point, lo, hi): (f32, f32, f32, f32)) -> __m512i {
+    super::math::lanes16::quantize_div_i32(v, scale, zero_point, lo, hi)
 }
 
 /// [`run`] for the chain kinds `F` (bits of the canonical order, or [`INTERPRETED`]).

@@ -748,6 +748,84 @@ pub mod lanes16 {
         _mm512_scalef_ps(p, n)
     }
 
+    /// [`super::quantize_div`] of each lane (`zero_point` an integer within `[lo, hi]`), the
+    /// one vector form of the requantization the epilogues, the activation quantizer and the
+    /// int8 attention's byte output all use. Rounding is monotonic and keeps integers, so
+    /// clamping the quotient to the integral bounds less the zero point before rounding gives
+    /// the same values, a NaN kept through the clamp (`max_ps` and `min_ps` return their second
+    /// operand when either is NaN) and zeroed by the rounding's mask: one vector operation fewer
+    /// than rounding, zeroing, adding and clamping in that order.
+    ///
+    /// # Safety
+    /// Callable only where the CPU has AVX-512F.
+    ///
+    /// ```
+    /// # #[cfg(target_arch = "x86_64")] {
+    /// if std::arch::is_x86_feature_detected!("avx512f") {
+    ///     use codegen::kernels::math::{lanes16, quantize_div};
+    ///     use std::arch::x86_64::*;
+    ///     let x = [0.5f32, 1.5, 2.5, -7.25, 1e9, -1e9, f32::NAN, 0.0, 3.3, 250.0, -0.5, 4.5, 126.5, 127.5, -128.5, 9.0];
+    ///     let (mut f, mut q) = ([0f32; 16], [0i32; 16]);
+    ///     // SAFETY: the CPU has AVX-512F.
+    ///     unsafe {
+    ///         let v = _mm512_loadu_ps(x.as_ptr());
+    ///         _mm512_storeu_ps(f.as_mut_ptr(), lanes16::quantize_div(v, 0.5, 128.0, 0.0, 255.0));
+    ///         _mm512_storeu_si512(q.as_mut_ptr().cast(), lanes16::quantize_div_i32(v, 0.5, 128.0, 0.0, 255.0));
+    ///     }
+    ///     for i in 0..16 {
+    ///         assert_eq!(f[i], quantize_div(x[i], 0.5, 128.0, 0.0, 255.0));
+    ///         assert_eq!(q[i], f[i] as i32);
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub fn quantize_div(v: __m512, scale: f32, zero_point: f32, lo: f32, hi: f32) -> __m512 {
+        let (q, ordered) = clamped_quotient(v, scale, zero_point, lo, hi);
+        let q = _mm512_maskz_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            ordered, q,
+        );
+        _mm512_add_ps(q, _mm512_set1_ps(zero_point))
+    }
+
+    /// [`quantize_div`] as the integers it leaves, for a byte output: the clamped quotient
+    /// rounded by the conversion itself (NaN lanes masked to 0) and the zero point added as an
+    /// integer, in place of a rounding, a float addition and a conversion (same integers).
+    ///
+    /// # Safety
+    /// Callable only where the CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub fn quantize_div_i32(v: __m512, scale: f32, zero_point: f32, lo: f32, hi: f32) -> __m512i {
+        let (q, ordered) = clamped_quotient(v, scale, zero_point, lo, hi);
+        let q = _mm512_maskz_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            ordered, q,
+        );
+        // The zero point is an integer of the output's range (the caller's contract): exact as
+        // i32.
+        _mm512_add_epi32(q, _mm512_set1_epi32(zero_point as i32))
+    }
+
+    /// `v / scale` clamped to `[lo − zero_point, hi − zero_point]` (NaN kept), and the mask of
+    /// its lanes that are not NaN: the part [`quantize_div`] and [`quantize_div_i32`] share.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn clamped_quotient(
+        v: __m512,
+        scale: f32,
+        zero_point: f32,
+        lo: f32,
+        hi: f32,
+    ) -> (__m512, __mmask16) {
+        let q = _mm512_div_ps(v, _mm512_set1_ps(scale));
+        let q = _mm512_min_ps(
+            _mm512_set1_ps(hi - zero_point),
+            _mm512_max_ps(_mm512_set1_ps(lo - zero_point), q),
+        );
+        (q, _mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q))
+    }
+
     /// [`super::numerator_byte`] of each lane, as the 16 bytes of the result.
     ///
     /// # Safety

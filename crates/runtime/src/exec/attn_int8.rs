@@ -324,7 +324,7 @@ mod vnni {
     pub unsafe fn values_u8(op: &ValueOperands<'_>, sink: &U8Sink, m_pad: usize, dh_pad: usize) {
         let left = (op.p8.as_ptr(), op.ldp);
         let right = (op.v.as_ptr(), dh_pad);
-        let (scale, zero_point) = (_mm512_set1_ps(sink.scale), _mm512_set1_ps(sink.zero_point));
+        let (scale, zero_point) = (sink.scale, sink.zero_point);
         let finish = |i: usize, c: usize, a: __m512i| {
             // SAFETY: row i < m_pad, columns c..c + 16 ≤ dh_pad: the caller's writable block,
             // and inside `rs`, `vs` and the smoothing factors.

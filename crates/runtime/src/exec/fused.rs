@@ -238,7 +238,6 @@ mod row {
             zp: f32,
             out: &mut [u8],
         ) {
-            let (vs, vz) = (_mm512_set1_ps(scale), _mm512_set1_ps(zp));
             let mut i = 0;
             while i < x.len() {
                 let m = crate::exec::simd::lanes_below(x.len() - i);
@@ -249,30 +248,21 @@ mod row {
                     _mm512_mask_cvtepi32_storeu_epi8(
                         out.as_mut_ptr().add(i) as *mut i8,
                         m,
-                        quantize16(v, vs, vz),
+                        quantize16(v, scale, zp),
                     )
                 };
                 i += 16;
             }
         }
 
-        /// `quantize_u8` of 16 lanes with the scale and zero point in every lane of `scale` and
-        /// `zp`: IEEE division, rounding half to even, NaN as 0, the zero point, the clamp to
-        /// [0, 255]; the bytes as the low byte of each i32 lane. The one vector form of it: the
-        /// row quantizer and int8 attention's u8 output both make their bytes here.
+        /// `quantize_u8` of 16 lanes (`zp` an integer of [0, 255]), the bytes as the low byte of
+        /// each i32 lane: `math::lanes16::quantize_div_i32`, the vector form the GEMM epilogues
+        /// requantize with. The row quantizer and int8 attention's u8 output both make their
+        /// bytes here.
         #[inline]
         #[target_feature(enable = "avx512f")]
-        pub(crate) fn quantize16(v: __m512, scale: __m512, zp: __m512) -> __m512i {
-            let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                _mm512_div_ps(v, scale),
-            );
-            // A NaN quotient (a NaN value, or 0/0 and ∞/∞ with a degenerate scale) is 0.
-            let q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(q, q), q);
-            let q = _mm512_min_ps(
-                _mm512_max_ps(_mm512_add_ps(q, zp), _mm512_setzero_ps()),
-                _mm512_set1_ps(255.0),
-            );
-            _mm512_cvttps_epi32(q)
+        pub(crate) fn quantize16(v: __m512, scale: f32, zp: f32) -> __m512i {
+            codegen::kernels::math::lanes16::quantize_div_i32(v, scale, zp, 0.0, 255.0)
         }
     }
 }
