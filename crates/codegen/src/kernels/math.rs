@@ -709,6 +709,77 @@ pub fn bf16_to_f32(h: u16) -> f32 {
 
 /// Sixteen lanes at a time with AVX-512, the same arithmetic as the scalar functions above
 /// (and so the same bits), for kernels written with intrinsics.
+///
+/// The examples of the functions here live in this documentation: rustdoc does not collect
+/// doc examples on `#[target_feature]` functions.
+///
+/// An example of [`lanes16::softmax_numerator`]:
+///
+/// ```
+/// # #[cfg(target_arch = "x86_64")] {
+/// if std::arch::is_x86_feature_detected!("avx512f") {
+///     use codegen::kernels::math::{lanes16, softmax_numerator};
+///     use std::arch::x86_64::*;
+///     let mut y = [0f32; 16];
+///     // SAFETY: the CPU has AVX-512F (and FMA, which every AVX-512 CPU has).
+///     unsafe {
+///         let e = lanes16::softmax_numerator(_mm512_set1_ps(-2.5));
+///         _mm512_storeu_ps(y.as_mut_ptr(), e);
+///     }
+///     assert_eq!(y[7], softmax_numerator(-2.5));
+/// }
+/// # }
+/// ```
+///
+/// An example of [`lanes16::quantize_div`]:
+///
+/// ```
+/// # #[cfg(target_arch = "x86_64")] {
+/// if std::arch::is_x86_feature_detected!("avx512f") {
+///     use codegen::kernels::math::{lanes16, quantize_div};
+///     use std::arch::x86_64::*;
+///     let x = [0.5f32, 1.5, 2.5, -7.25, 1e9, -1e9, f32::NAN, 0.0, 3.3, 250.0, -0.5, 4.5, 126.5, 127.5, -128.5, 9.0];
+///     let (mut f, mut q) = ([0f32; 16], [0i32; 16]);
+///     // SAFETY: the CPU has AVX-512F.
+///     unsafe {
+///         let v = _mm512_loadu_ps(x.as_ptr());
+///         _mm512_storeu_ps(f.as_mut_ptr(), lanes16::quantize_div(v, 0.5, 128.0, 0.0, 255.0));
+///         _mm512_storeu_si512(q.as_mut_ptr().cast(), lanes16::quantize_div_i32(v, 0.5, 128.0, 0.0, 255.0));
+///     }
+///     for i in 0..16 {
+///         assert_eq!(f[i], quantize_div(x[i], 0.5, 128.0, 0.0, 255.0));
+///         assert_eq!(q[i], f[i] as i32);
+///     }
+/// }
+/// # }
+/// ```
+///
+/// An example of [`lanes16::fold_max`]:
+///
+/// ```
+/// # #[cfg(target_arch = "x86_64")] {
+/// if std::arch::is_x86_feature_detected!("avx512f") {
+///     use std::arch::x86_64::*;
+///     let lanes: [f32; 16] = std::array::from_fn(|i| (i as f32 - 5.0).abs());
+///     // SAFETY: the CPU has AVX-512F.
+///     let m = unsafe { codegen::kernels::math::lanes16::fold_max(_mm512_loadu_ps(lanes.as_ptr())) };
+///     assert_eq!(m, 10.0);
+/// }
+/// # }
+/// ```
+///
+/// An example of [`lanes16::fold_sum`]:
+///
+/// ```
+/// # #[cfg(target_arch = "x86_64")] {
+/// if std::arch::is_x86_feature_detected!("avx512f") {
+///     use std::arch::x86_64::*;
+///     // SAFETY: the CPU has AVX-512F.
+///     let s = unsafe { codegen::kernels::math::lanes16::fold_sum(_mm512_set1_ps(0.5)) };
+///     assert_eq!(s, 8.0);
+/// }
+/// # }
+/// ```
 #[cfg(target_arch = "x86_64")]
 pub mod lanes16 {
     use std::arch::x86_64::*;
@@ -718,22 +789,6 @@ pub mod lanes16 {
     /// # Safety
     /// Callable only where the CPU has AVX-512F and FMA (a caller without those target
     /// features must check them first).
-    ///
-    /// ```
-    /// # #[cfg(target_arch = "x86_64")] {
-    /// if std::arch::is_x86_feature_detected!("avx512f") {
-    ///     use codegen::kernels::math::{lanes16, softmax_numerator};
-    ///     use std::arch::x86_64::*;
-    ///     let mut y = [0f32; 16];
-    ///     // SAFETY: the CPU has AVX-512F (and FMA, which every AVX-512 CPU has).
-    ///     unsafe {
-    ///         let e = lanes16::softmax_numerator(_mm512_set1_ps(-2.5));
-    ///         _mm512_storeu_ps(y.as_mut_ptr(), e);
-    ///     }
-    ///     assert_eq!(y[7], softmax_numerator(-2.5));
-    /// }
-    /// # }
-    /// ```
     #[target_feature(enable = "avx512f,fma")]
     #[inline]
     pub fn softmax_numerator(t: __m512) -> __m512 {
@@ -758,27 +813,6 @@ pub mod lanes16 {
     ///
     /// # Safety
     /// Callable only where the CPU has AVX-512F.
-    ///
-    /// ```
-    /// # #[cfg(target_arch = "x86_64")] {
-    /// if std::arch::is_x86_feature_detected!("avx512f") {
-    ///     use codegen::kernels::math::{lanes16, quantize_div};
-    ///     use std::arch::x86_64::*;
-    ///     let x = [0.5f32, 1.5, 2.5, -7.25, 1e9, -1e9, f32::NAN, 0.0, 3.3, 250.0, -0.5, 4.5, 126.5, 127.5, -128.5, 9.0];
-    ///     let (mut f, mut q) = ([0f32; 16], [0i32; 16]);
-    ///     // SAFETY: the CPU has AVX-512F.
-    ///     unsafe {
-    ///         let v = _mm512_loadu_ps(x.as_ptr());
-    ///         _mm512_storeu_ps(f.as_mut_ptr(), lanes16::quantize_div(v, 0.5, 128.0, 0.0, 255.0));
-    ///         _mm512_storeu_si512(q.as_mut_ptr().cast(), lanes16::quantize_div_i32(v, 0.5, 128.0, 0.0, 255.0));
-    ///     }
-    ///     for i in 0..16 {
-    ///         assert_eq!(f[i], quantize_div(x[i], 0.5, 128.0, 0.0, 255.0));
-    ///         assert_eq!(q[i], f[i] as i32);
-    ///     }
-    /// }
-    /// # }
-    /// ```
     #[target_feature(enable = "avx512f")]
     #[inline]
     pub fn quantize_div(v: __m512, scale: f32, zero_point: f32, lo: f32, hi: f32) -> __m512 {
@@ -861,18 +895,6 @@ pub mod lanes16 {
     ///
     /// # Safety
     /// Callable only where the CPU has AVX-512F.
-    ///
-    /// ```
-    /// # #[cfg(target_arch = "x86_64")] {
-    /// if std::arch::is_x86_feature_detected!("avx512f") {
-    ///     use std::arch::x86_64::*;
-    ///     let lanes: [f32; 16] = std::array::from_fn(|i| (i as f32 - 5.0).abs());
-    ///     // SAFETY: the CPU has AVX-512F.
-    ///     let m = unsafe { codegen::kernels::math::lanes16::fold_max(_mm512_loadu_ps(lanes.as_ptr())) };
-    ///     assert_eq!(m, 10.0);
-    /// }
-    /// # }
-    /// ```
     #[target_feature(enable = "avx512f")]
     #[inline]
     pub fn fold_max(v: __m512) -> f32 {
@@ -884,17 +906,6 @@ pub mod lanes16 {
     ///
     /// # Safety
     /// Callable only where the CPU has AVX-512F.
-    ///
-    /// ```
-    /// # #[cfg(target_arch = "x86_64")] {
-    /// if std::arch::is_x86_feature_detected!("avx512f") {
-    ///     use std::arch::x86_64::*;
-    ///     // SAFETY: the CPU has AVX-512F.
-    ///     let s = unsafe { codegen::kernels::math::lanes16::fold_sum(_mm512_set1_ps(0.5)) };
-    ///     assert_eq!(s, 8.0);
-    /// }
-    /// # }
-    /// ```
     #[target_feature(enable = "avx512f")]
     #[inline]
     pub fn fold_sum(v: __m512) -> f32 {
