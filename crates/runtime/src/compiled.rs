@@ -88,10 +88,57 @@ pub fn save(graph: &Graph, path: &Path) -> Result<(), Error> {
         ("encore.format".to_string(), FORMAT_VERSION.to_string()),
         ("encore.graph".to_string(), text),
     ]);
-    safetensors::tensor::serialize_to_file(views, Some(meta), path).map_err(|e| Error::Compiled {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    })
+    safetensors::tensor::serialize_to_file(views, Some(meta), path)
+        .map_err(|e| e.to_string())
+        .and_then(|()| sort_metadata(path))
+        .map_err(|message| Error::Compiled {
+            path: path.display().to_string(),
+            message,
+        })
+}
+
+/// Rewrites the `__metadata__` object of the safetensors file at `path` with its keys in sorted
+/// order, in place. `safetensors` writes the metadata from a `HashMap`, whose order changes from
+/// map to map (its hasher's keys are random), so the same model saved twice gave files that
+/// differed in the order of their two metadata keys: not reproducible, and no checksum could
+/// say that two compiled models were the same. The object keeps its length (the same keys and
+/// values, serialized alike), so the header is rewritten where it is; a header that does not
+/// read back as the same JSON is left as written.
+pub(crate) fn sort_metadata(path: &Path) -> Result<(), String> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    const PREFIX: &[u8] = b"{\"__metadata__\":";
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("reopening to order the metadata: {e}"))?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(|e| e.to_string())?;
+    let n = usize::try_from(u64::from_le_bytes(len)).map_err(|e| e.to_string())?;
+    let mut header = vec![0u8; n];
+    f.read_exact(&mut header).map_err(|e| e.to_string())?;
+    if !header.starts_with(PREFIX) {
+        return Ok(());
+    }
+    let parsed: serde_json::Value = serde_json::from_slice(&header).map_err(|e| e.to_string())?;
+    let Some(meta) = parsed.get("__metadata__") else {
+        return Ok(());
+    };
+    let sorted: std::collections::BTreeMap<String, String> =
+        serde_json::from_value(meta.clone()).map_err(|e| e.to_string())?;
+    let object = serde_json::to_vec(&sorted).map_err(|e| e.to_string())?;
+    let end = PREFIX.len() + object.len();
+    if end > header.len() {
+        return Ok(());
+    }
+    let mut rewritten = header.clone();
+    rewritten[PREFIX.len()..end].copy_from_slice(&object);
+    match serde_json::from_slice::<serde_json::Value>(&rewritten) {
+        Ok(v) if v == parsed => {}
+        _ => return Ok(()),
+    }
+    f.seek(SeekFrom::Start(8)).map_err(|e| e.to_string())?;
+    f.write_all(&rewritten).map_err(|e| e.to_string())
 }
 
 /// Gives every constant printed by reference (in `g` and in its loop bodies, at any depth) a
@@ -207,4 +254,40 @@ fn constant_without_data(g: &Graph) -> Option<String> {
         Op::Loop { body, .. } => constant_without_data(body),
         _ => None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// The same graph saved eight times gives eight identical files, each loading back: the
+    /// metadata's keys come out sorted whatever order the `HashMap` handed to safetensors had
+    /// (each map's hasher has its own random keys, so unsorted the eight files differed in the
+    /// order of `encore.format` and `encore.graph` with probability 1 − 2⁻⁷).
+    #[test]
+    fn saving_twice_gives_the_same_bytes() {
+        let g = ir::text::parse(
+            "%0 = input[name=\"x\"] : f32[B,2]\n%1 = relu(%0) : f32[B,2]\noutput \"y\" = %1\n",
+            None,
+        )
+        .unwrap();
+        let dir = std::env::temp_dir().join(format!("encore-save-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let files: Vec<Vec<u8>> = (0..8)
+            .map(|i| {
+                let path = dir.join(format!("m{i}.encore"));
+                super::save(&g, &path).unwrap();
+                assert!(crate::Model::load(&path).is_ok(), "file {i} loads");
+                std::fs::read(&path).unwrap()
+            })
+            .collect();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let meta_at = |f: &[u8], key: &str| {
+            f.windows(key.len())
+                .position(|w| w == key.as_bytes())
+                .unwrap()
+        };
+        for (i, f) in files.iter().enumerate() {
+            assert_eq!(f, &files[0], "file {i} differs from file 0");
+        }
+        assert!(meta_at(&files[0], "encore.format") < meta_at(&files[0], "encore.graph"));
+    }
 }

@@ -223,7 +223,9 @@ pub fn save_stats(stats: &CalibrationStats, path: &Path) -> Result<(), Error> {
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| stats_err(path, e))?;
-    safetensors::tensor::serialize_to_file(views, Some(meta), path).map_err(|e| stats_err(path, e))
+    safetensors::tensor::serialize_to_file(views, Some(meta), path)
+        .map_err(|e| stats_err(path, e))?;
+    crate::compiled::sort_metadata(path).map_err(|e| stats_err(path, e))
 }
 
 fn stats_err(path: &Path, e: impl std::fmt::Display) -> Error {
