@@ -559,19 +559,19 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         .iter()
         .map(|f| f.iter().map(|(n, t)| (n.as_str(), t.clone())).collect())
         .collect();
-    // One output vector for every run unless `--fresh-outputs`: each run's outputs land in
-    // the buffers of the run before.
+    // Every run goes into one output vector, whose outputs land in the buffers of the run
+    // before; `--fresh-outputs` drops them first, so that each run makes new ones.
     let mut kept = Vec::new();
-    let mut run_one = |feeds: &[(&str, TensorValue)]| -> Result<(), runtime::Error> {
-        if args.fresh_outputs {
-            session.run(feeds).map(drop)
-        } else {
-            session.run_into(feeds, &mut kept)
+    let fresh = args.fresh_outputs;
+    fn outputs_for_run(kept: &mut runtime::Outputs, fresh: bool) -> &mut runtime::Outputs {
+        if fresh {
+            kept.clear();
         }
-    };
+        kept
+    }
     for _ in 0..args.warmup {
         for r in &refs {
-            run_one(r)?;
+            session.run_into(r, outputs_for_run(&mut kept, fresh))?;
         }
     }
     let budget = Duration::from_secs_f64(args.seconds.max(0.0));
@@ -583,7 +583,10 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         || !latencies_ms.len().is_multiple_of(refs.len())
     {
         let t = Instant::now();
-        run_one(&refs[latencies_ms.len() % refs.len()])?;
+        session.run_into(
+            &refs[latencies_ms.len() % refs.len()],
+            outputs_for_run(&mut kept, fresh),
+        )?;
         latencies_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let total_s = latencies_ms.iter().sum::<f64>() / 1e3;
@@ -600,11 +603,7 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
                 let t = Instant::now();
                 let feeds = &refs[i % refs.len()];
                 let (run, r) = record_regions(|| {
-                    if args.fresh_outputs {
-                        session.run_profiled(feeds).map(|(_, t)| t)
-                    } else {
-                        session.run_profiled_into(feeds, &mut kept)
-                    }
+                    session.run_profiled_into(feeds, outputs_for_run(&mut kept, fresh))
                 });
                 wall += t.elapsed();
                 regions += r;

@@ -816,11 +816,29 @@ impl Session {
                 .arena
                 .recycle(std::mem::replace(t, TensorValue::placeholder()));
         }
-        if let Err(e) = self.validate(inputs) {
-            out.clear();
-            self.put_back(scratch);
-            return Err(e);
+        let result = self
+            .validate(inputs)
+            .and_then(|()| self.execute_whole_or_parts(inputs, &mut scratch, out, times, observe));
+        if result.is_err() {
+            for (_, t) in out.drain(..) {
+                scratch.arena.recycle(t);
+            }
         }
+        if let Ok(mut a) = self.arenas.lock() {
+            a.push(scratch);
+        }
+        result
+    }
+
+    /// [`Session::execute`], or [`Session::execute_parts`] when the batch runs in parts.
+    fn execute_whole_or_parts<F: Feed>(
+        &self,
+        inputs: &[F],
+        scratch: &mut Scratch,
+        out: &mut Outputs,
+        times: Option<&mut Vec<NodeTime>>,
+        observe: Option<LinearObserver<'_>>,
+    ) -> Result<(), Error> {
         // An observer sees whole-batch activations (calibration indexes their rows by the
         // batch's mask), so observed runs are never split.
         let mut parts = std::mem::take(&mut scratch.parts);
@@ -830,32 +848,13 @@ impl Session {
             self.parts_of(inputs, &mut parts)
         };
         let result = match split {
-            None => self.execute(inputs, &mut scratch, out, times, observe),
-            Some(split) => self.execute_parts(
-                inputs,
-                split,
-                &parts.ranges,
-                &mut scratch,
-                out,
-                times,
-                observe,
-            ),
+            None => self.execute(inputs, scratch, out, times, observe),
+            Some(split) => {
+                self.execute_parts(inputs, split, &parts.ranges, scratch, out, times, observe)
+            }
         };
         scratch.parts = parts;
-        if result.is_err() {
-            for (_, t) in out.drain(..) {
-                scratch.arena.recycle(t);
-            }
-        }
-        self.put_back(scratch);
         result
-    }
-
-    /// Returns a run's buffers to the session's pool.
-    fn put_back(&self, scratch: Scratch) {
-        if let Ok(mut a) = self.arenas.lock() {
-            a.push(scratch);
-        }
     }
 
     /// The sequences of each part `inputs` would run as ([`CompileOptions::batch_tokens`]):
