@@ -401,3 +401,99 @@ fn kernel_list_is_complete() {
         "the scalar oracle always runs"
     );
 }
+
+/// What `amx::dot_rows` hands each row of 16 sums to.
+type Finish<'a> = dyn FnMut(usize, usize, &[i32; 16]) + 'a;
+
+/// `amx::dot_rows` (attention's two products on the tile unit) against the definition: on the
+/// tile model with the configuration for its K (any tail of 1-15 quads), and with the one
+/// configuration the runtime keeps (K in multiples of 8 quads), and on the hardware tile unit
+/// where this CPU has one. u8 rows at the extremes and wider strides than they need; bit-exact.
+#[test]
+fn amx_dot_rows_equal_their_definition() {
+    use codegen::kernels::int8::amx::{dot_rows, dot_rows_config, HwTiles};
+    use codegen::kernels::int8::tile_model::{TileModel, TileUnit};
+    let mut rng = Rng(29);
+    let hw = HwTiles::new().ok();
+    if hw.is_none() {
+        eprintln!("SKIP hardware half of amx_dot_rows_equal_their_definition: no AMX-INT8 here");
+    }
+    for &(m, n, steps) in &[
+        (16, 32, 16),
+        (32, 64, 8),
+        (48, 96, 24),
+        (16, 32, 5),
+        (32, 32, 37),
+    ] {
+        let (ldl, ldr) = (4 * steps + 7, n + 3);
+        let left: Vec<u8> = (0..m * ldl).map(|_| rng.u8()).collect();
+        let right: Vec<u32> = (0..steps * ldr).map(|_| rng.next_u64() as u32).collect();
+        let want = |i: usize, j: usize| -> i32 {
+            (0..steps)
+                .map(|s| {
+                    let w = right[s * ldr + j].to_le_bytes();
+                    (0..4)
+                        .map(|q| i32::from(left[i * ldl + 4 * s + q]) * i32::from(w[q] as i8))
+                        .sum::<i32>()
+                })
+                .sum()
+        };
+        let run = |t: &mut dyn FnMut(&mut Finish)| {
+            let mut got = vec![None; m * n];
+            t(&mut |i, j, sums| {
+                for (c, &s) in sums.iter().enumerate() {
+                    assert!(
+                        got[i * n + j + c].replace(s).is_none(),
+                        "({i}, {}) twice",
+                        j + c
+                    );
+                }
+            });
+            for i in 0..m {
+                for j in 0..n {
+                    assert_eq!(
+                        got[i * n + j],
+                        Some(want(i, j)),
+                        "{m}x{n}x{steps} at ({i}, {j})"
+                    );
+                }
+            }
+        };
+        let mut configs = vec![dot_rows_config(steps)];
+        if steps % 8 == 0 {
+            configs.push(dot_rows_config(8));
+        }
+        for cfg in configs {
+            let mut model = TileModel::default();
+            model.configure(&cfg);
+            // SAFETY: m rows of 4·steps bytes at stride ldl, steps rows of n words at ldr.
+            run(&mut |f| unsafe {
+                dot_rows(
+                    &mut model,
+                    (left.as_ptr(), ldl),
+                    (right.as_ptr(), ldr),
+                    steps,
+                    [m, n],
+                    f,
+                )
+            });
+            let dots = (m / 16) * (n / 32) * 2 * steps.div_ceil(16);
+            assert_eq!(model.dot_ops, dots, "tile products of {m}x{n}x{steps}");
+            if let Some(mut t) = hw.as_ref().and_then(|_| HwTiles::new().ok()) {
+                t.configure(&cfg);
+                // SAFETY: as above; the unit was just configured.
+                run(&mut |f| unsafe {
+                    dot_rows(
+                        &mut t,
+                        (left.as_ptr(), ldl),
+                        (right.as_ptr(), ldr),
+                        steps,
+                        [m, n],
+                        f,
+                    )
+                });
+                t.release();
+            }
+        }
+    }
+}

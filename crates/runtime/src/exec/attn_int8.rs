@@ -201,6 +201,22 @@ unsafe fn values_portable(
     );
 }
 
+/// The AMX tile unit, when the int8 picker takes AMX on this CPU (decided once per process:
+/// `ENCORE_KERNEL` read once) and Linux granted the tile data.
+#[cfg(target_arch = "x86_64")]
+fn amx_tiles() -> Option<codegen::kernels::int8::amx::HwTiles> {
+    use codegen::kernels::{int8::amx, pick_int8, Int8Kernel};
+    static USE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let usable = *USE.get_or_init(|| {
+        pick_int8(1024, 64, 64) == Int8Kernel::Amx && amx::request_amx_permission().is_ok()
+    });
+    if usable {
+        amx::dot_rows_tiles().ok()
+    } else {
+        None
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod vnni {
     use super::{ScoreOperands, U8Sink, ValueOperands, IB, JB};
@@ -250,6 +266,54 @@ mod vnni {
         }
     }
 
+    /// [`dot`] on the AMX tile unit where the int8 picker takes AMX (`ENCORE_KERNEL` included:
+    /// `avx512vnni` keeps attention on the vector units too): whole blocks of 16 rows through
+    /// `codegen`'s `amx::dot_rows`, the last 8 rows of an `m_pad` that is not a multiple of 16
+    /// through [`dot`]. The same integer sums either way, so the same results.
+    ///
+    /// # Safety
+    /// As [`dot`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn dot_any(
+        left: (*const u8, usize),
+        right: (*const u32, usize),
+        steps: usize,
+        [m_pad, n_pad]: [usize; 2],
+        mut finish: impl FnMut(usize, usize, __m512i),
+    ) {
+        let whole = m_pad / 16 * 16;
+        let tiles = if whole > 0 && steps > 0 && steps.is_multiple_of(8) {
+            super::amx_tiles()
+        } else {
+            None
+        };
+        let Some(mut t) = tiles else {
+            // SAFETY: forwarded caller contract.
+            return unsafe { dot(left, right, steps, [m_pad, n_pad], finish) };
+        };
+        use codegen::kernels::int8::amx;
+        // SAFETY: whole ≤ m_pad rows, a multiple of 16; n_pad a multiple of JB = 32; the
+        // operands as the caller vouches; the tiles are configured for K in multiples of 8
+        // quads, which `steps` is.
+        unsafe {
+            amx::dot_rows(&mut t, left, right, steps, [whole, n_pad], |i, j, sums| {
+                finish(i, j, _mm512_loadu_si512(sums.as_ptr() as *const _))
+            })
+        };
+        if whole < m_pad {
+            // SAFETY: rows whole..m_pad of `left`, a multiple of IB (the caller's m_pad).
+            unsafe {
+                dot(
+                    (left.0.add(whole * left.1), left.1),
+                    right,
+                    steps,
+                    [m_pad - whole, n_pad],
+                    |i, j, a| finish(whole + i, j, a),
+                )
+            };
+        }
+    }
+
     /// See [`super::scores_i8`].
     ///
     /// # Safety
@@ -271,7 +335,7 @@ mod vnni {
             }
         };
         // SAFETY: the operand sizes were checked by the caller.
-        unsafe { dot(left, right, op.dh4, [m_pad, n_pad], finish) }
+        unsafe { dot_any(left, right, op.dh4, [m_pad, n_pad], finish) }
     }
 
     /// See [`super::values_i8`].
@@ -295,7 +359,7 @@ mod vnni {
             unsafe { _mm512_storeu_ps(out.add(i * ldo + c), value16(op, i, c, a)) };
         };
         // SAFETY: the operand sizes were checked by the caller.
-        unsafe { dot(left, right, op.n4, [m_pad, dh_pad], finish) }
+        unsafe { dot_any(left, right, op.n4, [m_pad, dh_pad], finish) }
     }
 
     /// The f32 outputs of row `i`, columns `c..c + 16`, from their integer sums `a`:
@@ -340,7 +404,7 @@ mod vnni {
             }
         };
         // SAFETY: the operand sizes were checked by the caller.
-        unsafe { dot(left, right, op.n4, [m_pad, dh_pad], finish) }
+        unsafe { dot_any(left, right, op.n4, [m_pad, dh_pad], finish) }
     }
 }
 
@@ -353,16 +417,23 @@ mod tests {
     /// at wider strides: bit-exact.
     #[test]
     fn kernels_equal_their_definition() {
-        kernels_equal_their_definition_with(scores_i8, values_i8);
-        kernels_equal_their_definition_with(scores_portable, values_portable);
+        // (rows, keys, head width): odd sizes, and BERT's head width with 16 + 8 rows and a
+        // multiple of 32 keys, whose products go through the tile unit where the CPU has AMX.
+        for shape in [(16, 45, 24), (24, 96, 64)] {
+            kernels_equal_their_definition_with(scores_i8, values_i8, shape);
+            kernels_equal_their_definition_with(scores_portable, values_portable, shape);
+        }
     }
 
     type Scores = fn(&ScoreOperands<'_>, &mut [f32], usize, usize);
     type Values = unsafe fn(&ValueOperands<'_>, *mut f32, usize, usize, usize);
 
-    fn kernels_equal_their_definition_with(scores_i8: Scores, values_i8: Values) {
+    fn kernels_equal_their_definition_with(
+        scores_i8: Scores,
+        values_i8: Values,
+        (m_pad, n, dh): (usize, usize, usize),
+    ) {
         let mut r = super::super::lcg24(11);
-        let (m_pad, n, dh) = (16usize, 45usize, 24usize);
         let (n_pad, dh4) = (n.div_ceil(JB) * JB, dh.div_ceil(4));
         let ldq = 4 * dh4 + 5;
         let q8: Vec<u8> = (0..m_pad * ldq).map(|_| r() as u8).collect();

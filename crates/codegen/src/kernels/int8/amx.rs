@@ -153,14 +153,25 @@ macro_rules! dot_match {
             (3, 4, 7) => go!("3", "4", "7"),
             (3, 5, 6) => go!("3", "5", "6"),
             (3, 5, 7) => go!("3", "5", "7"),
-            t => panic!("tile triple {t:?} not in C 0..4, A 4..6, B 6..8"),
+            // The K tail of `dot_rows`: C 0 and 1, A 5, B 2 and 3.
+            (0, 5, 2) => go!("0", "5", "2"),
+            (1, 5, 3) => go!("1", "5", "3"),
+            t => panic!("tile triple {t:?} not in C 0..4, A 4..6, B 6..8 (or dot_rows' tail)"),
         }
     }};
 }
 
+thread_local! {
+    /// The configuration this thread's tiles hold (None: released), kept by every
+    /// `configure` and `release` of [`HwTiles`], the only way this crate touches the tiles.
+    static LOADED: std::cell::Cell<Option<TileConfig>> = const { std::cell::Cell::new(None) };
+}
+
 #[cfg(target_arch = "x86_64")]
 impl TileUnit for HwTiles {
+    #[inline]
     fn configure(&mut self, cfg: &TileConfig) {
+        LOADED.set(Some(*cfg));
         // SAFETY: cfg is a valid, 64-byte aligned palette-1 configuration (TileConfig::new
         // checks the shapes); permission was granted when self was created.
         unsafe {
@@ -168,6 +179,7 @@ impl TileUnit for HwTiles {
         }
     }
 
+    #[inline]
     unsafe fn load(&mut self, tile: usize, base: *const u8, stride: usize) {
         macro_rules! go {
             ($t:literal) => {
@@ -180,6 +192,7 @@ impl TileUnit for HwTiles {
         tile_match!(tile, go)
     }
 
+    #[inline]
     unsafe fn store(&mut self, tile: usize, base: *mut u8, stride: usize) {
         macro_rules! go {
             ($t:literal) => {
@@ -190,6 +203,7 @@ impl TileUnit for HwTiles {
         tile_match!(tile, go)
     }
 
+    #[inline]
     fn zero(&mut self, tile: usize) {
         macro_rules! go {
             ($t:literal) => {
@@ -200,15 +214,19 @@ impl TileUnit for HwTiles {
         tile_match!(tile, go)
     }
 
+    #[inline]
     fn dpbusd(&mut self, c: usize, a: usize, b: usize) {
         dot_match!("tdpbusd", c, a, b)
     }
 
+    #[inline]
     fn dpbssd(&mut self, c: usize, a: usize, b: usize) {
         dot_match!("tdpbssd", c, a, b)
     }
 
+    #[inline]
     fn release(&mut self) {
+        LOADED.set(None);
         // SAFETY: tilerelease resets tile state to init; always valid once permission exists.
         unsafe { std::arch::asm!("tilerelease", options(nostack, nomem)) }
     }
@@ -385,6 +403,103 @@ pub fn peak_loop(tiles: &mut HwTiles, iters: usize) -> i32 {
     unsafe { tiles.store(0, out.as_mut_ptr() as *mut u8, 64) };
     tiles.release();
     out[0]
+}
+
+/// The tile unit configured for [`dot_rows`] with K in whole multiples of 8 quads
+/// ([`dot_rows_config`]`(8)`), configured only when this thread's tiles hold another
+/// configuration (or none): a configuration costs more than a head's products. The tiles stay
+/// configured; a GEMM reconfigures them at its start and releases them at its end.
+pub fn dot_rows_tiles() -> Result<HwTiles, KernelError> {
+    let mut t = HwTiles::new()?;
+    let cfg = dot_rows_config(8);
+    if LOADED.get() != Some(cfg) {
+        t.configure(&cfg);
+    }
+    Ok(t)
+}
+
+/// The tile configuration of [`dot_rows`] over `steps` K-quads: C 0 and 1 (16 × 16 i32), A 4
+/// and B 6, 7 for whole 64-byte K steps, A 5 and B 2, 3 for the remaining `steps % 16` quads
+/// (unused tiles left unconfigured).
+pub fn dot_rows_config(steps: usize) -> TileConfig {
+    let tail = (steps % 16) as u8;
+    let (a_tail, b_tail) = if tail == 0 {
+        ((0, 0), (0, 0))
+    } else {
+        ((16, 4 * u16::from(tail)), (tail, 64))
+    };
+    TileConfig::new(&[
+        (16, 64),
+        (16, 64),
+        b_tail,
+        b_tail,
+        (16, 64),
+        a_tail,
+        (16, 64),
+        (16, 64),
+    ])
+}
+
+/// The integer products of attention on the tile unit `t`, configured with
+/// [`dot_rows_config`]`(steps)` (or with any `dot_rows_config(s)` whose tail tiles fit:
+/// `s % 16 == steps % 16`, or `steps % 16 == 0`, which uses none): for each block of 16 rows `i0` and 32 columns `j0` of
+/// `m × n`, the sums `Σ_s Σ_q left[i·ldl + 4s + q] · (byte q of right[s·ldr + j] as i8)` over
+/// `steps` K-quads (u8 left rows, s8 right words), handed to `finish(i, j, sums)` sixteen
+/// columns at a time, row by row. The layouts are the ones the AVX512-VNNI attention reads (left
+/// rows of `4·steps` bytes, right rows of 4-byte K-quads), so both give the same integers.
+///
+/// # Safety
+/// `m % 16 == 0`, `n % 32 == 0`, `steps > 0`, the configuration as above; `left` holds `m` rows of `4·steps` readable bytes
+/// at stride `ldl`, `right` `steps` rows of `n` readable words at stride `ldr` (words).
+pub unsafe fn dot_rows<T: TileUnit>(
+    t: &mut T,
+    (left, ldl): (*const u8, usize),
+    (right, ldr): (*const u32, usize),
+    steps: usize,
+    [m, n]: [usize; 2],
+    mut finish: impl FnMut(usize, usize, &[i32; 16]),
+) {
+    #[repr(C, align(64))]
+    struct Block([[i32; 32]; 16]);
+    let mut block = Block([[0; 32]; 16]);
+    let (whole, tail) = (steps / 16, steps % 16);
+    let ldr_bytes = 4 * ldr;
+    for i0 in (0..m).step_by(16) {
+        for j0 in (0..n).step_by(32) {
+            t.zero(0);
+            t.zero(1);
+            // SAFETY: rows i0..i0 + 16 < m of `left`, bytes below 4·steps; quad rows below
+            // `steps` of `right`, words j0..j0 + 32 ≤ n (the caller's contract).
+            unsafe {
+                let a = left.add(i0 * ldl);
+                let b = right.add(j0) as *const u8;
+                // The K step from quad 16·q into C 0 and 1, with A tile `ta` and B tiles `tb`
+                // (the whole steps' tiles or the tail's).
+                let mut k_step = |q: usize, ta: usize, tb: [usize; 2]| {
+                    t.load(ta, a.add(64 * q), ldl);
+                    let bq = b.add(16 * q * ldr_bytes);
+                    t.load(tb[0], bq, ldr_bytes);
+                    t.load(tb[1], bq.add(64), ldr_bytes);
+                    t.dpbusd(0, ta, tb[0]);
+                    t.dpbusd(1, ta, tb[1]);
+                };
+                for q in 0..whole {
+                    k_step(q, 4, [6, 7]);
+                }
+                if tail > 0 {
+                    k_step(whole, 5, [2, 3]);
+                }
+                let out = block.0.as_mut_ptr() as *mut u8;
+                t.store(0, out, 128);
+                t.store(1, out.add(64), 128);
+            }
+            for (r, row) in block.0.iter().enumerate() {
+                let (lo, hi) = row.split_at(16);
+                finish(i0 + r, j0, lo.try_into().expect("16 sums"));
+                finish(i0 + r, j0 + 16, hi.try_into().expect("16 sums"));
+            }
+        }
+    }
 }
 
 /// The hardware kernel body with the C calling convention, for JIT-compiled unit loops: the
