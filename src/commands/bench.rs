@@ -162,6 +162,9 @@ pub struct Profile {
     pub gemm_groups: Vec<(String, usize, f64, f64)>,
     /// The compute peak the GEMMs are rated against (ops/s) and which unit it is.
     pub peak: Option<(f64, &'static str)>,
+    /// The `vpdpbusd` peak (ops/s) when `peak` is the AMX tile unit's: the runtime issue's
+    /// roofline is the GEMM MACs at this peak on every CPU, so an AMX run is rated against both.
+    pub vnni_peak: Option<f64>,
     /// The parallel regions of the profiled runs, summed over them (none recorded on one
     /// thread).
     pub regions: RegionStats,
@@ -212,20 +215,23 @@ fn gemm_groups(runs: &[Vec<NodeTime>]) -> Vec<(String, usize, f64, f64)> {
 }
 
 /// The peak of the unit a model's GEMMs run on (measured now, `threads` threads): the AMX tile
-/// unit or `vpdpbusd` for an INT8 model (whichever the int8 kernel picker uses), FMA for FP32.
-fn gemm_peak(quantized: bool, threads: usize) -> (f64, &'static str) {
+/// unit or `vpdpbusd` for an INT8 model (whichever the int8 kernel picker uses), FMA for FP32;
+/// and, when that unit is AMX, the `vpdpbusd` peak measured with it.
+fn gemm_peak(quantized: bool, threads: usize) -> (f64, &'static str, Option<f64>) {
     use codegen::kernels::{measure_peak, pick_int8, Int8Kernel};
     let p = measure_peak(threads);
     if !quantized {
-        return (p.fma_flops_per_s, "FMA");
+        return (p.fma_flops_per_s, "FMA", None);
     }
     // What the weights were packed for (`PackedI8::pack` picks for a large M).
-    let kernel = pick_int8(usize::MAX, 768, 768);
-    let unit = match kernel {
-        Int8Kernel::Amx => "AMX tdpbusd",
-        _ => "vpdpbusd",
-    };
-    (p.int8_ops_per_s(kernel), unit)
+    match pick_int8(usize::MAX, 768, 768) {
+        Int8Kernel::Amx => (
+            p.int8_ops_per_s(Int8Kernel::Amx),
+            "AMX tdpbusd",
+            Some(p.vnni_ops_per_s),
+        ),
+        kernel => (p.int8_ops_per_s(kernel), "vpdpbusd", None),
+    }
 }
 
 impl Profile {
@@ -294,6 +300,7 @@ impl Profile {
                 / n,
             gemm_groups: gemm_groups(runs),
             peak: None,
+            vnni_peak: None,
             regions: RegionStats::default(),
             alone_ops,
             wall_ms: None,
@@ -400,6 +407,13 @@ impl Profile {
                     p / 1e9
                 );
             }
+            if let Some(v) = self.vnni_peak.filter(|&v| v > 0.0) {
+                println!(
+                    "                {:.1} % of the vpdpbusd peak ({:.1} GOPS) over the whole run: the runtime issue's roofline, GEMM MACs at that peak",
+                    100.0 * whole / v,
+                    v / 1e9
+                );
+            }
             println!("  weight GEMMs by role");
             for (role, nodes, ms, macs) in &self.gemm_groups {
                 let rate = if *ms > 0.0 {
@@ -454,6 +468,7 @@ impl Profile {
             "run_gemm_ops_per_s": self.gemm_rates().1,
             "peak_ops_per_s": self.peak.map(|p| p.0),
             "peak_unit": self.peak.map(|p| p.1),
+            "vnni_peak_ops_per_s": self.vnni_peak,
             "regions_per_run": self.regions.regions as f64 / self.runs.max(1) as f64,
             "region_ms_per_run": self.regions.inside.as_secs_f64() * 1e3 / self.runs.max(1) as f64,
             "between_regions_ms_per_run": self.regions.between.as_secs_f64() * 1e3 / self.runs.max(1) as f64,
@@ -614,11 +629,16 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
         p.regions = regions;
         p.wall_ms = Some(wall.as_secs_f64() * 1e3 / runs.len().max(1) as f64);
         let peak_after = gemm_peak(model.is_quantized(), args.threads.max(1));
-        p.peak = Some(if peak_after.0 > peak_before.0 {
+        let higher = if peak_after.0 > peak_before.0 {
             peak_after
         } else {
             peak_before
-        });
+        };
+        p.peak = Some((higher.0, higher.1));
+        p.vnni_peak = match (peak_before.2, peak_after.2) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
         Some(p)
     } else {
         None
