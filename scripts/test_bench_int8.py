@@ -57,6 +57,30 @@ class GoalRow(unittest.TestCase):
         self.assertFalse(g["met"])
 
 
+class VnniRoofline(unittest.TestCase):
+    def test_the_vpdpbusd_peak_behind_the_best_vnni_row(self):
+        rows = [{"kernel": "amx", "dtype": "int8", "gops": 3000.0, "fraction_of_peak": 0.2},
+                {"kernel": "avx512vnni", "dtype": "int8", "gops": 800.0, "fraction_of_peak": 0.8},
+                {"kernel": "avxvnni", "dtype": "int8", "gops": 300.0, "fraction_of_peak": 0.6},
+                {"kernel": "f32-avx512", "dtype": "f32", "gops": 200.0, "fraction_of_peak": 0.8}]
+        self.assertAlmostEqual(bench_int8.vnni_peak_of(rows), 1000.0)
+        self.assertIsNone(bench_int8.vnni_peak_of(rows[:1]))
+
+    def test_engines_rated_against_both_peaks(self):
+        class Args:
+            batch_list = [8]
+            lengths_from = None
+            seq = 128
+            facts: dict = {}
+        ms = [{"throughput_seq_per_s": 100.0, "latency_ms_p50": 80.0}]
+        rows = {8: {"encore-int8-static-attn": ms, "openvino-int8-nncf": ms}}
+        peak = dict(PEAK, int8_peak_gops=10000.0, vnni_peak_gops=2000.0)
+        s = bench_int8.summarize(Args, rows, peak)[0]["engines"]["encore-int8-static-attn"]
+        self.assertAlmostEqual(s["fraction_of_vnni_peak"] / s["fraction_of_int8_peak"], 5.0)
+        s = bench_int8.summarize(Args, rows, PEAK)[0]["engines"]["encore-int8-static-attn"]
+        self.assertNotIn("fraction_of_vnni_peak", s)
+
+
 class RemeasurePeak(unittest.TestCase):
     def setUp(self):
         self.saved = bench_int8.int8_peak
