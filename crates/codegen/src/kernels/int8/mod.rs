@@ -58,6 +58,13 @@ pub struct KernelDesc {
     pub k_align: usize,
     /// A micro-panel layout.
     pub a_layout: ALayout,
+    /// The share of L1 (numerator, denominator) a unit's epilogue chunk of i32 tiles may take:
+    /// a third beside the A micro-panel for the vector kernels; four thirds for AMX, whose
+    /// microkernel restarts slowly after each chunk's epilogue (its 32×32 calls on BERT-base's
+    /// K = 768 took 1719 / 1632 / 1440 / 1410 TSC cycles in chunks of 2 / 4 / 8 / 16 panels on
+    /// the AMX guest of 2026-12-05, the epilogue no slower reading a chunk from L2: batch-8
+    /// GEMM nodes 55.7-57.3 → 52.4-53.1 ms a run with 16).
+    pub acc_l1_share: (usize, usize),
 }
 
 /// The descriptor of `k`.
@@ -74,6 +81,7 @@ pub fn desc(k: Int8Kernel) -> KernelDesc {
         nr,
         k_align,
         a_layout,
+        acc_l1_share: if k == Int8Kernel::Amx { (4, 3) } else { (1, 3) },
     }
 }
 
@@ -487,7 +495,7 @@ struct Blocking {
     mc: usize,
     nc_panels: usize,
     /// Panels per epilogue chunk of a unit whose tile pass has no row-wide step: whole groups
-    /// whose i32 tiles fit in L1 beside the A micro-panel.
+    /// whose i32 tiles take the kernel's share of L1 (`KernelDesc::acc_l1_share`).
     epi_chunk: usize,
     /// The tile pass ends in a row-wide step (LayerNorm) over whole rows: a block spans them.
     whole_rows: bool,
@@ -534,11 +542,13 @@ fn blocking(d: &KernelDesc, k_pad: usize, n: usize, row_epilogue: bool, g: usize
         nc_panels = nc_panels.max(panels);
     }
     // Without a row-wide step (LayerNorm) in the tile pass the epilogue runs on column chunks
-    // that fit in L1 beside the A micro-panel: a whole block row of i32 (mr × nc·nr, 43 KB for
-    // BERT-base's K = 768 on a 2 MB L2) would be read back from L2. The tile pass has that step
+    // that fit in L1 beside the A micro-panel (the vector kernels; AMX takes more, see
+    // `KernelDesc::acc_l1_share`): a whole block row of i32 (mr × nc·nr, 43 KB for BERT-base's
+    // K = 768 on a 2 MB L2) would be read back from L2. The tile pass has that step
     // when the epilogue has one and a block spans the rows (else the units walk strips, whose
     // tile pass stops before it: see `Plan`).
-    let epi_chunk = (((c.l1d / 3) / (d.mr * d.nr * 4)) / g * g).max(g);
+    let (share, of) = d.acc_l1_share;
+    let epi_chunk = (((c.l1d * share / of) / (d.mr * d.nr * 4)) / g * g).max(g);
     Blocking {
         mc,
         nc_panels,
