@@ -202,14 +202,12 @@ unsafe fn values_portable(
 }
 
 /// The AMX tile unit, when the int8 picker takes AMX on this CPU (decided once per process:
-/// `ENCORE_KERNEL` read once) and Linux granted the tile data.
+/// `ENCORE_KERNEL` read once; the picker takes AMX only where Linux granted the tile data).
 #[cfg(target_arch = "x86_64")]
 fn amx_tiles() -> Option<codegen::kernels::int8::amx::HwTiles> {
     use codegen::kernels::{int8::amx, pick_int8, Int8Kernel};
     static USE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let usable = *USE.get_or_init(|| {
-        pick_int8(1024, 64, 64) == Int8Kernel::Amx && amx::request_amx_permission().is_ok()
-    });
+    let usable = *USE.get_or_init(|| pick_int8(1024, 64, 64) == Int8Kernel::Amx);
     if usable {
         amx::dot_rows_tiles().ok()
     } else {

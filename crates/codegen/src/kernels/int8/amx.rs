@@ -442,15 +442,16 @@ pub fn dot_rows_config(steps: usize) -> TileConfig {
 
 /// The integer products of attention on the tile unit `t`, configured with
 /// [`dot_rows_config`]`(steps)` (or with any `dot_rows_config(s)` whose tail tiles fit:
-/// `s % 16 == steps % 16`, or `steps % 16 == 0`, which uses none): for each block of 16 rows `i0` and 32 columns `j0` of
-/// `m × n`, the sums `Σ_s Σ_q left[i·ldl + 4s + q] · (byte q of right[s·ldr + j] as i8)` over
+/// `s % 16 == steps % 16`, or `steps % 16 == 0`, which uses none): for each block of 16 rows
+/// `i0` and 32 columns `j0` of `m × n`, the sums `Σ_s Σ_q left[i·ldl + 4s + q] · (byte q of right[s·ldr + j] as i8)` over
 /// `steps` K-quads (u8 left rows, s8 right words), handed to `finish(i, j, sums)` sixteen
 /// columns at a time, row by row. The layouts are the ones the AVX512-VNNI attention reads (left
 /// rows of `4·steps` bytes, right rows of 4-byte K-quads), so both give the same integers.
 ///
 /// # Safety
-/// `m % 16 == 0`, `n % 32 == 0`, `steps > 0`, the configuration as above; `left` holds `m` rows of `4·steps` readable bytes
-/// at stride `ldl`, `right` `steps` rows of `n` readable words at stride `ldr` (words).
+/// `m % 16 == 0`, `n % 32 == 0`, `steps > 0`, the configuration as above; `left` holds `m`
+/// rows of `4·steps` readable bytes at stride `ldl`, `right` `steps` rows of `n` readable words
+/// at stride `ldr` (words).
 pub unsafe fn dot_rows<T: TileUnit>(
     t: &mut T,
     (left, ldl): (*const u8, usize),
