@@ -563,10 +563,11 @@ class OpenVinoEngine(Engine):
                     except Exception:  # not every version knows every key
                         pass
                 self.info["compiled_properties"] = props
+                self.info["gemm_primitives"] = gemm_primitives(compiled)
             self.requests[(b, seq)] = (compiled, compiled.create_infer_request())
         self.info["prepare_s"] = time.perf_counter() - t0
         log(f"{self.name}: ready for batches {self.args.batch_list} in {self.info['prepare_s']:.1f} s "
-            f"({self.info['compiled_properties']})")
+            f"({self.info['compiled_properties']}; GEMM primitives {self.info['gemm_primitives']})")
 
     def bench(self, batch: int) -> dict:
         batches = self.ctx["inputs"].batches(batch)
@@ -583,6 +584,26 @@ class OpenVinoEngine(Engine):
             raise
         except Exception as e:
             raise BenchError(f"{self.name}: run failed at batch {batch}: {e}") from e
+
+
+def gemm_primitives(compiled) -> dict:
+    """How many of the compiled model's GEMM nodes run on each oneDNN primitive (the ISA shows
+    in the name: `brgemm_avx512_amx_I8` or `brgemm_avx512_I8`), from the runtime model's
+    `primitiveType`; where `ONEDNN_MAX_CPU_ISA` caps OpenVINO's ISA, this shows that it took."""
+    counts: dict[str, int] = {}
+    try:
+        ops = compiled.get_runtime_model().get_ops()
+    except Exception as e:  # an older version without a runtime model: say so, not fatal
+        return {"unavailable": f"{type(e).__name__}: {e}"}
+    for op in ops:
+        rt = op.get_rt_info()
+        layer = rt["layerType"].astype(str) if "layerType" in rt else ""
+        if layer not in ("FullyConnected", "MatMul", "Convolution"):
+            continue
+        prim = rt["primitiveType"].astype(str) if "primitiveType" in rt else "?"
+        key = f"{layer}:{prim}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 class OpenVinoInt8Nncf(OpenVinoEngine):
@@ -787,7 +808,17 @@ def cpu_info() -> dict:
 
 def machine_info() -> dict:
     return {"cpu": cpu_info(), "logical_cpus": os.cpu_count(), "python": platform.python_version(),
-            "git_commit": benchlib.git_commit()}
+            "git_commit": benchlib.git_commit(), "isa_caps": isa_caps()}
+
+
+ISA_CAP_VARS = ("ENCORE_KERNEL", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+
+
+def isa_caps() -> dict:
+    """The environment variables that narrow the engines' instruction sets, where set: on an
+    AMX CPU, `ENCORE_KERNEL=avx512vnni` and `ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16` (OpenVINO)
+    compare both engines as they run on a CPU with AVX512-VNNI and no AMX."""
+    return {v: os.environ[v] for v in ISA_CAP_VARS if v in os.environ}
 
 
 def package_versions() -> dict:
@@ -912,6 +943,9 @@ def print_report(args: argparse.Namespace, summary: list[dict], engines: list[En
                       if f in ("avx512_vnni", "avx_vnni", "amx_tile", "amx_int8"))
     print(f"\nCPU: {cpu['model']} ({os.cpu_count()} logical CPUs)")
     print(f"     {flags}")
+    caps = isa_caps()
+    if caps:
+        print("     instruction sets capped: " + ", ".join(f"{k}={v}" for k, v in caps.items()))
     print(f"INT8 vs FP32, seq {args.seq}, {args.threads} threads, median of {args.rounds} interleaved round(s), "
           f">= {args.seconds:g} s and {args.min_runs} runs each")
     print("     " + ", ".join(f"{k} {v.split('-')[0]}" for k, v in versions.items() if k != "numpy")

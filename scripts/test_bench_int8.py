@@ -112,5 +112,63 @@ class RemeasurePeak(unittest.TestCase):
         self.assertIs(bench_int8.remeasure_peak(None, None, PEAK), PEAK)
 
 
+class _Str:
+    def __init__(self, v: str):
+        self.v = v
+
+    def astype(self, _t):
+        return self.v
+
+
+class _Op:
+    def __init__(self, layer: str, prim: str | None):
+        self.rt = {"layerType": _Str(layer)}
+        if prim is not None:
+            self.rt["primitiveType"] = _Str(prim)
+
+    def get_rt_info(self):
+        return self.rt
+
+
+class _Compiled:
+    def __init__(self, ops):
+        self.ops = ops
+
+    def get_runtime_model(self):
+        if self.ops is None:
+            raise RuntimeError("no runtime model")
+        return self
+
+    def get_ops(self):
+        return self.ops
+
+
+class OpenVinoPrimitives(unittest.TestCase):
+    def test_gemm_nodes_counted_by_primitive(self):
+        ops = [_Op("FullyConnected", "brgemm_avx512_amx_I8")] * 3 + [_Op("MatMul", "brgemm_avx512_i8"),
+                                                                    _Op("Softmax", "jit_avx512"),
+                                                                    _Op("FullyConnected", None)]
+        self.assertEqual(bench_int8.gemm_primitives(_Compiled(ops)),
+                         {"FullyConnected:?": 1, "FullyConnected:brgemm_avx512_amx_I8": 3,
+                          "MatMul:brgemm_avx512_i8": 1})
+
+    def test_without_a_runtime_model_it_says_so(self):
+        self.assertIn("unavailable", bench_int8.gemm_primitives(_Compiled(None)))
+
+
+class IsaCaps(unittest.TestCase):
+    def test_only_the_variables_set_are_reported(self):
+        saved = {v: bench_int8.os.environ.pop(v, None) for v in bench_int8.ISA_CAP_VARS}
+        try:
+            self.assertEqual(bench_int8.isa_caps(), {})
+            bench_int8.os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX512_CORE_BF16"
+            self.assertEqual(bench_int8.isa_caps(), {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"})
+        finally:
+            for v, old in saved.items():
+                bench_int8.os.environ.pop(v, None)
+                if old is not None:
+                    bench_int8.os.environ[v] = old
+
+
 if __name__ == "__main__":
     unittest.main()
