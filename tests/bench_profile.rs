@@ -67,6 +67,8 @@ fn fusion_leaves_no_standalone_elementwise_op_in_a_layer() {
     assert_eq!(fused["gemm_macs_per_run"], macs, "{fused}");
     assert!(fused["gemm_ops_per_s"].as_f64().unwrap() > 0.0, "{fused}");
     assert_eq!(fused["peak_unit"], "FMA", "{fused}");
+    // The epilogue's share is timed in the int8 units only: none in an FP32 program.
+    assert!(fused["gemm_epilogue_share"].is_null(), "{fused}");
 
     // Without fusion the same layers carry their bias, GELU, residual and LayerNorm ops: the
     // counter sees them.
@@ -116,6 +118,14 @@ fn fusion_leaves_no_standalone_elementwise_op_in_a_layer() {
         assert_eq!(g["nodes"], layers, "{g}");
         assert!(g["role"].as_str().unwrap().contains("layer.N"), "{g}");
     }
+    // Every int8 GEMM's units timed, the epilogue a part of their time (dequantization, bias,
+    // GELU, residual, LayerNorm and the quantized outputs are never free, nor all of it).
+    for g in groups {
+        let e = g["epilogue_share"].as_f64().unwrap_or(f64::NAN);
+        assert!(e > 0.0 && e < 1.0, "{g}");
+    }
+    let all = h["gemm_epilogue_share"].as_f64().unwrap_or(f64::NAN);
+    assert!(all > 0.0 && all < 1.0, "{h}");
     let per_role: f64 = groups.iter().map(|g| g["macs"].as_f64().unwrap()).sum();
     assert_eq!(per_role, macs, "{h}");
     assert_eq!(

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use codegen::kernels::int8::{record_unit_cycles, UnitCycles};
 use codegen::kernels::pool::{record_regions, RegionStats};
 use runtime::{CompileOptions, Model, NodeTime, Session, TensorValue};
 use std::collections::BTreeMap;
@@ -159,7 +160,7 @@ pub struct Profile {
     /// The weight GEMMs grouped by role (node name with its numbers as `N`, so the same
     /// projection of every layer falls in one group): nodes per run, milliseconds and MACs per
     /// run, in order of first appearance.
-    pub gemm_groups: Vec<(String, usize, f64, f64)>,
+    pub gemm_groups: Vec<GemmGroup>,
     /// The compute peak the GEMMs are rated against (ops/s) and which unit it is.
     pub peak: Option<(f64, &'static str)>,
     /// The `vpdpbusd` peak (ops/s) when `peak` is the AMX tile unit's: the runtime issue's
@@ -176,8 +177,21 @@ pub struct Profile {
     pub wall_ms: Option<f64>,
 }
 
+/// The weight GEMMs of one role (see [`Profile::gemm_groups`]).
+pub struct GemmGroup {
+    pub role: String,
+    /// Nodes per run.
+    pub nodes: usize,
+    /// Milliseconds and multiply-accumulates per run.
+    pub ms: f64,
+    pub macs: f64,
+    /// The int8 units' ticks of the group's nodes, summed over the runs, where recorded (see
+    /// `codegen::kernels::int8::record_unit_cycles`).
+    pub cycles: Option<UnitCycles>,
+}
+
 /// [`Profile::gemm_groups`]: the weight GEMM nodes of `runs` grouped by role.
-fn gemm_groups(runs: &[Vec<NodeTime>]) -> Vec<(String, usize, f64, f64)> {
+fn gemm_groups(runs: &[Vec<NodeTime>]) -> Vec<GemmGroup> {
     let n = runs.len().max(1) as f64;
     let role = |node: &str| {
         let mut r = String::with_capacity(node.len());
@@ -192,23 +206,32 @@ fn gemm_groups(runs: &[Vec<NodeTime>]) -> Vec<(String, usize, f64, f64)> {
         }
         r
     };
-    let mut groups: Vec<(String, usize, f64, f64)> = Vec::new();
+    let mut groups: Vec<GemmGroup> = Vec::new();
     for (i, run) in runs.iter().enumerate() {
         for t in run.iter().filter(|t| t.macs > 0) {
             let r = role(&t.node);
-            let at = match groups.iter().position(|g| g.0 == r) {
+            let at = match groups.iter().position(|g| g.role == r) {
                 Some(at) => at,
                 None => {
-                    groups.push((r, 0, 0.0, 0.0));
+                    groups.push(GemmGroup {
+                        role: r,
+                        nodes: 0,
+                        ms: 0.0,
+                        macs: 0.0,
+                        cycles: None,
+                    });
                     groups.len() - 1
                 }
             };
             let g = &mut groups[at];
             if i == 0 {
-                g.1 += 1;
+                g.nodes += 1;
             }
-            g.2 += t.time.as_secs_f64() * 1e3 / n;
-            g.3 += t.macs as f64 / n;
+            g.ms += t.time.as_secs_f64() * 1e3 / n;
+            g.macs += t.macs as f64 / n;
+            if let Some(c) = t.gemm_cycles {
+                *g.cycles.get_or_insert_with(UnitCycles::default) += c;
+            }
         }
     }
     groups
@@ -414,17 +437,41 @@ impl Profile {
                     v / 1e9
                 );
             }
-            println!("  weight GEMMs by role");
-            for (role, nodes, ms, macs) in &self.gemm_groups {
-                let rate = if *ms > 0.0 {
-                    2.0 * macs / (ms / 1e3)
+            let recorded = self.gemm_groups.iter().any(|g| g.cycles.is_some());
+            println!(
+                "  weight GEMMs by role{}",
+                if recorded {
+                    " (epilogue: its share of the int8 units' time, the rest in the microkernel)"
+                } else {
+                    ""
+                }
+            );
+            for g in &self.gemm_groups {
+                let rate = if g.ms > 0.0 {
+                    2.0 * g.macs / (g.ms / 1e3)
                 } else {
                     0.0
                 };
+                let epilogue = g
+                    .cycles
+                    .and_then(|c| c.epilogue_share())
+                    .map_or(String::new(), |e| {
+                        format!("  epilogue {:>4.1} %", 100.0 * e)
+                    });
                 println!(
-                    "    {nodes:>3} x {role:<48} {ms:>9.2} ms  {:>7.1} GOPS{}",
+                    "    {:>3} x {:<48} {:>9.2} ms  {:>7.1} GOPS{}{epilogue}",
+                    g.nodes,
+                    g.role,
+                    g.ms,
                     rate / 1e9,
                     frac(rate)
+                );
+            }
+            if let Some(e) = self.unit_cycles().and_then(|c| c.epilogue_share()) {
+                println!(
+                    "    all int8 GEMM units: microkernel {:.1} %, epilogue {:.1} % of their time",
+                    100.0 * (1.0 - e),
+                    100.0 * e
                 );
             }
         }
@@ -452,6 +499,15 @@ impl Profile {
         ))
     }
 
+    /// The int8 units' ticks of every weight GEMM, where recorded.
+    fn unit_cycles(&self) -> Option<UnitCycles> {
+        let mut all: Option<UnitCycles> = None;
+        for c in self.gemm_groups.iter().filter_map(|g| g.cycles) {
+            *all.get_or_insert_with(UnitCycles::default) += c;
+        }
+        all
+    }
+
     fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "runs": self.runs,
@@ -462,8 +518,9 @@ impl Profile {
             "elementwise_per_layer": self.elementwise_per_layer(),
             "elementwise_in_layers": self.elementwise_in_layers.iter().map(|(n, op)| serde_json::json!({"node": n, "op": op})).collect::<Vec<_>>(),
             "gemm_macs_per_run": self.gemm_macs,
-            "gemm_groups": self.gemm_groups.iter().map(|(role, c, ms, macs)| serde_json::json!({"role": role, "nodes": c, "ms": ms, "macs": macs})).collect::<Vec<_>>(),
+            "gemm_groups": self.gemm_groups.iter().map(|g| serde_json::json!({"role": g.role, "nodes": g.nodes, "ms": g.ms, "macs": g.macs, "epilogue_share": g.cycles.and_then(|c| c.epilogue_share())})).collect::<Vec<_>>(),
             "gemm_ms_per_run": self.gemm_ms,
+            "gemm_epilogue_share": self.unit_cycles().and_then(|c| c.epilogue_share()),
             "gemm_ops_per_s": self.gemm_rates().0,
             "run_gemm_ops_per_s": self.gemm_rates().1,
             "peak_ops_per_s": self.peak.map(|p| p.0),
@@ -617,8 +674,10 @@ pub fn measure(model: &Model, args: &BenchArgs) -> Result<BenchResult, CliError>
             .map(|i| {
                 let t = Instant::now();
                 let feeds = &refs[i % refs.len()];
-                let (run, r) = record_regions(|| {
-                    session.run_profiled_into(feeds, outputs_for_run(&mut kept, fresh))
+                let (run, r) = record_unit_cycles(|| {
+                    record_regions(|| {
+                        session.run_profiled_into(feeds, outputs_for_run(&mut kept, fresh))
+                    })
                 });
                 wall += t.elapsed();
                 regions += r;

@@ -497,3 +497,40 @@ fn amx_dot_rows_equal_their_definition() {
         }
     }
 }
+
+/// `record_unit_cycles` times the units of the GEMMs run inside it, their epilogues apart (what
+/// `encore bench --profile` splits per weight GEMM), on every kernel; outside a recording
+/// nothing is read. Other tests' GEMMs may count too (the counters are process-wide), so the
+/// counts are only asked to move.
+#[test]
+fn recorded_units_count_their_epilogues() {
+    use codegen::kernels::int8::{record_unit_cycles, unit_cycles_so_far};
+    let (m, n, k) = (64, 96, 256);
+    let w: Vec<i8> = (0..n * k).map(|i| (i % 7) as i8 - 3).collect();
+    let a: Vec<u8> = (0..m * k).map(|i| (i % 251) as u8).collect();
+    assert!(unit_cycles_so_far().is_none());
+    for kern in kernels("recorded_units_count_their_epilogues") {
+        let packed = PackedI8::pack_for(kern, &w, k, n, n, false).unwrap();
+        let mut c = vec![0i32; m * n];
+        let (before, after) = record_unit_cycles(|| {
+            let before = unit_cycles_so_far().unwrap();
+            let out = Output::I32 { c: &mut c, ldc: n };
+            gemm_i8_with(
+                kern,
+                m,
+                Activations::U8(&a),
+                k,
+                &packed,
+                out,
+                &Epilogue::none(),
+                1,
+            )
+            .unwrap();
+            (before, unit_cycles_so_far().unwrap())
+        });
+        let d = after - before;
+        assert!(d.units > 0 && d.epilogue > 0, "{}: {d:?}", kern.name());
+        assert!(d.epilogue_share().is_some(), "{}", kern.name());
+    }
+    assert!(unit_cycles_so_far().is_none());
+}

@@ -112,6 +112,10 @@ pub struct NodeTime {
     /// Multiply-accumulates of the node's weight GEMM (`linear`, `fused_linear`, `qlinear`:
     /// tokens × K × N, the tokens this run computed); 0 for other ops.
     pub macs: u64,
+    /// The int8 GEMM units' clock ticks inside the node, split into microkernel calls and
+    /// epilogues, where the run is recorded by `codegen::kernels::int8::record_unit_cycles`
+    /// (`None` otherwise; zero ticks for a node without int8 GEMM units).
+    pub gemm_cycles: Option<codegen::kernels::int8::UnitCycles>,
 }
 
 /// A weight in the form its kernel reads, made once per session ([`lower::WeightLayout`]).
@@ -1103,6 +1107,10 @@ impl Session {
                 .is_some()
                 .then(codegen::kernels::pool::recorded_so_far)
                 .flatten();
+            let cycles0 = times
+                .is_some()
+                .then(codegen::kernels::int8::unit_cycles_so_far)
+                .flatten();
             if let Some(obs) = observe.as_deref_mut() {
                 if matches!(
                     st.op,
@@ -1124,6 +1132,9 @@ impl Session {
                 let alone = regions0
                     .zip(codegen::kernels::pool::recorded_so_far())
                     .map(|(a, b)| time.saturating_sub(b.inside.saturating_sub(a.inside)));
+                let gemm_cycles = cycles0
+                    .zip(codegen::kernels::int8::unit_cycles_so_far())
+                    .map(|(a, b)| b - a);
                 // N of the packed weight: the outputs' widths do not say it (quantized heads
                 // write 2H bytes, scales and H floats; a u8 fork doubles the output).
                 let n = match st.weight.map(|(_, w)| &self.weights[w]) {
@@ -1143,6 +1154,7 @@ impl Session {
                     time,
                     alone,
                     macs: gemm_mk.unwrap_or(0) * n,
+                    gemm_cycles,
                 });
             }
             for i in ins.drain(..) {

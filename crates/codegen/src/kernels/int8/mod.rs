@@ -988,6 +988,97 @@ fn unit_shape(d: &KernelDesc, blk: &Blocking, k_pad: usize) -> crate::jit::UnitS
 
 /// What the epilogue of one unit needs, behind the `env` pointer a JIT-compiled unit passes
 /// back to [`epilogue_chunk_c`].
+/// Clock ticks spent in int8 GEMM units (see [`record_unit_cycles`]), all threads together.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnitCycles {
+    /// In the units: microkernel calls and epilogues.
+    pub units: u64,
+    /// Of `units`, in the epilogues (dequantization to the stored outputs).
+    pub epilogue: u64,
+}
+
+impl UnitCycles {
+    /// The epilogues' share of the units' time, in [0, 1]; `None` when nothing was counted.
+    pub fn epilogue_share(&self) -> Option<f64> {
+        (self.units > 0).then(|| self.epilogue as f64 / self.units as f64)
+    }
+}
+
+impl std::ops::Sub for UnitCycles {
+    type Output = UnitCycles;
+    fn sub(self, o: UnitCycles) -> UnitCycles {
+        UnitCycles {
+            units: self.units.saturating_sub(o.units),
+            epilogue: self.epilogue.saturating_sub(o.epilogue),
+        }
+    }
+}
+
+impl std::ops::AddAssign for UnitCycles {
+    fn add_assign(&mut self, o: UnitCycles) {
+        self.units += o.units;
+        self.epilogue += o.epilogue;
+    }
+}
+
+/// Recordings open ([`record_unit_cycles`]); the units time themselves only while one is.
+static UNIT_RECORDINGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static UNIT_TICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static EPILOGUE_TICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Runs `f` with the int8 GEMM units of every thread timing their microkernel calls and their
+/// epilogues, which [`unit_cycles_so_far`] then reads: where a GEMM's time goes between the
+/// two, what `encore bench --profile` prints per weight GEMM. The counts are process-wide (a
+/// GEMM run by another thread meanwhile counts too) and cost two clock reads per epilogue
+/// chunk while recording, none otherwise.
+///
+/// ```
+/// use codegen::kernels::int8::{record_unit_cycles, unit_cycles_so_far};
+/// assert!(unit_cycles_so_far().is_none());
+/// record_unit_cycles(|| assert!(unit_cycles_so_far().is_some()));
+/// ```
+pub fn record_unit_cycles<R>(f: impl FnOnce() -> R) -> R {
+    use std::sync::atomic::Ordering;
+    struct Close;
+    impl Drop for Close {
+        fn drop(&mut self) {
+            UNIT_RECORDINGS.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    UNIT_RECORDINGS.fetch_add(1, Ordering::Relaxed);
+    let _close = Close;
+    f()
+}
+
+/// The ticks counted so far (the difference of two readings is what ran between them), or
+/// `None` outside [`record_unit_cycles`]. Ticks are the time-stamp counter's on x86-64
+/// (nanoseconds elsewhere): compare them with each other, not with wall time.
+pub fn unit_cycles_so_far() -> Option<UnitCycles> {
+    use std::sync::atomic::Ordering;
+    (UNIT_RECORDINGS.load(Ordering::Relaxed) > 0).then(|| UnitCycles {
+        units: UNIT_TICKS.load(Ordering::Relaxed),
+        epilogue: EPILOGUE_TICKS.load(Ordering::Relaxed),
+    })
+}
+
+/// A cheap monotonic clock for [`record_unit_cycles`].
+#[inline]
+fn ticks() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `rdtsc` exists on every x86-64 CPU and has no preconditions.
+        unsafe { std::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        START
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_nanos() as u64
+    }
+}
+
 struct UnitEnv<'a, 'b> {
     ops: &'a [EpilogueOp<'b>],
     ctx: Int8Ctx<'a>,
@@ -999,6 +1090,8 @@ struct UnitEnv<'a, 'b> {
     mr: usize,
     nr: usize,
     n: usize,
+    /// Ticks of this unit's epilogues, while [`record_unit_cycles`] records (else `None`).
+    epilogue_ticks: Option<u64>,
 }
 
 /// The epilogue of micro-panel row `ip` of a unit, over its panels `p0..p1`, whose i32 tiles
@@ -1010,6 +1103,7 @@ struct UnitEnv<'a, 'b> {
 unsafe fn epilogue_chunk(env: &mut UnitEnv<'_, '_>, ip: usize, p0: usize, p1: usize) {
     let r0 = env.rows.start + ip * env.mr;
     let (c0, c1) = (p0 * env.nr, (p1 * env.nr).min(env.n));
+    let t0 = env.epilogue_ticks.map(|_| ticks());
     // SAFETY: as the caller guarantees.
     unsafe {
         run_block(
@@ -1022,6 +1116,9 @@ unsafe fn epilogue_chunk(env: &mut UnitEnv<'_, '_>, ip: usize, p0: usize, p1: us
             env.tmp,
         )
     };
+    if let (Some(t0), Some(sum)) = (t0, env.epilogue_ticks.as_mut()) {
+        *sum += ticks().wrapping_sub(t0);
+    }
 }
 
 /// [`epilogue_chunk`] for JIT-compiled units.
@@ -1091,7 +1188,7 @@ unsafe fn compute_unit(
     if rows.is_empty() || pans.is_empty() {
         return;
     }
-    let (mr, nr, kp) = (shape.mr, shape.nr, shape.k_pad);
+    let (mr, nr) = (shape.mr, shape.nr);
     debug_assert_eq!(rows.start % mr, 0, "units start on a micro-panel");
     // The A micro-panel (mr × Kp, a few KB) stays in L1 while the B panels of the block stream
     // from L2 in address order. Each chunk of a micro-panel row is computed into the start of
@@ -1124,7 +1221,46 @@ unsafe fn compute_unit(
         mr,
         nr,
         n: b.n,
+        epilogue_ticks: None,
     };
+    if UNIT_RECORDINGS.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+        env.epilogue_ticks = Some(0);
+        let t0 = ticks();
+        // SAFETY: the same call, timed.
+        unsafe { run_unit(kern, unit, shape, a_rows, b, rows, pans, &mut env, next) };
+        let unit_ticks = ticks().wrapping_sub(t0);
+        UNIT_TICKS.fetch_add(unit_ticks, std::sync::atomic::Ordering::Relaxed);
+        EPILOGUE_TICKS.fetch_add(
+            env.epilogue_ticks.unwrap_or(0),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    } else {
+        // SAFETY: as the caller guarantees.
+        unsafe { run_unit(kern, unit, shape, a_rows, b, rows, pans, &mut env, next) };
+    }
+}
+
+/// The calls of [`compute_unit`] after its set-up: through the compiled nest, or interpreted.
+///
+/// # Safety
+/// As [`compute_unit`], `env` made by it for these rows and panels.
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_unit(
+    kern: &dyn MicroKernel,
+    unit: Option<&crate::jit::CompiledUnit>,
+    shape: crate::jit::UnitShape,
+    a_rows: *const u8,
+    b: &PackedI8,
+    rows: std::ops::Range<usize>,
+    pans: std::ops::Range<usize>,
+    env: &mut UnitEnv<'_, '_>,
+    next: &[i8],
+) {
+    let (mr, nr, kp) = (shape.mr, shape.nr, shape.k_pad);
+    let chunk = shape.ldacc / nr;
+    // The accumulator the unit's set-up took mutably (`compute_unit`): the kernel writes it,
+    // the epilogue reads it.
+    let acc = env.acc as *mut i32;
     if let Some(u) = unit {
         // SAFETY: the unit was compiled for this shape and microkernel (checked by the
         // driver); it makes exactly the calls of the loop below, with `env` alive throughout.
@@ -1133,7 +1269,7 @@ unsafe fn compute_unit(
                 a_rows,
                 b.data.as_ptr(),
                 acc,
-                &mut env as *mut UnitEnv<'_, '_> as *mut std::ffi::c_void,
+                env as *mut UnitEnv<'_, '_> as *mut std::ffi::c_void,
                 rows.len(),
                 pans.start,
                 pans.end,
@@ -1166,7 +1302,7 @@ unsafe fn compute_unit(
                 };
             }
             // SAFETY: the tiles of p0..p1 are finished; the output block is this unit's.
-            unsafe { epilogue_chunk(&mut env, ip, p0, p1) };
+            unsafe { epilogue_chunk(env, ip, p0, p1) };
             p0 = p1;
         }
     }
