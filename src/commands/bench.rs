@@ -437,7 +437,10 @@ impl Profile {
                     v / 1e9
                 );
             }
-            let recorded = self.gemm_groups.iter().any(|g| g.cycles.is_some());
+            let recorded = self
+                .gemm_groups
+                .iter()
+                .any(|g| g.cycles.and_then(|c| c.epilogue_share()).is_some());
             println!(
                 "  weight GEMMs by role{}",
                 if recorded {

@@ -986,8 +986,6 @@ fn unit_shape(d: &KernelDesc, blk: &Blocking, k_pad: usize) -> crate::jit::UnitS
     }
 }
 
-/// What the epilogue of one unit needs, behind the `env` pointer a JIT-compiled unit passes
-/// back to [`epilogue_chunk_c`].
 /// Clock ticks spent in int8 GEMM units (see [`record_unit_cycles`]), all threads together.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UnitCycles {
@@ -1079,6 +1077,8 @@ fn ticks() -> u64 {
     }
 }
 
+/// What the epilogue of one unit needs, behind the `env` pointer a JIT-compiled unit passes
+/// back to [`epilogue_chunk_c`].
 struct UnitEnv<'a, 'b> {
     ops: &'a [EpilogueOp<'b>],
     ctx: Int8Ctx<'a>,
@@ -1188,7 +1188,7 @@ unsafe fn compute_unit(
     if rows.is_empty() || pans.is_empty() {
         return;
     }
-    let (mr, nr) = (shape.mr, shape.nr);
+    let (mr, nr, kp) = (shape.mr, shape.nr, shape.k_pad);
     debug_assert_eq!(rows.start % mr, 0, "units start on a micro-panel");
     // The A micro-panel (mr × Kp, a few KB) stays in L1 while the B panels of the block stream
     // from L2 in address order. Each chunk of a micro-panel row is computed into the start of
@@ -1223,44 +1223,12 @@ unsafe fn compute_unit(
         n: b.n,
         epilogue_ticks: None,
     };
-    if UNIT_RECORDINGS.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+    // Timed while a recording is open (`record_unit_cycles`).
+    let recording = UNIT_RECORDINGS.load(std::sync::atomic::Ordering::Relaxed) > 0;
+    if recording {
         env.epilogue_ticks = Some(0);
-        let t0 = ticks();
-        // SAFETY: the same call, timed.
-        unsafe { run_unit(kern, unit, shape, a_rows, b, rows, pans, &mut env, next) };
-        let unit_ticks = ticks().wrapping_sub(t0);
-        UNIT_TICKS.fetch_add(unit_ticks, std::sync::atomic::Ordering::Relaxed);
-        EPILOGUE_TICKS.fetch_add(
-            env.epilogue_ticks.unwrap_or(0),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-    } else {
-        // SAFETY: as the caller guarantees.
-        unsafe { run_unit(kern, unit, shape, a_rows, b, rows, pans, &mut env, next) };
     }
-}
-
-/// The calls of [`compute_unit`] after its set-up: through the compiled nest, or interpreted.
-///
-/// # Safety
-/// As [`compute_unit`], `env` made by it for these rows and panels.
-#[allow(clippy::too_many_arguments)]
-unsafe fn run_unit(
-    kern: &dyn MicroKernel,
-    unit: Option<&crate::jit::CompiledUnit>,
-    shape: crate::jit::UnitShape,
-    a_rows: *const u8,
-    b: &PackedI8,
-    rows: std::ops::Range<usize>,
-    pans: std::ops::Range<usize>,
-    env: &mut UnitEnv<'_, '_>,
-    next: &[i8],
-) {
-    let (mr, nr, kp) = (shape.mr, shape.nr, shape.k_pad);
-    let chunk = shape.ldacc / nr;
-    // The accumulator the unit's set-up took mutably (`compute_unit`): the kernel writes it,
-    // the epilogue reads it.
-    let acc = env.acc as *mut i32;
+    let t0 = recording.then(ticks);
     if let Some(u) = unit {
         // SAFETY: the unit was compiled for this shape and microkernel (checked by the
         // driver); it makes exactly the calls of the loop below, with `env` alive throughout.
@@ -1269,7 +1237,7 @@ unsafe fn run_unit(
                 a_rows,
                 b.data.as_ptr(),
                 acc,
-                env as *mut UnitEnv<'_, '_> as *mut std::ffi::c_void,
+                &mut env as *mut UnitEnv<'_, '_> as *mut std::ffi::c_void,
                 rows.len(),
                 pans.start,
                 pans.end,
@@ -1278,33 +1246,41 @@ unsafe fn run_unit(
                 next.len(),
             )
         };
-        return;
-    }
-    let mut next = NextLines::of(next);
-    let mpan = rows.len().div_ceil(mr);
-    for ip in 0..mpan {
-        let mut p0 = pans.start;
-        while p0 < pans.end {
-            let p1 = (p0 + chunk).min(pans.end);
-            for p in p0..p1 {
-                // SAFETY: panel p has kp·nr bytes; A micro-panel ip has mr·kp bytes; the i32
-                // tile (mr × nr at column (p − p0)·nr) is inside the accumulator, which is a
-                // chunk wide.
-                unsafe {
-                    kern.run(
-                        kp / 4,
-                        a_rows.add(ip * mr * kp),
-                        b.data.as_ptr().add(p * kp * nr),
-                        acc.add((p - p0) * nr),
-                        shape.ldacc,
-                        next.take(ip, kp / 4),
-                    )
-                };
+    } else {
+        let mut next = NextLines::of(next);
+        let mpan = rows.len().div_ceil(mr);
+        for ip in 0..mpan {
+            let mut p0 = pans.start;
+            while p0 < pans.end {
+                let p1 = (p0 + chunk).min(pans.end);
+                for p in p0..p1 {
+                    // SAFETY: panel p has kp·nr bytes; A micro-panel ip has mr·kp bytes; the i32
+                    // tile (mr × nr at column (p − p0)·nr) is inside the accumulator, which is a
+                    // chunk wide.
+                    unsafe {
+                        kern.run(
+                            kp / 4,
+                            a_rows.add(ip * mr * kp),
+                            b.data.as_ptr().add(p * kp * nr),
+                            acc.add((p - p0) * nr),
+                            shape.ldacc,
+                            next.take(ip, kp / 4),
+                        )
+                    };
+                }
+                // SAFETY: the tiles of p0..p1 are finished; the output block is this unit's.
+                unsafe { epilogue_chunk(&mut env, ip, p0, p1) };
+                p0 = p1;
             }
-            // SAFETY: the tiles of p0..p1 are finished; the output block is this unit's.
-            unsafe { epilogue_chunk(env, ip, p0, p1) };
-            p0 = p1;
         }
+    }
+    if let Some(t0) = t0 {
+        let unit_ticks = ticks().wrapping_sub(t0);
+        UNIT_TICKS.fetch_add(unit_ticks, std::sync::atomic::Ordering::Relaxed);
+        EPILOGUE_TICKS.fetch_add(
+            env.epilogue_ticks.unwrap_or(0),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 }
 
