@@ -2,7 +2,8 @@
 //!
 //! `cargo bench -p codegen --bench vnni` times one thread's 8×48 microkernel calls in the access
 //! patterns a GEMM can give them (each a row): `l1` (one A micro-panel and one B panel of
-//! K = 256, both in L1); `a-stat` (the driver's order: an A micro-panel against every B panel
+//! K = 256, both in L1; `l1-k768` the same with K = 768, 42 KB); `-nx` rows hand the kernel the
+//! caller's next weights to walk into L2 instead of prefetching its own B; `a-stat` (the driver's order: an A micro-panel against every B panel
 //! of N = 768 or of a 1 MB block, K = 768, the panels streaming from L2); `b-stat` (one B panel
 //! of K = 768 or 256 against the A micro-panels of 256 rows, rows at stride K).
 
@@ -20,7 +21,7 @@ struct Scenario {
     next: bool,
 }
 
-const SCENARIOS: [Scenario; 8] = [
+const SCENARIOS: [Scenario; 9] = [
     Scenario {
         name: "a-stat-1mb-nx",
         kc: 768,
@@ -36,6 +37,15 @@ const SCENARIOS: [Scenario; 8] = [
         b_panels: 7,
         a_outer: true,
         next: true,
+    },
+    // Both panels in L1 (6 + 36 KB): the instruction mix and the call alone.
+    Scenario {
+        name: "l1-k768",
+        kc: 768,
+        a_panels: 1,
+        b_panels: 1,
+        a_outer: true,
+        next: false,
     },
     Scenario {
         name: "l1",
