@@ -437,13 +437,11 @@ impl Profile {
                     v / 1e9
                 );
             }
-            let recorded = self
-                .gemm_groups
-                .iter()
-                .any(|g| g.cycles.and_then(|c| c.epilogue_share()).is_some());
+            // The epilogues' share of all int8 units' time: some only where one was measured.
+            let all_epilogue = self.unit_cycles().and_then(|c| c.epilogue_share());
             println!(
                 "  weight GEMMs by role{}",
-                if recorded {
+                if all_epilogue.is_some() {
                     " (epilogue: its share of the int8 units' time, the rest in the microkernel)"
                 } else {
                     ""
@@ -470,7 +468,7 @@ impl Profile {
                     frac(rate)
                 );
             }
-            if let Some(e) = self.unit_cycles().and_then(|c| c.epilogue_share()) {
+            if let Some(e) = all_epilogue {
                 println!(
                     "    all int8 GEMM units: microkernel {:.1} %, epilogue {:.1} % of their time",
                     100.0 * (1.0 - e),

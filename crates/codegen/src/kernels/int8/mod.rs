@@ -1210,6 +1210,8 @@ unsafe fn compute_unit(
     );
     // One pointer for the microkernel's writes and the epilogue's reads.
     let acc = acc.as_mut_ptr();
+    // Timed while a recording is open (`record_unit_cycles`).
+    let recording = UNIT_RECORDINGS.load(std::sync::atomic::Ordering::Relaxed) > 0;
     let mut env = UnitEnv {
         ops,
         ctx,
@@ -1221,13 +1223,8 @@ unsafe fn compute_unit(
         mr,
         nr,
         n: b.n,
-        epilogue_ticks: None,
+        epilogue_ticks: recording.then_some(0),
     };
-    // Timed while a recording is open (`record_unit_cycles`).
-    let recording = UNIT_RECORDINGS.load(std::sync::atomic::Ordering::Relaxed) > 0;
-    if recording {
-        env.epilogue_ticks = Some(0);
-    }
     let t0 = recording.then(ticks);
     if let Some(u) = unit {
         // SAFETY: the unit was compiled for this shape and microkernel (checked by the
