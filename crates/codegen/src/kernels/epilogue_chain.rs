@@ -427,10 +427,17 @@ unsafe fn run_with<const F: u32>(
     // A head's values between its absolute maximum and its quantization (`OutPtr::Heads`):
     // made once, not zeroed again for every row.
     let mut head = [_mm512_setzero_ps(); MAX_HEAD / 16];
+    let first_slots = match out {
+        OutPtr::Heads(h) => Some(HeadSlots::new(c0, h.hidden, h.head_dim)),
+        _ => None,
+    };
     for (i, r) in rows.clone().enumerate() {
-        if r + AHEAD < rows.end {
-            fetch(r + AHEAD);
-        }
+        // Row `r + AHEAD`'s residual, asked for a line per vector as row `r`'s values are made
+        // (`values!`) rather than all at once here: a row's burst of hints (48 lines for
+        // BERT-base) filled the line-fill buffers and stalled the chain on the hints themselves.
+        let ahead = residual
+            .filter(|_| r + AHEAD < rows.end)
+            .map(|(data, ld)| data.as_ptr().wrapping_add((r + AHEAD) * ld + c0) as *const i8);
         let zp = ctx.shift + a_zero.at(r);
         let s = a_scale.at(r);
         // The chain's values at the `N` vectors of columns `j + 16·u` (relative to the block)
@@ -445,6 +452,12 @@ unsafe fn run_with<const F: u32>(
         macro_rules! values {
             ($n:expr, $j:expr, $m:expr) => {{
                 let (j, m): (usize, __mmask16) = ($j, $m);
+                if let Some(ahead) = ahead {
+                    for u in 0..$n {
+                        // A hint: reads nothing, never faults.
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(4 * (j + 16 * u)));
+                    }
+                }
                 let mut v = [_mm512_setzero_ps(); $n];
                 for (u, v) in v.iter_mut().enumerate() {
                     let (j, c) = (j + 16 * u, c0 + j + 16 * u);
@@ -594,8 +607,9 @@ unsafe fn run_with<const F: u32>(
                 }};
             }
             // The heads of the block in order, from the slot of its first head: no division
-            // per head (three integer divisions a head were a visible share of the chain).
-            let mut slots = HeadSlots::new(c0, h.hidden, dh);
+            // per head (three integer divisions a head were a visible share of the chain), nor
+            // per row (the block's first slot is made once).
+            let mut slots = first_slots.expect("made for a heads output");
             // A `while` rather than `step_by`, whose trip count cost an integer division per
             // row.
             let mut hc = 0;
@@ -651,6 +665,7 @@ unsafe fn run_with<const F: u32>(
 /// The slots of consecutive heads from column `c0` (see [`super::epilogue::head_slot`]): the first one's by
 /// division, each next one by counting (three integer divisions a head were a visible share of
 /// the QKV chain).
+#[derive(Clone, Copy)]
 struct HeadSlots {
     head: usize,
     part: usize,
