@@ -2,8 +2,10 @@
 //!
 //! `cargo bench -p codegen --bench gemm [-- [--json out.json] [--quick | --m M] [--int8-only]]`
 //! (`--int8-only` skips the f32 and scalar kernels; the onnxruntime script uses it;
-//! `--epilogues [--threads T] [--m M]` only times the fused epilogue programs of a BERT-base layer, then
-//! the same GEMMs over twelve layers of distinct weights).
+//! `--epilogues [--threads T] [--m M]` only times the fused epilogue programs of a BERT-base layer:
+//! each GEMM with its epilogue, its share of the units' time and its thread-time per 16 outputs
+//! from the units' cycle counters (`record_unit_cycles`), then the same GEMMs over twelve layers
+//! of distinct weights).
 //!
 //! Prints the measured VNNI / FMA peaks for 1 and 2 threads, then GOPS and the fraction of the
 //! matching peak for every supported kernel on M ∈ {128, 1024, 4096} × (N, K) ∈ {(768, 768),
@@ -80,6 +82,23 @@ fn layer_output<'a>(m: usize, n: usize, yu: &'a mut [u8], yf: &'a mut [f32]) -> 
             c: &mut yf[..m * n],
             ldc: n,
         }
+    }
+}
+
+/// Time-stamp counter ticks per nanosecond (the rate of the units' cycle counters), measured
+/// over 50 ms; 1 off x86-64, where the counters are nanoseconds.
+fn tsc_per_ns() -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `rdtsc` exists on every x86-64 CPU and has no preconditions.
+        let read = || unsafe { std::arch::x86_64::_rdtsc() };
+        let (t0, c0) = (std::time::Instant::now(), read());
+        std::thread::sleep(Duration::from_millis(50));
+        (read() - c0) as f64 / t0.elapsed().as_nanos() as f64
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        1.0
     }
 }
 
@@ -187,10 +206,12 @@ fn epilogue_costs(threads: usize, m: usize) {
             )
             .expect("gemm");
         });
+        let calls = std::cell::Cell::new(0usize);
         let mut fused_with = |register_chains: bool| {
             #[cfg(target_arch = "x86_64")]
             codegen::kernels::epilogue_chain::set_register_chains(register_chains);
             let t = time_best(Duration::from_millis(400), || {
+                calls.set(calls.get() + 1);
                 let out = if quantized {
                     Output::U8 { c: &mut yu, ldc: n }
                 } else if n == 2304 {
@@ -219,16 +240,36 @@ fn epilogue_costs(threads: usize, m: usize) {
         // which runs elementwise chains in registers on AVX-512.
         let multi_pass = fused_with(false);
         let fused = fused_with(true);
+        // The epilogues' share of the units' time, read from the time-stamp counters the units
+        // keep while a recording is open: the bare product above stores i32 to memory, a
+        // cost of its own, so its difference to the fused time says little.
+        calls.set(0);
+        // The counters are process-wide and only grow: this GEMM's are the difference.
+        let recorded = codegen::kernels::int8::record_unit_cycles(|| {
+            let before = codegen::kernels::int8::unit_cycles_so_far().unwrap_or_default();
+            fused_with(true);
+            let after = codegen::kernels::int8::unit_cycles_so_far().unwrap_or_default();
+            codegen::kernels::int8::UnitCycles {
+                units: after.units - before.units,
+                epilogue: after.epilogue - before.epilogue,
+            }
+        });
+        let share = recorded.epilogue_share().unwrap_or(0.0);
+        // The counters tick at the time-stamp counter's rate: thread-time in the epilogues per
+        // 16 outputs (all threads' ticks over all the recorded calls).
+        let per_vector =
+            recorded.epilogue as f64 / tsc_per_ns() / (calls.get() * m * n / 16).max(1) as f64;
         total_ep += fused;
         total_bare += bare;
         let per_output = |t: f64| (t - bare) * 1e9 / (m * n) as f64;
         println!(
-            "{} {m}x{n}x{k} {threads} thread(s), {name}: {:.2} ms, bare i32 {:.2} ms, epilogue {:.1} ns per output (multi-pass {:.1})",
+            "{} {m}x{n}x{k} {threads} thread(s), {name}: {:.2} ms, bare i32 {:.2} ms (difference {:.1} ns per output, multi-pass {:.1}); epilogue {:.1} % of the units' time, {per_vector:.1} ns of a thread per 16 outputs",
             kern.name(),
             fused * 1e3,
             bare * 1e3,
             per_output(fused),
-            per_output(multi_pass)
+            per_output(multi_pass),
+            100.0 * share
         );
     }
     println!(
