@@ -182,6 +182,8 @@ fn epilogue_costs(threads: usize, m: usize) {
     ];
     let a: Vec<u8> = (0..m * 3072).map(|i| (i * 7 % 251) as u8).collect();
     let (mut total_ep, mut total_bare) = (0.0, 0.0);
+    // Measured once: the counters' rate does not change between the GEMMs.
+    let tsc_rate = tsc_per_ns();
     for (name, n, k, ops) in gemms {
         let w: Vec<i8> = (0..n * k).map(|i| (i * 13 % 255) as i8).collect();
         let b = PackedI8::pack_for(kern, &w, k, n, k, true).expect("packing");
@@ -248,17 +250,13 @@ fn epilogue_costs(threads: usize, m: usize) {
         let recorded = codegen::kernels::int8::record_unit_cycles(|| {
             let before = codegen::kernels::int8::unit_cycles_so_far().unwrap_or_default();
             fused_with(true);
-            let after = codegen::kernels::int8::unit_cycles_so_far().unwrap_or_default();
-            codegen::kernels::int8::UnitCycles {
-                units: after.units - before.units,
-                epilogue: after.epilogue - before.epilogue,
-            }
+            codegen::kernels::int8::unit_cycles_so_far().unwrap_or_default() - before
         });
         let share = recorded.epilogue_share().unwrap_or(0.0);
         // The counters tick at the time-stamp counter's rate: thread-time in the epilogues per
         // 16 outputs (all threads' ticks over all the recorded calls).
         let per_vector =
-            recorded.epilogue as f64 / tsc_per_ns() / (calls.get() * m * n / 16).max(1) as f64;
+            recorded.epilogue as f64 / tsc_rate / (calls.get() * m * n / 16).max(1) as f64;
         total_ep += fused;
         total_bare += bare;
         let per_output = |t: f64| (t - bare) * 1e9 / (m * n) as f64;
