@@ -123,6 +123,8 @@ struct NormTail {
 struct Fork {
     smooth: *const f32,
     requant: (f32, f32, f32, f32),
+    /// [`requant_reciprocal`] of `requant`.
+    recip: f32,
     out: *mut u8,
     ld: usize,
 }
@@ -152,9 +154,11 @@ impl NormTail {
                 if i + 1 != rest.len() {
                     return None;
                 }
+                let requant = (scale, zero_point as f32, 0.0, 255.0);
                 tail.fork = Some(Fork {
                     smooth: smooth.map_or(std::ptr::null(), |s| s.as_ptr()),
-                    requant: (scale, zero_point as f32, 0.0, 255.0),
+                    requant,
+                    recip: requant_reciprocal(requant),
                     out: out.ptr,
                     ld: out.ld,
                 });
@@ -372,6 +376,26 @@ fn requantize_i32(v: __m512, (scale, zero_point, lo, hi): (f32, f32, f32, f32)) 
     super::math::lanes16::quantize_div_i32(v, scale, zero_point, lo, hi)
 }
 
+/// The factor [`requantize_by_product`] takes for these parameters
+/// (`math::lanes16::requant_reciprocal`).
+fn requant_reciprocal((scale, zero_point, lo, hi): (f32, f32, f32, f32)) -> f32 {
+    super::math::lanes16::requant_reciprocal(scale, zero_point, lo, hi)
+}
+
+/// [`requantize_i32`]'s integers by the product with `recip` ([`requant_reciprocal`]), and the
+/// lanes they may be wrong in (`math::lanes16::quantize_mul_i32`): a chain that meets any redoes
+/// its group of vectors with [`requantize_i32`], so that the divider runs for about one group
+/// in sixty instead of for every vector.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn requantize_by_product(
+    v: __m512,
+    (_, zero_point, lo, hi): (f32, f32, f32, f32),
+    recip: f32,
+) -> (__m512i, __mmask16) {
+    super::math::lanes16::quantize_mul_i32(v, recip, zero_point, lo, hi)
+}
+
 /// [`run`] for the chain kinds `F` (bits of the canonical order, or [`INTERPRETED`]).
 ///
 /// # Safety
@@ -395,6 +419,7 @@ unsafe fn run_with<const F: u32>(
         unreachable!("eligible: the chain starts with Dequant")
     };
     let (rest, fixed) = (chain.pre, chain.fixed);
+    let recip = requant_reciprocal(fixed.requant);
     let gelu = GeluErf512::new();
     let (c0, w) = (cols.start, cols.len());
     // The residual comes from far (a tensor written a layer ago), the rest from the tile just
@@ -634,19 +659,45 @@ unsafe fn run_with<const F: u32>(
         macro_rules! put {
             ($c:expr, $m:expr, $v:expr) => {
                 if F != INTERPRETED && F & REQUANT != 0 {
-                    unsafe { store_bytes(out, r, $c, $m, requantize_i32($v, fixed.requant)) }
+                    let (scale, zero_point, lo, hi) = fixed.requant;
+                    let q = super::math::lanes16::quantize_mul_or_div_i32(
+                        $v,
+                        (scale, recip),
+                        zero_point,
+                        lo,
+                        hi,
+                    );
+                    unsafe { store_bytes(out, r, $c, $m, q) }
                 } else {
                     unsafe { store(out, r, $c, $m, $v) }
                 }
             };
         }
-        // Whole runs of `$n` vectors from column `j` on, while the block has them.
+        // Whole runs of `$n` vectors from column `j` on, while the block has them. Requantized
+        // by product, the group checked once: a group with an unsure lane is stored again
+        // through the division (a branch per vector made LLVM reload the GELU tables around
+        // each).
         macro_rules! store_runs {
             ($n:expr) => {
                 while w - j >= 16 * $n {
                     let v = values!($n, j, 0xffff);
-                    for (u, v) in v.into_iter().enumerate() {
-                        put!(c0 + j + 16 * u, 0xffff, v);
+                    if F != INTERPRETED && F & REQUANT != 0 {
+                        let mut unsure = 0;
+                        for (u, &v) in v.iter().enumerate() {
+                            let (q, lanes) = requantize_by_product(v, fixed.requant, recip);
+                            unsure |= lanes;
+                            unsafe { store_bytes(out, r, c0 + j + 16 * u, 0xffff, q) }
+                        }
+                        if unsure != 0 {
+                            for (u, &v) in v.iter().enumerate() {
+                                let q = requantize_i32(v, fixed.requant);
+                                unsafe { store_bytes(out, r, c0 + j + 16 * u, 0xffff, q) }
+                            }
+                        }
+                    } else {
+                        for (u, v) in v.into_iter().enumerate() {
+                            put!(c0 + j + 16 * u, 0xffff, v);
+                        }
                     }
                     j += 16 * $n;
                 }
@@ -905,18 +956,29 @@ unsafe fn norm_out<const N: usize>(
             }
         }
         if let Some(f) = t.fork {
-            for (u, v) in v.iter().enumerate() {
+            let copy = |u: usize, v: __m512| {
                 let (c, m) = (c0 + j + 16 * u, masks[u]);
                 let x = if f.smooth.is_null() {
-                    *v
+                    v
                 } else {
-                    _mm512_mul_ps(*v, _mm512_maskz_loadu_ps(m, f.smooth.add(c)))
+                    _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, f.smooth.add(c)))
                 };
-                _mm512_mask_cvtepi32_storeu_epi8(
-                    f.out.add(r * f.ld + c) as *mut i8,
-                    m,
-                    requantize_i32(x, f.requant),
-                );
+                (x, f.out.add(r * f.ld + c) as *mut i8, m)
+            };
+            // By product, the group redone through the division when a lane is unsure (as
+            // `run_with`'s runs of vectors).
+            let mut unsure = 0;
+            for (u, &v) in v.iter().enumerate() {
+                let (x, at, m) = copy(u, v);
+                let (q, lanes) = requantize_by_product(x, f.requant, f.recip);
+                unsure |= lanes & m;
+                _mm512_mask_cvtepi32_storeu_epi8(at, m, q);
+            }
+            if unsure != 0 {
+                for (u, &v) in v.iter().enumerate() {
+                    let (x, at, m) = copy(u, v);
+                    _mm512_mask_cvtepi32_storeu_epi8(at, m, requantize_i32(x, f.requant));
+                }
             }
         }
         for (u, v) in v.into_iter().enumerate() {
@@ -1109,13 +1171,7 @@ mod tests {
             eprintln!("SKIP quantize_head_equals_quantize_sym: no AVX-512 on this CPU");
             return;
         }
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::kernels::math::lanes16::tests::xorshift(0x9e37_79b9_7f4a_7c15u64);
         let mut heads: Vec<Vec<f32>> = Vec::new();
         for scale in [1.0f32, 1e-3, 3e38, 1e-38, 1e-44, 0.0] {
             for _ in 0..20 {

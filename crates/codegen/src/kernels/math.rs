@@ -754,6 +754,34 @@ pub fn bf16_to_f32(h: u16) -> f32 {
 /// # }
 /// ```
 ///
+/// An example of [`lanes16::quantize_mul_i32`] (ties, NaN and an out-of-range value among the
+/// lanes: the unsure ones are made by the division):
+///
+/// ```
+/// # #[cfg(target_arch = "x86_64")] {
+/// if std::arch::is_x86_feature_detected!("avx512f") {
+///     use codegen::kernels::math::{lanes16, quantize_div};
+///     use std::arch::x86_64::*;
+///     let x = [0.25f32, 0.75, 1.3, -7.25, 1e9, -1e9, f32::NAN, 0.0, 3.3, 127.0, -0.5, 4.5, 63.25, 63.75, -64.25, 9.0];
+///     let (scale, zp) = (0.5, 128.0);
+///     let recip = lanes16::requant_reciprocal(scale, zp, 0.0, 255.0);
+///     let mut q = [0i32; 16];
+///     // SAFETY: the CPU has AVX-512F.
+///     let unsure = unsafe {
+///         let v = _mm512_loadu_ps(x.as_ptr());
+///         let (by_product, unsure) = lanes16::quantize_mul_i32(v, recip, zp, 0.0, 255.0);
+///         let exact = lanes16::quantize_div_i32(v, scale, zp, 0.0, 255.0);
+///         _mm512_storeu_si512(q.as_mut_ptr().cast(), _mm512_mask_mov_epi32(by_product, unsure, exact));
+///         unsure
+///     };
+///     assert_ne!(unsure & (1 << 6), 0, "the NaN lane is left to the division");
+///     for i in 0..16 {
+///         assert_eq!(q[i], quantize_div(x[i], scale, zp, 0.0, 255.0) as i32);
+///     }
+/// }
+/// # }
+/// ```
+///
 /// An example of [`lanes16::fold_max`]:
 ///
 /// ```
@@ -841,6 +869,90 @@ pub mod lanes16 {
         _mm512_add_epi32(q, _mm512_set1_epi32(zero_point as i32))
     }
 
+    /// How close to a half-integer the product with the reciprocal may come before
+    /// [`quantize_mul_i32`] leaves a lane to the division: more than the product's worst distance
+    /// to the IEEE quotient (below).
+    const NEAR_HALF: f32 = 0.5 - 1.0 / 16384.0;
+
+    /// The factor [`quantize_mul_i32`] multiplies by for [`quantize_div_i32`]`(·, scale,
+    /// zero_point, lo, hi)`: `1 / scale` where that is a normal float and both bounds less the
+    /// zero point lie within ±256 (u8 and s8 outputs), else NaN, for which every lane is left
+    /// to the division.
+    pub fn requant_reciprocal(scale: f32, zero_point: f32, lo: f32, hi: f32) -> f32 {
+        let recip = 1.0 / scale;
+        let bounded = (lo - zero_point).abs() <= 256.0 && (hi - zero_point).abs() <= 256.0;
+        if recip.is_normal() && bounded {
+            recip
+        } else {
+            f32::NAN
+        }
+    }
+
+    /// [`quantize_div_i32`]'s integers made with the product `v · recip` (`recip` from
+    /// [`requant_reciprocal`]) instead of the division, and the mask of the lanes whose integer
+    /// it cannot vouch for: the caller makes those with [`quantize_div_i32`]. Every other lane
+    /// is exact.
+    ///
+    /// The division takes the divider, one 16-lane quotient every ~10 cycles on Intel cores,
+    /// where a requantization only needs the integer the quotient rounds to. With `recip =
+    /// RN(1/scale)` (relative error ≤ 2⁻²⁴) the product `q = RN(v·recip)` lies within
+    /// `3·2⁻²⁴·|v / scale|` of the quotient `RN(v / scale)`, less than 2⁻¹⁴ wherever `|v / scale|
+    /// ≤ 257`: where `q` is farther than that from every half-integer, both round to the same
+    /// integer; beyond 257 both clamp to the same bound (within ±256). A lane near a
+    /// half-integer (about one in 8192), NaN or infinite (whose distance reads as NaN) is left
+    /// to the division, and so is every lane when `recip` is NaN.
+    ///
+    /// # Safety
+    /// Callable only where the CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub fn quantize_mul_i32(
+        v: __m512,
+        recip: f32,
+        zero_point: f32,
+        lo: f32,
+        hi: f32,
+    ) -> (__m512i, __mmask16) {
+        let q = _mm512_mul_ps(v, _mm512_set1_ps(recip));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(q);
+        let off = _mm512_abs_ps(_mm512_sub_ps(q, n));
+        // Not-less-than, true when unordered: NaN distances (NaN or infinite lanes) are unsure.
+        let unsure = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(off, _mm512_set1_ps(NEAR_HALF));
+        let n = _mm512_min_ps(
+            _mm512_set1_ps(hi - zero_point),
+            _mm512_max_ps(_mm512_set1_ps(lo - zero_point), n),
+        );
+        // Integral values: the conversion is exact (NaN lanes are unsure).
+        let n = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(n);
+        (
+            _mm512_add_epi32(n, _mm512_set1_epi32(zero_point as i32)),
+            unsure,
+        )
+    }
+
+    /// [`quantize_mul_i32`] with its unsure lanes made by [`quantize_div_i32`]: the division's
+    /// integers, the divider used by about one vector in 500. For loops of single vectors; a
+    /// chain holding several vectors checks the group once instead (see its callers).
+    ///
+    /// # Safety
+    /// Callable only where the CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub fn quantize_mul_or_div_i32(
+        v: __m512,
+        (scale, recip): (f32, f32),
+        zero_point: f32,
+        lo: f32,
+        hi: f32,
+    ) -> __m512i {
+        let (q, unsure) = quantize_mul_i32(v, recip, zero_point, lo, hi);
+        if unsure == 0 {
+            q
+        } else {
+            quantize_div_i32(v, scale, zero_point, lo, hi)
+        }
+    }
+
     /// `v / scale` clamped to `[lo − zero_point, hi − zero_point]` (NaN kept), and the mask of
     /// its lanes that are not NaN: the part [`quantize_div`] and [`quantize_div_i32`] share.
     #[target_feature(enable = "avx512f")]
@@ -913,8 +1025,18 @@ pub mod lanes16 {
     }
 
     #[cfg(test)]
-    mod tests {
+    pub(crate) mod tests {
         use super::*;
+
+        /// A xorshift64 generator from `state` (not 0): the tests' random lanes.
+        pub(crate) fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+            move || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state
+            }
+        }
 
         /// Both folds against `fold_lanes` bit for bit: random lanes across exponents, with
         /// NaNs (of several payloads), infinities, signed zeros, ties and subnormals mixed in at
@@ -939,17 +1061,11 @@ pub mod lanes16 {
                 f32::MAX,
                 f32::MIN,
             ];
-            let mut state = 0x9e37_79b9_7f4a_7c15u64;
-            let mut next = move || {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state
-            };
+            let mut next = xorshift(0x9e37_79b9_7f4a_7c15u64);
             for case in 0..200_000 {
                 let lanes: [f32; 16] = std::array::from_fn(|_| {
                     let r = next();
-                    if case % 2 == 1 && r % 5 == 0 {
+                    if case % 2 == 1 && r.is_multiple_of(5) {
                         specials[(r >> 8) as usize % specials.len()]
                     } else {
                         let e = ((r >> 8) % 60) as i32 - 30;
@@ -969,6 +1085,105 @@ pub mod lanes16 {
                     "sum of {lanes:?}: {sum:e} against {want_sum:e}"
                 );
             }
+        }
+
+        /// The requantization by product gives the scalar `quantize_div`'s integers (its IEEE
+        /// division) on every lane it vouches for, and with the division on the others: for scales
+        /// across forty binades (and a subnormal, a huge and a negative one), every float within
+        /// 40 ulps of each `(k + ½)·scale` for `|k| ≤ 300`, and random values up to ±2000
+        /// quotients with NaNs, infinities and signed zeros mixed in; u8 and s8 ranges with zero
+        /// points at and between their ends. The sweep must leave most vectors to the product
+        /// path, or the test would only check the division.
+        #[test]
+        fn requantization_by_product_equals_the_ieee_division() {
+            if !std::arch::is_x86_feature_detected!("avx512f") {
+                eprintln!(
+                    "SKIP requantization_by_product_equals_the_ieee_division: no AVX-512F on this CPU"
+                );
+                return;
+            }
+            let mut next = xorshift(0x2545_f491_4f6c_dd1du64);
+            let mut scales = vec![f32::from_bits(3), 3.0e37, -0.37, 1.0, 0.5];
+            for _ in 0..60 {
+                let r = next();
+                let e = (r % 40) as i32 - 30;
+                scales.push((1.0 + (r >> 8) as f32 / (1u64 << 56) as f32) * 2f32.powi(e));
+            }
+            let ranges = [
+                (0.0f32, 255.0f32, [0.0f32, 3.0, 128.0, 255.0]),
+                (-128.0, 127.0, [-128.0, -5.0, 0.0, 127.0]),
+            ];
+            let (mut lanes_seen, mut lanes_unsure, mut vectors, mut vectors_sure) = (0, 0, 0, 0);
+            for &scale in &scales {
+                let mut xs = Vec::new();
+                for k in -300..=300 {
+                    let h = (k as f32 + 0.5) * scale;
+                    for d in -40i32..=40 {
+                        xs.push(f32::from_bits((h.to_bits() as i32 + d) as u32));
+                    }
+                }
+                let random_from = xs.len();
+                for i in 0..8000 {
+                    let r = next();
+                    let q = (r >> 11) as f32 / (1u64 << 53) as f32 * 4000.0 - 2000.0;
+                    xs.push(match (i % 7, r % 23) {
+                        (0, 0) => f32::NAN,
+                        (0, 1) => f32::INFINITY,
+                        (0, 2) => f32::NEG_INFINITY,
+                        (0, 3) => -0.0,
+                        _ => q * scale,
+                    });
+                }
+                for (lo, hi, zps) in ranges {
+                    for zp in zps {
+                        let recip = requant_reciprocal(scale, zp, lo, hi);
+                        for (at, chunk) in xs.chunks(16).enumerate() {
+                            let mut lanes = [0f32; 16];
+                            lanes[..chunk.len()].copy_from_slice(chunk);
+                            let (mut by_product, mut either) = ([0i32; 16], [0i32; 16]);
+                            // SAFETY: AVX-512F checked above; 16-lane local arrays.
+                            let unsure = unsafe {
+                                let v = _mm512_loadu_ps(lanes.as_ptr());
+                                let (q, unsure) = quantize_mul_i32(v, recip, zp, lo, hi);
+                                _mm512_storeu_si512(by_product.as_mut_ptr().cast(), q);
+                                _mm512_storeu_si512(
+                                    either.as_mut_ptr().cast(),
+                                    quantize_mul_or_div_i32(v, (scale, recip), zp, lo, hi),
+                                );
+                                unsure
+                            };
+                            for (i, &x) in lanes.iter().enumerate() {
+                                let want = super::super::quantize_div(x, scale, zp, lo, hi) as i32;
+                                let what =
+                                    format!("{x:e} / {scale:e}, zero point {zp} in [{lo}, {hi}]");
+                                if unsure & (1 << i) == 0 {
+                                    assert_eq!(by_product[i], want, "{what}, by product");
+                                }
+                                assert_eq!(either[i], want, "{what}");
+                            }
+                            if 16 * at >= random_from
+                                && recip.is_finite()
+                                && lanes.iter().all(|x| x.is_finite())
+                            {
+                                lanes_seen += 16;
+                                lanes_unsure += unsure.count_ones();
+                                vectors += 1;
+                                vectors_sure += usize::from(unsure == 0);
+                            }
+                        }
+                    }
+                }
+            }
+            // Random finite values: about one lane in 8192 unsure, nearly every vector wholly by
+            // product.
+            assert!(
+                lanes_unsure as f64 <= 1e-3 * lanes_seen as f64,
+                "{lanes_unsure} of {lanes_seen} lanes unsure"
+            );
+            assert!(
+                vectors_sure * 50 >= vectors * 49,
+                "{vectors_sure} of {vectors} vectors by product"
+            );
         }
 
         /// Bit for bit the scalar functions (numerator and byte) on a dense sweep of [-170,
