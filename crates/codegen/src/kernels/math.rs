@@ -1087,6 +1087,48 @@ pub mod lanes16 {
             }
         }
 
+        /// The product path is only offered where its error bound holds: a normal reciprocal and
+        /// bounds within ±256 of the zero point; elsewhere the factor is NaN and every lane is
+        /// left to the division (and still gets the division's integer).
+        #[test]
+        fn requantization_by_product_declines_outside_its_bound() {
+            if !std::arch::is_x86_feature_detected!("avx512f") {
+                eprintln!(
+                    "SKIP requantization_by_product_declines_outside_its_bound: no AVX-512F on this CPU"
+                );
+                return;
+            }
+            assert_eq!(requant_reciprocal(0.5, 128.0, 0.0, 255.0), 2.0);
+            assert_eq!(requant_reciprocal(0.25, 0.0, -128.0, 127.0), 4.0);
+            for (scale, zp, lo, hi) in [
+                (0.5f32, 0.0f32, -1000.0f32, 1000.0f32),
+                (0.5, 300.0, 0.0, 255.0),
+                (0.0, 0.0, 0.0, 255.0),
+                (f32::MAX, 0.0, 0.0, 255.0),
+                (f32::from_bits(1), 0.0, 0.0, 255.0),
+                (f32::NAN, 0.0, 0.0, 255.0),
+            ] {
+                let recip = requant_reciprocal(scale, zp, lo, hi);
+                assert!(recip.is_nan(), "{scale:e} in [{lo}, {hi}] - {zp}: {recip}");
+                let x: [f32; 16] = std::array::from_fn(|i| i as f32 * 0.75 - 4.0);
+                let mut q = [0i32; 16];
+                // SAFETY: AVX-512F checked above; 16-lane local arrays.
+                let unsure = unsafe {
+                    let v = _mm512_loadu_ps(x.as_ptr());
+                    _mm512_storeu_si512(
+                        q.as_mut_ptr().cast(),
+                        quantize_mul_or_div_i32(v, (scale, recip), zp, lo, hi),
+                    );
+                    quantize_mul_i32(v, recip, zp, lo, hi).1
+                };
+                assert_eq!(unsure, !0, "{scale:e}: every lane to the division");
+                for (x, q) in x.iter().zip(q) {
+                    let want = super::super::quantize_div(*x, scale, zp, lo, hi) as i32;
+                    assert_eq!(q, want, "{x} / {scale:e}");
+                }
+            }
+        }
+
         /// The requantization by product gives the scalar `quantize_div`'s integers (its IEEE
         /// division) on every lane it vouches for, and with the division on the others: for scales
         /// across forty binades (and a subnormal, a huge and a negative one), every float within
