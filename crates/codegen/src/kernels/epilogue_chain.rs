@@ -382,18 +382,32 @@ fn requant_reciprocal((scale, zero_point, lo, hi): (f32, f32, f32, f32)) -> f32 
     super::math::lanes16::requant_reciprocal(scale, zero_point, lo, hi)
 }
 
-/// [`requantize_i32`]'s integers by the product with `recip` ([`requant_reciprocal`]), and the
-/// lanes they may be wrong in (`math::lanes16::quantize_mul_i32`): a chain that meets any redoes
-/// its group of vectors with [`requantize_i32`], so that the divider runs for about one group
-/// in sixty instead of for every vector.
+/// [`requantize_i32`] of the `N` vectors `x` (lanes `masks`), each stored by `put(u, q)`: by the
+/// product with `recip` ([`requant_reciprocal`], `math::lanes16::quantize_mul_i32`), the whole
+/// group stored again through the division when any of its lanes is unsure, so that the divider
+/// runs for about one group in sixty instead of for every vector. The group is checked once: a
+/// branch per vector made LLVM reload the GELU tables around each.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn requantize_by_product(
-    v: __m512,
-    (_, zero_point, lo, hi): (f32, f32, f32, f32),
+fn requantize_group<const N: usize>(
+    x: [__m512; N],
+    masks: [__mmask16; N],
+    requant: (f32, f32, f32, f32),
     recip: f32,
-) -> (__m512i, __mmask16) {
-    super::math::lanes16::quantize_mul_i32(v, recip, zero_point, lo, hi)
+    mut put: impl FnMut(usize, __m512i),
+) {
+    let (_, zero_point, lo, hi) = requant;
+    let mut unsure = 0;
+    for (u, &x) in x.iter().enumerate() {
+        let (q, lanes) = super::math::lanes16::quantize_mul_i32(x, recip, zero_point, lo, hi);
+        unsure |= lanes & masks[u];
+        put(u, q);
+    }
+    if unsure != 0 {
+        for (u, &x) in x.iter().enumerate() {
+            put(u, requantize_i32(x, requant));
+        }
+    }
 }
 
 /// [`run`] for the chain kinds `F` (bits of the canonical order, or [`INTERPRETED`]).
@@ -673,27 +687,17 @@ unsafe fn run_with<const F: u32>(
                 }
             };
         }
-        // Whole runs of `$n` vectors from column `j` on, while the block has them. Requantized
-        // by product, the group checked once: a group with an unsure lane is stored again
-        // through the division (a branch per vector made LLVM reload the GELU tables around
-        // each).
+        // Whole runs of `$n` vectors from column `j` on, while the block has them; requantized
+        // as a group (`requantize_group`).
         macro_rules! store_runs {
             ($n:expr) => {
                 while w - j >= 16 * $n {
                     let v = values!($n, j, 0xffff);
                     if F != INTERPRETED && F & REQUANT != 0 {
-                        let mut unsure = 0;
-                        for (u, &v) in v.iter().enumerate() {
-                            let (q, lanes) = requantize_by_product(v, fixed.requant, recip);
-                            unsure |= lanes;
-                            unsafe { store_bytes(out, r, c0 + j + 16 * u, 0xffff, q) }
-                        }
-                        if unsure != 0 {
-                            for (u, &v) in v.iter().enumerate() {
-                                let q = requantize_i32(v, fixed.requant);
-                                unsafe { store_bytes(out, r, c0 + j + 16 * u, 0xffff, q) }
-                            }
-                        }
+                        // SAFETY: as `put!`'s stores, vector `u` of the run in row `r`.
+                        requantize_group(v, [0xffff; $n], fixed.requant, recip, |u, q| unsafe {
+                            store_bytes(out, r, c0 + j + 16 * u, 0xffff, q)
+                        });
                     } else {
                         for (u, v) in v.into_iter().enumerate() {
                             put!(c0 + j + 16 * u, 0xffff, v);
@@ -956,30 +960,17 @@ unsafe fn norm_out<const N: usize>(
             }
         }
         if let Some(f) = t.fork {
-            let copy = |u: usize, v: __m512| {
-                let (c, m) = (c0 + j + 16 * u, masks[u]);
-                let x = if f.smooth.is_null() {
-                    v
-                } else {
-                    _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, f.smooth.add(c)))
-                };
-                (x, f.out.add(r * f.ld + c) as *mut i8, m)
-            };
-            // By product, the group redone through the division when a lane is unsure (as
-            // `run_with`'s runs of vectors).
-            let mut unsure = 0;
-            for (u, &v) in v.iter().enumerate() {
-                let (x, at, m) = copy(u, v);
-                let (q, lanes) = requantize_by_product(x, f.requant, f.recip);
-                unsure |= lanes & m;
-                _mm512_mask_cvtepi32_storeu_epi8(at, m, q);
-            }
-            if unsure != 0 {
-                for (u, &v) in v.iter().enumerate() {
-                    let (x, at, m) = copy(u, v);
-                    _mm512_mask_cvtepi32_storeu_epi8(at, m, requantize_i32(x, f.requant));
+            let mut x = v;
+            if !f.smooth.is_null() {
+                for (u, x) in x.iter_mut().enumerate() {
+                    let (c, m) = (c0 + j + 16 * u, masks[u]);
+                    *x = _mm512_mul_ps(*x, _mm512_maskz_loadu_ps(m, f.smooth.add(c)));
                 }
             }
+            requantize_group(x, masks, f.requant, f.recip, |u, q| {
+                let c = c0 + j + 16 * u;
+                _mm512_mask_cvtepi32_storeu_epi8(f.out.add(r * f.ld + c) as *mut i8, masks[u], q)
+            });
         }
         for (u, v) in v.into_iter().enumerate() {
             store(out, r, c0 + j + 16 * u, masks[u], v);
