@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_int8  # noqa: E402
+import bench_models  # noqa: E402
 
 PEAK = {"int8_peak_gops": 1000.0, "source": "test",
         "best_int8_kernel": {"kernel": "avx512vnni", "gops": 900.0, "fraction_of_peak": 0.9}}
@@ -172,3 +173,52 @@ class IsaCaps(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FamilyTable(unittest.TestCase):
+    """bench_models.py's table: the runtime issue's figures per row, from bench_int8's JSON."""
+
+    def write_run(self, out: Path, tag: str, summary: list, caps: dict) -> None:
+        import json
+
+        machine = {"cpu": {"model": "Test CPU"}, "isa_caps": caps}
+        (out / f"bert-base-{tag}.json").write_text(json.dumps({"machine": machine, "summary": summary}))
+
+    def test_best_engine_ratios_roofline_and_goal(self):
+        import tempfile
+
+        batch8 = {"encore-int8": {"seq_per_s": 70.0, "p50_ms": 120.0, "fraction_of_int8_peak": 0.5},
+                  "encore-int8-static-attn": {"seq_per_s": 100.0, "p50_ms": 80.0,
+                                              "fraction_of_int8_peak": 0.1, "fraction_of_vnni_peak": 1.3},
+                  "openvino-int8-nncf": {"seq_per_s": 80.0, "p50_ms": 100.0, "fraction_of_int8_peak": 0.7},
+                  "encore-fp32": {"seq_per_s": 10.0, "p50_ms": 800.0}}
+        goal = bench_int8.goal_row(8, 10**10, batch8, None)
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d)
+            self.write_run(out, "s128", [{"batch": 8, "engines": batch8, "goal": goal}],
+                           {"ENCORE_KERNEL": "avx512vnni"})
+            rows, machine = bench_models.load_rows(out, ["bert-base"])
+            self.assertEqual(len(rows), 1)
+            r = rows[0]
+            self.assertEqual(r["best_int8"], "encore-int8-static-attn")
+            self.assertAlmostEqual(r["p50_ratio"], 0.8)
+            # The tile peak's fraction (0.1) is not the issue's roofline: the vpdpbusd one is.
+            self.assertEqual(r["roofline"], (1.3, 0.7))
+            bench_models.write_table(rows, machine, out / "speed.md")
+            table = (out / "speed.md").read_text()
+        self.assertIn("ENCORE_KERNEL=avx512vnni", table)
+        line = [x for x in table.splitlines() if x.startswith("| bert-base | 128 | 8 |")][0]
+        self.assertIn("| 1.25x | 0.80x | 10.00x | 130 % / 70 % | 1.25x >= 1.25x: met |", line)
+
+    def test_a_row_without_encore_or_peer_says_so(self):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d)
+            self.write_run(out, "s384", [{"batch": 1, "engines": {
+                "ort-fp32": {"seq_per_s": 3.0, "p50_ms": 330.0}}, "goal": None}], {})
+            rows, machine = bench_models.load_rows(out, ["bert-base"])
+            bench_models.write_table(rows, machine, out / "speed.md")
+            line = (out / "speed.md").read_text().splitlines()[-1]
+        self.assertTrue(line.startswith("| bert-base | 384 | 1 |"))
+        self.assertTrue(line.endswith("| - | - | - | - / - | - |"), line)
