@@ -1,4 +1,5 @@
-"""Unit tests of bench_int8.py's arithmetic: the goal of a row, the peak kept, the fractions.
+"""Unit tests of bench_int8.py's arithmetic (the goal of a row, the peak kept, the fractions), of
+bench_models.py's table and of runtime_goals.py's verdicts.
 
     python3 -m unittest scripts/test_bench_int8.py
 
@@ -15,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_int8  # noqa: E402
 import bench_models  # noqa: E402
+import runtime_goals  # noqa: E402
 
 PEAK = {"int8_peak_gops": 1000.0, "source": "test",
         "best_int8_kernel": {"kernel": "avx512vnni", "gops": 900.0, "fraction_of_peak": 0.9}}
@@ -222,3 +224,100 @@ class FamilyTable(unittest.TestCase):
             line = (out / "speed.md").read_text().splitlines()[-1]
         self.assertTrue(line.startswith("| bert-base | 384 | 1 |"))
         self.assertTrue(line.endswith("| - | - | - | - / - | - |"), line)
+
+
+class RuntimeGoals(unittest.TestCase):
+    """runtime_goals.py's verdicts from each step's output."""
+
+    def test_model_rows_give_latency_throughput_and_roofline_goals(self):
+        rows = [{"model": "bert-base", "seq": 128, "batch": 1, "roofline": (1.1, 0.7),
+                 "goal": {"kind": "latency", "ratio": 0.8, "best_ratio": 0.63, "best_engine": "e", "met": True}},
+                {"model": "bert-base", "seq": 128, "batch": 8, "roofline": (0.79, 0.5),
+                 "goal": {"kind": "throughput", "ratio": 1.25, "best_ratio": 1.3, "best_engine": "e", "met": True}},
+                {"model": "bert-base", "seq": 128, "batch": 32, "roofline": (None, None), "goal": None}]
+        goals = runtime_goals.model_goals(rows)
+        self.assertEqual([g["met"] for g in goals], [True, True, False, False])
+        self.assertIn("79% (OpenVINO 50%)", goals[2]["figure"])
+        self.assertEqual(goals[3]["figure"], "not measured")
+
+    def test_padding_free_ratio_of_the_best_engine(self):
+        summary = [{"batch": 32, "mean_real_tokens": 27.6, "mean_padded_tokens": 51.4, "engines": {
+            "encore-int8-static-attn": {"seq_per_s": 500.0}, "encore-int8": {"seq_per_s": 300.0},
+            "openvino-int8-nncf": {"seq_per_s": 200.0}}}]
+        g = runtime_goals.padding_free_goal(summary)
+        self.assertAlmostEqual(g["ratio"], 2.5)
+        self.assertTrue(g["met"])
+        summary[0]["engines"]["openvino-int8-nncf"]["seq_per_s"] = 251.0
+        self.assertFalse(runtime_goals.padding_free_goal(summary)["met"])
+        del summary[0]["engines"]["openvino-int8-nncf"]
+        self.assertFalse(runtime_goals.padding_free_goal(summary)["met"])
+
+    def test_memory_lowest_means_every_encore_figure_below_every_peer(self):
+        out = ("encore INT8 dynamic (.encore)        218.6 MiB\n"
+               "encore INT8 static (.encore)         203.7 MiB\n"
+               "python + onnxruntime imported         45.0 MiB\n"
+               "onnxruntime INT8 dynamic             263.3 MiB\n"
+               "OpenVINO INT8 (NNCF)                 454.9 MiB\n")
+        g = runtime_goals.memory_goal(out)
+        self.assertTrue(g["met"])
+        self.assertEqual(len(g["mib"]), 5)
+        self.assertNotIn("python", g["figure"])
+        self.assertFalse(runtime_goals.memory_goal(out.replace("263.3", "210.0"))["met"])
+        self.assertFalse(runtime_goals.memory_goal("OpenVINO INT8 (NNCF)  454.9 MiB\n")["met"])
+
+    def test_load_time_and_jit(self):
+        out = "/m.encore: Model::load 0.001 s, Session build 0.111 s, first run (1x128) 0.014 s  (median of 5; 2 threads)"
+        self.assertTrue(runtime_goals.load_goal(out)["met"])
+        self.assertFalse(runtime_goals.load_goal(out.replace("0.111", "0.499"))["met"])
+        with self.assertRaises(runtime_goals.StepError):
+            runtime_goals.load_goal("nothing")
+        self.assertTrue(runtime_goals.jit_goal({"jit_compile_ms": 1.5, "jit_units": 4})["met"])
+        g = runtime_goals.jit_goal({"jit_compile_ms": None, "jit_unavailable": "no executable memory"})
+        self.assertFalse(g["met"])
+        self.assertIn("no executable memory", g["figure"])
+
+    def test_kernels_judged_against_the_vpdpbusd_peak_of_each_table(self):
+        def table(n, picked_kernel, picked_gops):
+            return [{"kernel": "avx512vnni", "dtype": "int8", "n": n, "k": 768, "gops": 800.0,
+                     "fraction_of_peak": 0.8, "picked": picked_kernel == "avx512vnni"},
+                    {"kernel": "amx", "dtype": "int8", "n": n, "k": 768, "gops": picked_gops,
+                     "fraction_of_peak": 0.3, "picked": picked_kernel == "amx"},
+                    {"kernel": "f32-avx512", "dtype": "f32", "n": n, "k": 768, "gops": 150.0,
+                     "fraction_of_peak": 0.75, "picked": True}]
+        # AMX at 2.7x the vpdpbusd peak (1000 GOPS) passes; the VNNI kernel at 80 % does not.
+        int8, f32 = runtime_goals.kernel_goals([table(768, "amx", 2700.0)])
+        self.assertTrue(int8["met"])
+        self.assertFalse(f32["met"])
+        self.assertIn("f32-avx512 N=768 K=768 75%", f32["figure"])
+        int8, _ = runtime_goals.kernel_goals([table(768, "amx", 2700.0), table(3072, "avx512vnni", 0.0)])
+        self.assertFalse(int8["met"])
+        self.assertIn("avx512vnni N=3072 K=768 80%", int8["figure"])
+        fast = table(768, "amx", 2700.0)
+        fast[2]["fraction_of_peak"] = 0.86
+        self.assertTrue(runtime_goals.kernel_goals([fast])[1]["met"])
+        self.assertFalse(any(g["met"] for g in runtime_goals.kernel_goals([[]])))
+
+    def test_fp32_beside_torch_needs_batch_8_and_32(self):
+        s = [{"batch": b, "ratio_encore_over_torch": r, "encore_seq_per_s": 10 * r, "torch_seq_per_s": 10.0}
+             for b, r in ((1, 0.9), (8, 1.06), (32, 1.01))]
+        self.assertTrue(runtime_goals.fp32_goal(s)["met"])
+        self.assertFalse(runtime_goals.fp32_goal(s[:2])["met"])
+        s[2]["ratio_encore_over_torch"] = 0.99
+        self.assertFalse(runtime_goals.fp32_goal(s)["met"])
+
+    def test_report_counts_verdicts_and_failed_steps(self):
+        import tempfile
+
+        report = {"cpu": {"model": "Test CPU", "flags": ["avx512_vnni"]}, "goals": [
+            {"part": 2, "goal": "a", "figure": "1", "met": True},
+            {"part": 6, "goal": "b", "figure": "2", "met": None},
+            {"part": 8, "goal": "c", "figure": "3", "met": False}],
+            "failed": {"memory": "StepError: exit 1"}, "skipped": ["fp32-torch"], "commands": ["x y"]}
+        with tempfile.TemporaryDirectory() as d:
+            runtime_goals.write_report(report, Path(d) / "goals.md")
+            text = (Path(d) / "goals.md").read_text()
+        self.assertIn("| 8 | c | 3 | NOT met |", text)
+        self.assertIn("| 6 | b | 2 | - |", text)
+        self.assertIn("| - | step `memory` | failed: StepError: exit 1 | NOT met |", text)
+        self.assertIn("1 of 2 goals met, 1 step(s) failed.", text)
+        self.assertIn("Skipped: fp32-torch.", text)
