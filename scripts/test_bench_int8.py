@@ -292,6 +292,8 @@ class RuntimeGoals(unittest.TestCase):
         int8, _ = runtime_goals.kernel_goals([table(768, "amx", 2700.0), table(3072, "avx512vnni", 0.0)])
         self.assertFalse(int8["met"])
         self.assertIn("avx512vnni N=3072 K=768 80%", int8["figure"])
+        _, f32 = runtime_goals.kernel_goals([table(768, "amx", 2700.0)], [{"n": 768, "k": 768, "gflops": 160.0}])
+        self.assertIn("(PyTorch's own GEMM on the same shapes: 80%-80%)", f32["figure"])
         fast = table(768, "amx", 2700.0)
         fast[2]["fraction_of_peak"] = 0.86
         self.assertTrue(runtime_goals.kernel_goals([fast])[1]["met"])
