@@ -239,6 +239,11 @@ class RuntimeGoals(unittest.TestCase):
         self.assertEqual([g["met"] for g in goals], [True, True, False, False])
         self.assertIn("79% (OpenVINO 50%)", goals[2]["figure"])
         self.assertEqual(goals[3]["figure"], "not measured")
+        # Rows bench_models.py should have measured and did not are goals not met.
+        missing = runtime_goals.model_goals(rows, ["bert-base", "xlm-roberta-base"])
+        self.assertEqual(len(missing), 4 + 1 + 4)
+        self.assertEqual([g["goal"] for g in missing[:1]], ["bert-base seq 384 batch 1: beside OpenVINO INT8"])
+        self.assertFalse(any(g["met"] for g in missing[:5]))
 
     def test_padding_free_ratio_of_the_best_engine(self):
         summary = [{"batch": 32, "mean_real_tokens": 27.6, "mean_padded_tokens": 51.4, "engines": {
