@@ -32,7 +32,8 @@ failed, never as met. The whole run takes 35-45 minutes on a 2-core machine.
         [--presets bert-base,distilbert-base,xlm-roberta-base] [--rounds 2] [--seconds 3]
         [--skip STEP,...] [--report-only]
 
-`--workdir` keeps the models between runs (one folder per preset, as bench_models.py uses it);
+`--workdir` keeps the models between runs (one folder per preset, as bench_models.py uses it;
+by default in the temporary folder, never in OUT, which holds only the record);
 `--report-only` rewrites goals.md from OUT/goals.json.
 """
 
@@ -44,6 +45,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -326,7 +328,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="goals-results")
     p.add_argument("--encore-bin")
-    p.add_argument("--workdir", help="models kept between runs (default OUT/work)")
+    p.add_argument("--workdir", help="models kept between runs, outside OUT so that OUT can be kept as "
+                   "the record (default: encore-goals-models in the temporary folder)")
     p.add_argument("--presets", default="bert-base,distilbert-base,xlm-roberta-base")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seconds", type=float, default=3.0)
@@ -345,7 +348,7 @@ def main() -> int:
     unknown = skip - set(STEPS)
     if unknown:
         p.error(f"unknown steps {sorted(unknown)}; steps: {', '.join(STEPS)}")
-    work = Path(args.workdir).resolve() if args.workdir else out / "work"
+    work = Path(args.workdir or Path(tempfile.gettempdir()) / "encore-goals-models").resolve()
     presets = args.presets.split(",")
     py = sys.executable
     report: dict = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_info(),
