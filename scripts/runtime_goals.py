@@ -51,9 +51,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_int8  # noqa: E402
 import bench_models  # noqa: E402
+import benchlib  # noqa: E402
+from benchlib import REPO, BenchError, log, run_cmd  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 MODELS = Path(os.environ.get("ENCORE_MODELS", REPO.parent / "shared" / "models"))
 INT8_VENV_PY = REPO / ".venv-int8-bench" / "bin" / "python"
 TORCH_VENV_PY = REPO / ".venv-torch-bench" / "bin" / "python"
@@ -83,35 +85,6 @@ GOAL_LOAD_S = 0.5
 GOAL_JIT_MS = 100.0
 GOAL_KERNEL = 0.85
 GOAL_FP32_TORCH = 1.0
-
-
-def log(msg: str) -> None:
-    print(f"=== {time.strftime('%H:%M:%S', time.gmtime())} {msg}", flush=True)
-
-
-class StepError(Exception):
-    pass
-
-
-def run(cmd: list[str], timeout: float, env: dict | None = None) -> str:
-    """Runs a command, echoing it; its stdout, or StepError with its output's tail."""
-    print("+ " + " ".join(cmd), flush=True)
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                           env={**os.environ, **(env or {})})
-    except subprocess.TimeoutExpired as e:
-        raise StepError(f"timed out after {timeout:.0f} s: {' '.join(cmd)}") from e
-    if r.returncode != 0:
-        raise StepError(f"exit {r.returncode}: {' '.join(cmd)}\n{(r.stdout + r.stderr)[-2000:]}")
-    return r.stdout
-
-
-def last_json(out: str):
-    for line in reversed(out.strip().splitlines()):
-        line = line.strip()
-        if line.startswith(("{", "[")):
-            return json.loads(line)
-    raise StepError(f"no JSON in the output:\n{out[-1000:]}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +168,7 @@ LOAD_LINE = re.compile(r"Model::load (?P<load>[\d.]+) s, Session build (?P<build
 def load_goal(out: str) -> dict:
     m = LOAD_LINE.search(out)
     if not m:
-        raise StepError(f"load_time printed no timings:\n{out[-500:]}")
+        raise BenchError(f"load_time printed no timings:\n{benchlib.tail(out)}")
     load, build, first = float(m["load"]), float(m["build"]), float(m["first"])
     return {"part": 7, "goal": f"compiled BERT-base INT8 loaded and its session built in < {GOAL_LOAD_S:g} s",
             "figure": f"{load + build:.3f} s (load {load:.3f}, build {build:.3f}; first run {first:.3f})",
@@ -210,15 +183,6 @@ def jit_goal(bench: dict) -> dict:
             "met": ms is not None and ms < GOAL_JIT_MS}
 
 
-def vnni_peak(rows: list[dict]) -> float | None:
-    """The `vpdpbusd` peak (GOPS) behind an hwbench table's VNNI rows."""
-    vnni = [r for r in rows if r.get("kernel") in ("avx512vnni", "avxvnni") and r.get("fraction_of_peak")]
-    if not vnni:
-        return None
-    best = max(vnni, key=lambda r: r["fraction_of_peak"])
-    return best["gops"] / best["fraction_of_peak"]
-
-
 def kernel_goals(tables: list[list[dict]], torch_gemm: list[dict] | None = None) -> list[dict]:
     """hwbench tables, one per shape: the picked int8 kernel's GOPS over the `vpdpbusd` peak of
     the same table, and the picked f32 kernel's fraction of the FMA peak, on every shape;
@@ -231,7 +195,7 @@ def kernel_goals(tables: list[list[dict]], torch_gemm: list[dict] | None = None)
         if fma and t:
             ref.append(t[0]["gflops"] / (fma[0]["gops"] / fma[0]["fraction_of_peak"]))
         picked = [r for r in rows if r.get("picked") and r.get("dtype") == "int8"]
-        peak = vnni_peak(rows)
+        peak = bench_int8.vnni_peak_of(rows)
         if picked and peak:
             p = picked[0]
             int8.append((p["kernel"], p["n"], p["k"], p["gops"] / peak))
@@ -278,7 +242,8 @@ def scaling_lines(results: dict) -> list[dict]:
 def write_report(report: dict, path: Path) -> None:
     cpu = report.get("cpu", {})
     lines = [f"# The runtime issue's goals on {cpu.get('model', 'an unknown CPU')}", "",
-             f"{report.get('date_utc', '')}; CPU flags: {', '.join(cpu.get('flags', [])) or '-'}"
+             f"{report.get('date_utc', '')}; CPU flags: "
+             f"{', '.join(f for f, on in cpu.get('flags', {}).items() if on) or '-'}"
              + (f"; capped: {report['isa_caps']}" if report.get("isa_caps") else "")
              + f"; encore {report.get('encore_bin', '')} (commit {report.get('git_commit', '?')}).", "",
              "| part | goal | measured | verdict |", "|---|---|---|---|"]
@@ -299,27 +264,6 @@ def write_report(report: dict, path: Path) -> None:
 # The steps
 
 
-def cpu_info() -> dict:
-    model, flags = "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "unknown CPU":
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags |= set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    wanted = ["avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8"]
-    return {"model": model, "flags": [f for f in wanted if f in flags]}
-
-
-def encore_bin(args: argparse.Namespace) -> Path:
-    if args.encore_bin:
-        return Path(args.encore_bin).resolve()
-    run(["cargo", "build", "--release", "-q", "--bin", "encore"], args.timeout)
-    return REPO / "target" / "release" / "encore"
-
-
 def model_file(work: Path, preset: str) -> Path:
     return work / preset / f"{preset}.int8-static-attn.encore"
 
@@ -338,6 +282,7 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed per command")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args()
+    benchlib.PROG = "runtime_goals"
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
@@ -351,15 +296,11 @@ def main() -> int:
     work = Path(args.workdir or Path(tempfile.gettempdir()) / "encore-goals-models").resolve()
     presets = args.presets.split(",")
     py = sys.executable
-    report: dict = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_info(),
-                    "isa_caps": {k: os.environ[k] for k in ("ENCORE_KERNEL", "ONEDNN_MAX_CPU_ISA")
-                                 if os.environ.get(k)},
+    report: dict = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "cpu": bench_int8.cpu_info(), "isa_caps": bench_int8.isa_caps(),
                     "goals": [], "failed": {}, "skipped": sorted(skip), "commands": []}
-    try:
-        report["git_commit"] = run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], 60).strip()
-    except StepError:
-        pass
-    bin_ = encore_bin(args)
+    report["git_commit"] = benchlib.git_commit()
+    bin_ = benchlib.encore_executable(args)
     report["encore_bin"] = str(bin_)
     common = ["--encore-bin", str(bin_)]
 
@@ -369,17 +310,21 @@ def main() -> int:
         log(name)
         try:
             f()
-        except (StepError, subprocess.SubprocessError, KeyError, ValueError, IndexError, OSError) as e:
+        except (BenchError, subprocess.SubprocessError, KeyError, ValueError, IndexError, OSError) as e:
             print(f"step {name} failed: {e}", file=sys.stderr)
             report["failed"][name] = f"{type(e).__name__}: {e}"
         (out / "goals.json").write_text(json.dumps(report, indent=2) + "\n")
 
-    def cmd(c: list[str]) -> list[str]:
+    def record(c: list[str]) -> list[str]:
         report["commands"].append(" ".join(c))
         return c
 
+    def run(c: list[str], what: str) -> str:
+        """`c`'s stdout, the command kept in the report."""
+        return run_cmd(record(c), what, args.timeout)
+
     def models() -> None:
-        c = cmd([py, str(REPO / "scripts" / "bench_models.py"), "--out", str(out / "models"), "--presets",
+        c = record([py, str(REPO / "scripts" / "bench_models.py"), "--out", str(out / "models"), "--presets",
                  args.presets, "--rounds", str(args.rounds), "--seconds", str(args.seconds), "--threads",
                  str(args.threads), "--workdir", str(work), *common])
         # bench_models.py keeps going past a failed engine: its rows say what was measured.
@@ -389,31 +334,34 @@ def main() -> int:
 
     def padding_free() -> None:
         f = out / "padding-free.json"
-        run(cmd([py, str(REPO / "scripts" / "bench_int8.py"), *common, "--workdir", str(work / "bert-base"),
-                 "--batches", "32", "--threads", str(args.threads), "--rounds", str(max(args.rounds, 3)),
-                 "--seconds", str(args.seconds + 1), "--min-runs", "3", "--skip",
-                 "encore-fp32,ort-fp32,openvino-fp32,encore-int8,encore-int8-static", "--distinct-batches", "16",
-                 "--lengths-from", str(MODELS / "data" / "movie_sentiment" / "test.jsonl"),
-                 "--tokenizer", str(MODELS / "minilm-l6" / "tokenizer.json"), "--out", str(f)]), args.timeout)
+        run([py, str(REPO / "scripts" / "bench_int8.py"), *common, "--workdir", str(work / "bert-base"),
+             "--batches", "32", "--threads", str(args.threads), "--rounds", str(max(args.rounds, 3)),
+             "--seconds", str(args.seconds + 1), "--min-runs", "3", "--skip",
+             "encore-fp32,ort-fp32,openvino-fp32,encore-int8,encore-int8-static", "--distinct-batches", "16",
+             "--lengths-from", str(MODELS / "data" / "movie_sentiment" / "test.jsonl"),
+             "--tokenizer", str(MODELS / "minilm-l6" / "tokenizer.json"), "--out", str(f)],
+            "bench_int8.py (real lengths)")
         report["goals"].append(padding_free_goal(json.loads(f.read_text())["summary"]))
 
     def memory() -> None:
         vpy = str(INT8_VENV_PY) if INT8_VENV_PY.exists() else py
-        o = run(cmd([vpy, str(REPO / "scripts" / "peak_memory.py"), "--workdir", str(work / "bert-base"),
-                     "--threads", str(args.threads)]), args.timeout)
+        o = run([vpy, str(REPO / "scripts" / "peak_memory.py"), "--workdir", str(work / "bert-base"),
+                 "--threads", str(args.threads)], "peak_memory.py")
         (out / "memory.txt").write_text(o)
         report["goals"].append(memory_goal(o))
 
     def load() -> None:
-        run(["cargo", "build", "--release", "-q", "-p", "runtime", "--example", "load_time"], args.timeout)
-        o = run(cmd([str(REPO / "target" / "release" / "examples" / "load_time"),
-                     str(model_file(work, "bert-base")), "--threads", str(args.threads)]), args.timeout)
+        run_cmd(["cargo", "build", "--release", "-q", "-p", "runtime", "--example", "load_time"],
+                "cargo build (load_time)", args.timeout)
+        o = run([str(REPO / "target" / "release" / "examples" / "load_time"),
+                 str(model_file(work, "bert-base")), "--threads", str(args.threads)], "load_time")
         report["goals"].append(load_goal(o))
 
     def bench(preset: str, batch: int, threads: int, seconds: float) -> dict:
-        return last_json(run(cmd([str(bin_), "bench", "--model", str(model_file(work, preset)), "--batch",
-                                  str(batch), "--seq", "128", "--threads", str(threads), "--seconds",
-                                  f"{seconds:g}", "--min-runs", "3", "--json"]), args.timeout))
+        return bench_int8.last_json_line(run([str(bin_), "bench", "--model", str(model_file(work, preset)),
+                                              "--batch", str(batch), "--seq", "128", "--threads", str(threads),
+                                              "--seconds", f"{seconds:g}", "--min-runs", "3", "--json"],
+                                             "encore bench"), "encore bench")
 
     def jit() -> None:
         report["goals"].append(jit_goal(bench("bert-base", 8, args.threads, 1)))
@@ -427,22 +375,23 @@ def main() -> int:
         report["goals"] += scaling_lines(results)
 
     def kernels() -> None:
-        tables = [last_json(run(cmd([str(bin_), "hwbench", "--m", "1024", "--n", str(n), "--k", str(k),
-                                     "--threads", "1", "--json"]), args.timeout)) for n, k in BERT_SHAPES]
+        tables = [bench_int8.last_json_line(run([str(bin_), "hwbench", "--m", "1024", "--n", str(n), "--k",
+                                                 str(k), "--threads", "1", "--json"], "encore hwbench"),
+                                            "encore hwbench") for n, k in BERT_SHAPES]
         (out / "hwbench.json").write_text(json.dumps(tables, indent=1) + "\n")
         torch_gemm = None
         if TORCH_VENV_PY.exists():
-            torch_gemm = last_json(run(cmd([str(TORCH_VENV_PY), "-c", TORCH_GEMM, json.dumps(BERT_SHAPES)]),
-                                       args.timeout))
+            torch_gemm = bench_int8.last_json_line(
+                run([str(TORCH_VENV_PY), "-c", TORCH_GEMM, json.dumps(BERT_SHAPES)], "PyTorch GEMM"), "PyTorch GEMM")
             report["torch_gemm_gflops"] = torch_gemm
         report["goals"] += kernel_goals(tables, torch_gemm)
 
     def fp32_torch() -> None:
         f = out / "fp32-torch.json"
-        run(cmd([py, str(REPO / "scripts" / "bench_fp32_torch.py"), *common, "--batches", "1,8,32",
-                 "--threads", str(args.threads), "--rounds", str(args.rounds), "--seconds",
-                 str(args.seconds + 1), "--min-runs", "3", "--workdir", str(work / "torch"),
-                 "--out", str(f)]), args.timeout)
+        run([py, str(REPO / "scripts" / "bench_fp32_torch.py"), *common, "--batches", "1,8,32",
+             "--threads", str(args.threads), "--rounds", str(args.rounds), "--seconds",
+             str(args.seconds + 1), "--min-runs", "3", "--workdir", str(work / "torch"),
+             "--out", str(f)], "bench_fp32_torch.py")
         report["goals"].append(fp32_goal(json.loads(f.read_text())["summary"]))
 
     for name, f in [("models", models), ("padding-free", padding_free), ("memory", memory), ("load", load),

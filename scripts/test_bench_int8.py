@@ -274,7 +274,7 @@ class RuntimeGoals(unittest.TestCase):
         out = "/m.encore: Model::load 0.001 s, Session build 0.111 s, first run (1x128) 0.014 s  (median of 5; 2 threads)"
         self.assertTrue(runtime_goals.load_goal(out)["met"])
         self.assertFalse(runtime_goals.load_goal(out.replace("0.111", "0.499"))["met"])
-        with self.assertRaises(runtime_goals.StepError):
+        with self.assertRaises(runtime_goals.BenchError):
             runtime_goals.load_goal("nothing")
         self.assertTrue(runtime_goals.jit_goal({"jit_compile_ms": 1.5, "jit_units": 4})["met"])
         g = runtime_goals.jit_goal({"jit_compile_ms": None, "jit_unavailable": "no executable memory"})
@@ -315,7 +315,7 @@ class RuntimeGoals(unittest.TestCase):
     def test_report_counts_verdicts_and_failed_steps(self):
         import tempfile
 
-        report = {"cpu": {"model": "Test CPU", "flags": ["avx512_vnni"]}, "goals": [
+        report = {"cpu": {"model": "Test CPU", "flags": {"avx512_vnni": True, "amx_int8": False}}, "goals": [
             {"part": 2, "goal": "a", "figure": "1", "met": True},
             {"part": 6, "goal": "b", "figure": "2", "met": None},
             {"part": 8, "goal": "c", "figure": "3", "met": False}],
@@ -323,6 +323,7 @@ class RuntimeGoals(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             runtime_goals.write_report(report, Path(d) / "goals.md")
             text = (Path(d) / "goals.md").read_text()
+        self.assertIn("CPU flags: avx512_vnni;", text)
         self.assertIn("| 8 | c | 3 | NOT met |", text)
         self.assertIn("| 6 | b | 2 | - |", text)
         self.assertIn("| - | step `memory` | failed: StepError: exit 1 | NOT met |", text)
