@@ -368,46 +368,24 @@ fn requantize(v: __m512, (scale, zero_point, lo, hi): (f32, f32, f32, f32)) -> _
     super::math::lanes16::quantize_div(v, scale, zero_point, lo, hi)
 }
 
-/// [`requantize`] as integers (`math::lanes16::quantize_div_i32`), for a byte output; the zero
-/// point is an integer of the output's range (`validate`).
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn requantize_i32(v: __m512, (scale, zero_point, lo, hi): (f32, f32, f32, f32)) -> __m512i {
-    super::math::lanes16::quantize_div_i32(v, scale, zero_point, lo, hi)
-}
-
 /// The factor [`requantize_by_product`] takes for these parameters
 /// (`math::lanes16::requant_reciprocal`).
 fn requant_reciprocal((scale, zero_point, lo, hi): (f32, f32, f32, f32)) -> f32 {
     super::math::lanes16::requant_reciprocal(scale, zero_point, lo, hi)
 }
 
-/// [`requantize_i32`] of the `N` vectors `x` (lanes `masks`), each stored by `put(u, q)`: by the
-/// product with `recip` ([`requant_reciprocal`], `math::lanes16::quantize_mul_i32`), the whole
-/// group stored again through the division when any of its lanes is unsure, so that the divider
-/// runs for about one group in sixty instead of for every vector. The group is checked once: a
-/// branch per vector made LLVM reload the GELU tables around each.
+/// `math::lanes16::quantize_group_i32` with the parameters of a `Requant` or `ForkU8` (scale,
+/// zero point and output bounds) and their reciprocal ([`requant_reciprocal`]).
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn requantize_group<const N: usize>(
     x: [__m512; N],
     masks: [__mmask16; N],
-    requant: (f32, f32, f32, f32),
+    (scale, zero_point, lo, hi): (f32, f32, f32, f32),
     recip: f32,
-    mut put: impl FnMut(usize, __m512i),
+    put: impl FnMut(usize, __m512i),
 ) {
-    let (_, zero_point, lo, hi) = requant;
-    let mut unsure = 0;
-    for (u, &x) in x.iter().enumerate() {
-        let (q, lanes) = super::math::lanes16::quantize_mul_i32(x, recip, zero_point, lo, hi);
-        unsure |= lanes & masks[u];
-        put(u, q);
-    }
-    if unsure != 0 {
-        for (u, &x) in x.iter().enumerate() {
-            put(u, requantize_i32(x, requant));
-        }
-    }
+    super::math::lanes16::quantize_group_i32(x, masks, (scale, recip), zero_point, lo, hi, put)
 }
 
 /// [`run`] for the chain kinds `F` (bits of the canonical order, or [`INTERPRETED`]).
@@ -1117,7 +1095,9 @@ mod tests {
                             let x = _mm512_loadu_ps(lanes.as_ptr());
                             let v = super::requantize(x, (scale, zp, lo, hi));
                             super::_mm512_storeu_ps(got.as_mut_ptr(), v);
-                            let q = super::requantize_i32(x, (scale, zp, lo, hi));
+                            let q = crate::kernels::math::lanes16::quantize_div_i32(
+                                x, scale, zp, lo, hi,
+                            );
                             super::_mm512_storeu_si512(got_int.as_mut_ptr().cast(), q);
                         }
                         for (i, w) in want.iter().enumerate() {

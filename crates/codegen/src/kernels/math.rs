@@ -953,6 +953,39 @@ pub mod lanes16 {
         }
     }
 
+    /// [`quantize_div_i32`]'s integers of the `N` vectors `x` (the lanes `masks` matter), each
+    /// handed to `put(u, q)`: by the product with `recip` ([`requant_reciprocal`],
+    /// [`quantize_mul_i32`]), the whole group handed again through the division when any of its
+    /// lanes is unsure, so that the divider runs for about one group in sixty instead of for
+    /// every vector. The group is checked once: a branch per vector made LLVM reload the GELU
+    /// tables around each in the epilogue chains.
+    ///
+    /// # Safety
+    /// Callable only where the CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub fn quantize_group_i32<const N: usize>(
+        x: [__m512; N],
+        masks: [__mmask16; N],
+        (scale, recip): (f32, f32),
+        zero_point: f32,
+        lo: f32,
+        hi: f32,
+        mut put: impl FnMut(usize, __m512i),
+    ) {
+        let mut unsure = 0;
+        for (u, &x) in x.iter().enumerate() {
+            let (q, lanes) = quantize_mul_i32(x, recip, zero_point, lo, hi);
+            unsure |= lanes & masks[u];
+            put(u, q);
+        }
+        if unsure != 0 {
+            for (u, &x) in x.iter().enumerate() {
+                put(u, quantize_div_i32(x, scale, zero_point, lo, hi));
+            }
+        }
+    }
+
     /// `v / scale` clamped to `[lo − zero_point, hi − zero_point]` (NaN kept), and the mask of
     /// its lanes that are not NaN: the part [`quantize_div`] and [`quantize_div_i32`] share.
     #[target_feature(enable = "avx512f")]

@@ -228,25 +228,6 @@ mod row {
             }
         }
 
-        /// Lanes `i..i+16` of `x` (times `inv`), all of them: the loops over whole vectors,
-        /// without the mask a tail needs (its computation and the masked loads cost as much as
-        /// the range's own operations).
-        ///
-        /// # Safety
-        /// `i + 16 <= x.len()`, and `inv`, when given, is as long as `x`.
-        #[inline]
-        #[target_feature(enable = "avx512f")]
-        unsafe fn load_whole(x: &[f32], inv: Option<&[f32]>, i: usize) -> __m512 {
-            // SAFETY: the caller's contract.
-            unsafe {
-                let v = _mm512_loadu_ps(x.as_ptr().add(i));
-                match inv {
-                    Some(s) => _mm512_mul_ps(v, _mm512_loadu_ps(s.as_ptr().add(i))),
-                    None => v,
-                }
-            }
-        }
-
         #[target_feature(enable = "avx512f")]
         pub unsafe fn range(x: &[f32], inv: Option<&[f32]>) -> (f32, f32) {
             let n = x.len();
@@ -265,8 +246,9 @@ mod row {
                     );
                 }
                 for (u, (lo, hi)) in lo.iter_mut().zip(hi.iter_mut()).enumerate() {
-                    // SAFETY: i + STEP <= n.
-                    let v = unsafe { load_whole(x, inv, i + 16 * u) };
+                    // SAFETY: i + STEP <= n: all 16 lanes lie within the slices (LLVM emits
+                    // plain loads for the constant mask).
+                    let v = unsafe { load(x, inv, i + 16 * u, !0) };
                     *lo = _mm512_min_ps(v, *lo);
                     *hi = _mm512_max_ps(v, *hi);
                 }
@@ -280,13 +262,15 @@ mod row {
                 i += 16;
             }
             // The accumulators hold no NaN: their order does not matter.
-            let lo = _mm512_min_ps(_mm512_min_ps(lo[0], lo[1]), _mm512_min_ps(lo[2], lo[3]));
-            let hi = _mm512_max_ps(_mm512_max_ps(hi[0], hi[1]), _mm512_max_ps(hi[2], hi[3]));
+            let fold = |v: [__m512; UNROLL], f: fn(__m512, __m512) -> __m512| {
+                v.into_iter().reduce(f).expect("UNROLL > 0")
+            };
+            let (lo, hi) = (fold(lo, _mm512_min_ps), fold(hi, _mm512_max_ps));
             (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi))
         }
 
         /// The whole vectors four at a time by the product with the reciprocal, a group redone
-        /// by the division when any of its lanes is unsure (`lanes16::quantize_mul_i32`: the
+        /// by the division when any of its lanes is unsure (`lanes16::quantize_group_i32`: the
         /// division's bytes; the divider, ~10 cycles a quotient, bounded the loop), stored as
         /// 16-byte vectors; the tail by the division, masked.
         #[target_feature(enable = "avx512f")]
@@ -305,27 +289,19 @@ mod row {
             let recip = lanes16::requant_reciprocal(scale, zp, 0.0, 255.0);
             let mut i = 0;
             while i + STEP <= n {
-                // SAFETY: i + STEP <= n.
+                // SAFETY: i + STEP <= n: all 16 lanes of each lie within the slices.
                 let v: [__m512; UNROLL] =
-                    std::array::from_fn(|u| unsafe { load_whole(x, inv, i + 16 * u) });
-                let mut unsure = 0;
-                let mut q = v.map(|v| {
-                    let (q, u) = lanes16::quantize_mul_i32(v, recip, zp, 0.0, 255.0);
-                    unsure |= u;
-                    q
-                });
-                if unsure != 0 {
-                    q = v.map(|v| quantize16(v, scale, zp));
-                }
-                for (u, q) in q.into_iter().enumerate() {
+                    std::array::from_fn(|u| unsafe { load(x, inv, i + 16 * u, !0) });
+                let put = |u: usize, q: __m512i| {
                     // SAFETY: bytes i + 16u .. i + 16u + 16 lie within `out` (i + STEP <= n).
                     unsafe {
                         _mm_storeu_si128(
                             out.as_mut_ptr().add(i + 16 * u) as *mut __m128i,
                             _mm512_cvtepi32_epi8(q),
                         )
-                    };
-                }
+                    }
+                };
+                lanes16::quantize_group_i32(v, [!0; UNROLL], (scale, recip), zp, 0.0, 255.0, put);
                 i += STEP;
             }
             while i < n {
