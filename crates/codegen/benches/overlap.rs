@@ -191,9 +191,7 @@ fn main() {
         }
         let a: Vec<u8> = (0..2048).map(|i| (i % 251) as u8).collect();
         let b: Vec<i8> = (0..256 * 192).map(|i| (i % 127) as i8).collect();
-        let ep_in: Vec<f32> = (0..16 * 64).map(|i| i as f32 * 0.013 - 3.0).collect();
-        let mut ep_out = vec![0f32; ep_in.len()];
-        let table: [f32; x86::TABLE] = std::array::from_fn(|i| 0.01 * i as f32);
+        let (ep_in, mut ep_out, table) = epilogue_data();
         let steps = 10_000_000;
         let mut bare = f64::INFINITY;
         for round in 1..=3 {
@@ -227,17 +225,10 @@ fn main() {
             bare = bare.min(per_e[0].1);
             println!("round {round}: the epilogue chain alone {alone:.2} ns per vector");
             for (e, ns) in per_e {
-                let added = if e == 0 {
-                    String::new()
-                } else {
-                    format!(
-                        ", {:.2} ns added per epilogue vector",
-                        (ns - bare) / e as f64
-                    )
-                };
                 println!(
-                    "  E = {e}: {ns:.2} ns per K step, {:.2} G vpdpbusd/s{added}",
-                    (3 * x86::ROWS) as f64 / ns
+                    "  E = {e}: {ns:.2} ns per K step, {:.2} G vpdpbusd/s{}",
+                    (3 * x86::ROWS) as f64 / ns,
+                    added_per_vector(e, ns, bare)
                 );
             }
         }
@@ -246,6 +237,28 @@ fn main() {
     amx_rounds();
     #[cfg(not(target_arch = "x86_64"))]
     println!("SKIP: not an x86-64 CPU");
+}
+
+/// The epilogue chain's input (64 vectors, cycled), its output buffer and its table.
+#[cfg(target_arch = "x86_64")]
+fn epilogue_data() -> (Vec<f32>, Vec<f32>, [f32; x86::TABLE]) {
+    let ep_in: Vec<f32> = (0..16 * 64).map(|i| i as f32 * 0.013 - 3.0).collect();
+    let ep_out = vec![0f32; ep_in.len()];
+    (ep_in, ep_out, std::array::from_fn(|i| 0.01 * i as f32))
+}
+
+/// What each of `e` epilogue vectors a K step added to the bare loop's `bare` ns (nothing for
+/// `e` = 0, the bare loop itself).
+#[cfg(target_arch = "x86_64")]
+fn added_per_vector(e: usize, ns: f64, bare: f64) -> String {
+    if e == 0 {
+        String::new()
+    } else {
+        format!(
+            ", {:.2} ns added per epilogue vector",
+            (ns - bare) / e as f64
+        )
+    }
 }
 
 /// The AMX loop with 0, 2, 4, 6, 8 and 16 epilogue vectors a K step, and the chain alone.
@@ -263,9 +276,7 @@ fn amx_rounds() {
     let b: Vec<u8> = (0..tiles::STEPS_IN_L1 * 2048)
         .map(|i| (i % 127) as u8)
         .collect();
-    let ep_in: Vec<f32> = (0..16 * 64).map(|i| i as f32 * 0.013 - 3.0).collect();
-    let mut ep_out = vec![0f32; ep_in.len()];
-    let table: [f32; x86::TABLE] = std::array::from_fn(|i| 0.01 * i as f32);
+    let (ep_in, mut ep_out, table) = epilogue_data();
     let steps = 2_000_000;
     let mut bare = f64::INFINITY;
     for round in 1..=3 {
@@ -320,15 +331,10 @@ fn amx_rounds() {
         bare = bare.min(per_e[0].1);
         println!("AMX round {round}: the epilogue chain alone {alone:.2} ns per vector");
         for (e, ns) in per_e {
-            let added = if e == 0 {
-                String::new()
-            } else {
-                format!(
-                    ", {:.2} ns added per epilogue vector",
-                    (ns - bare) / e as f64
-                )
-            };
-            println!("  E = {e}: {ns:.2} ns per K step (4 tdpbusd){added}");
+            println!(
+                "  E = {e}: {ns:.2} ns per K step (4 tdpbusd){}",
+                added_per_vector(e, ns, bare)
+            );
         }
     }
 }
