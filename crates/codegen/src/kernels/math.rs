@@ -63,8 +63,8 @@ pub fn quantize_div(v: f32, scale: f32, zero_point: f32, lo: f32, hi: f32) -> f3
 pub fn exp_sum(a: f32, b: f32) -> f32 {
     let x = a + b;
     let y = exp_sum_in_range(a, b);
-    let y = if x < -87.336_55 { 0.0 } else { y };
-    if x > 88.722_83 {
+    let y = if x < EXP_ZERO_BELOW { 0.0 } else { y };
+    if x > EXP_INF_ABOVE {
         f32::INFINITY
     } else {
         y
@@ -79,15 +79,26 @@ fn exp_sum_in_range(a: f32, b: f32) -> f32 {
     let n = (x * LOG2E).round_ties_even().clamp(-126.0, 127.0);
     let r = ((a - n * LN2_HI) - n * LN2_LO) + b;
     let r2 = r * r;
-    let mut p = 1.987_569_1e-4f32;
-    p = p.mul_add(r, 1.398_199_9e-3);
-    p = p.mul_add(r, 8.333_452e-3);
-    p = p.mul_add(r, 4.166_579_6e-2);
-    p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 5e-1);
+    let mut p = EXP_POLY[0];
+    for &c in &EXP_POLY[1..] {
+        p = p.mul_add(r, c);
+    }
     let e = p.mul_add(r2, r) + 1.0;
     e * pow2i(n)
 }
+
+/// `(exp(r) − 1 − r)/r²` on [-ln2/2, ln2/2] in Horner order, highest power first.
+const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    5e-1,
+];
+/// [`exp_sum`] is 0 below this sum and +inf above [`EXP_INF_ABOVE`].
+const EXP_ZERO_BELOW: f32 = -87.336_55;
+const EXP_INF_ABOVE: f32 = 88.722_83;
 
 /// `255·2^t`, the numerator of a softmax whose probabilities are quantized to bytes, for `t` the
 /// score less the row's maximum in log2 units (`t ≤ 0`, or NaN): `2^n · p(f)` with `t = n + f`,
@@ -831,6 +842,34 @@ pub mod lanes16 {
         _mm512_scalef_ps(p, n)
     }
 
+    /// [`super::exp`] for lanes that are at most 0 or NaN (a softmax's shifted scores), bit for bit,
+    /// in 17 vector operations where the general form takes 24: there `n ≤ 0`, so the upper clamp and the +inf
+    /// select never act; the lower clamp acts only where the result is then selected to 0;
+    /// the rounding of `x·log2 e` (within ±2^22 wherever it matters) is the addition and
+    /// subtraction of 1.5·2^23, two single operations; and `e·2^n` is one `vscalefps`, exact
+    /// as the product by the normal power of two is for `n ≥ −126`, rounded once as it is.
+    /// Positive lanes give unspecified values.
+    ///
+    /// # Safety
+    /// Callable only where the CPU has AVX-512F and FMA.
+    #[target_feature(enable = "avx512f,fma")]
+    #[inline]
+    pub fn exp_nonpositive(x: __m512) -> __m512 {
+        let shifter = _mm512_set1_ps(12_582_912.0);
+        let t = _mm512_mul_ps(x, _mm512_set1_ps(super::LOG2E));
+        let n = _mm512_sub_ps(_mm512_add_ps(t, shifter), shifter);
+        let r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(super::LN2_HI)));
+        let r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(super::LN2_LO)));
+        let r2 = _mm512_mul_ps(r, r);
+        let mut p = _mm512_set1_ps(super::EXP_POLY[0]);
+        for &c in &super::EXP_POLY[1..] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let e = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0));
+        let below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(super::EXP_ZERO_BELOW));
+        _mm512_maskz_scalef_ps(!below, e, n)
+    }
+
     /// [`super::quantize_div`] of each lane (`zero_point` an integer within `[lo, hi]`), the
     /// one vector form of the requantization the epilogues, the activation quantizer and the
     /// int8 attention's byte output all use. Rounding is monotonic and keeps integers, so
@@ -1259,6 +1298,60 @@ pub mod lanes16 {
                 vectors_sure * 50 >= vectors * 49,
                 "{vectors_sure} of {vectors} vectors by product"
             );
+        }
+
+        /// [`exp_nonpositive`] bit for bit the scalar [`super::super::exp`] wherever it is
+        /// defined: a dense sweep of [-110, 0], every float around the cut-off, zero and the
+        /// smallest magnitudes, the most negative floats, -inf and NaNs.
+        #[test]
+        fn exp_nonpositive_equals_the_scalar_function() {
+            if !std::arch::is_x86_feature_detected!("avx512f") {
+                eprintln!(
+                    "SKIP exp_nonpositive_equals_the_scalar_function: no AVX-512F on this CPU"
+                );
+                return;
+            }
+            let mut xs: Vec<f32> = (-1_100_000..=0).map(|i| i as f32 * 1e-4).collect();
+            for edge in [
+                super::super::EXP_ZERO_BELOW,
+                -1e-30,
+                -126.0 / super::super::LOG2E,
+            ] {
+                for k in 0..3000 {
+                    xs.push(f32::from_bits(edge.to_bits() + k));
+                    xs.push(f32::from_bits(edge.to_bits() - k));
+                }
+            }
+            for k in 0..3000u32 {
+                xs.push(f32::from_bits(0x8000_0000 | k));
+                xs.push(-(4_194_304.0 + k as f32 * 0.5));
+            }
+            xs.extend([
+                -0.0,
+                0.0,
+                f32::NEG_INFINITY,
+                f32::NAN,
+                -f32::NAN,
+                f32::MIN,
+                -1e30,
+            ]);
+            xs.push(f32::from_bits(0xffc0_1234));
+            for chunk in xs.chunks(16) {
+                let mut a = [0f32; 16];
+                a[..chunk.len()].copy_from_slice(chunk);
+                let mut y = [0f32; 16];
+                // SAFETY: AVX-512F checked above (every such CPU has FMA).
+                unsafe {
+                    _mm512_storeu_ps(y.as_mut_ptr(), exp_nonpositive(_mm512_loadu_ps(a.as_ptr())))
+                };
+                for (&x, &y) in a.iter().zip(&y) {
+                    let want = super::super::exp(x);
+                    assert!(
+                        y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()),
+                        "exp_nonpositive({x:e}) = {y:e}, scalar {want:e}"
+                    );
+                }
+            }
         }
 
         /// Bit for bit the scalar functions (numerator and byte) on a dense sweep of [-170,

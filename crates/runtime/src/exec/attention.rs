@@ -4,7 +4,7 @@ use super::attn_int8::{scores_i8, values_i8, values_u8, ScoreOperands, U8Sink, V
 use super::attn_kernels::{attn_scores, attn_values, IB, JB};
 use super::packing::RowMap;
 use super::simd::{
-    abs_max_into, quantize_interleave4, quantize_sym_row, softmax_quant_row, softmax_row,
+    abs_max_into, quantize_interleave4, quantize_sym_row, softmax_quant_row, softmax_rows,
 };
 use super::{broadcast_strides, prefetch, Arena, Ctx, SharedPtr};
 use crate::value::TensorValue;
@@ -917,10 +917,9 @@ fn attend(
                 );
             }
             for (i, row) in sc.chunks_exact_mut(n_pad).take(sq).enumerate() {
-                let row = &mut row[..n];
-                plan.add_mask(mask, hd, i, 1.0, row);
-                softmax_row(row);
+                plan.add_mask(mask, hd, i, 1.0, &mut row[..n]);
             }
+            softmax_rows(sc, n_pad, n, sq);
             let out = HeadOut {
                 dst,
                 at: o_at,
