@@ -162,15 +162,19 @@ fn steady(id: &str, session: &Session, batch: usize, seq: usize, hidden: usize) 
     let tallies: Vec<Tally> = (0..3)
         .map(|_| counted(|| outputs = session.run(&refs).unwrap()))
         .collect();
-    let t = &tallies[0];
     // With one thread a run is deterministic; with more, which worker claims which chunk is
-    // not, and so (slightly) is what the workers allocate.
-    if session.options().threads == 1 {
+    // not, and so (slightly) is what the workers allocate: a worker that claimed no chunk of
+    // some op during the warm-up grows its thread-local scratch the first time it does. The
+    // fewest of the three counts is then the steady state (a per-run allocation shows in all).
+    let t = if session.options().threads == 1 {
         assert!(
-            tallies.iter().all(|x| x == t),
+            tallies.iter().all(|x| x == &tallies[0]),
             "{id}: runs after warm-up allocate differently: {tallies:?}"
         );
-    }
+        &tallies[0]
+    } else {
+        tallies.iter().min_by_key(|x| x.count).unwrap()
+    };
     // The outputs (and their shape vectors and names) are the caller's.
     let out_bytes: Vec<usize> = outputs
         .iter()
@@ -223,8 +227,18 @@ fn recycled(id: &str, session: &Session, refs: &[(&str, TensorValue)], expected:
     for _ in 0..3 {
         once();
     }
-    let t = counted(once);
+    // With threads, up to ten counted runs for one that shows the steady state (see `steady`:
+    // a worker's first chunk of an op can fall after the warm-up); a per-run allocation shows
+    // in all.
     let small = 1 + expected.len();
+    let tries = if session.options().threads > 1 { 10 } else { 1 };
+    let mut t = counted(once);
+    for _ in 1..tries {
+        if t.count == small {
+            break;
+        }
+        t = counted(once);
+    }
     assert_eq!(
         t.count, small,
         "{id}: run_output and recycle allocate {} times ({} bytes, by size class {:?}), expected {small} (the result vector and the names); ENCORE_ALLOC_TRACE=0 shows where from",
@@ -239,14 +253,25 @@ fn reused(id: &str, session: &Session, refs: &[(&str, TensorValue)], expected: &
     for _ in 0..3 {
         session.run_into(refs, &mut kept).unwrap();
     }
-    for _ in 0..3 {
+    // Three runs in a row that allocate nothing, within twelve (see `steady`: a worker's
+    // first chunk of an op can fall after the warm-up); a per-run allocation shows in all.
+    let mut clean = 0;
+    for _ in 0..12 {
         let t = counted(|| session.run_into(refs, &mut kept).unwrap());
-        assert_eq!(
-            t.count, 0,
+        clean = if t.count == 0 { clean + 1 } else { 0 };
+        if clean == 3 {
+            break;
+        }
+        assert!(
+            t.count == 0 || session.options().threads > 1,
             "{id}: a run_into after warm-up allocates {} times ({} bytes, by size class {:?}); ENCORE_ALLOC_TRACE=0 shows where from",
             t.count, t.bytes, t.by_size
         );
     }
+    assert_eq!(
+        clean, 3,
+        "{id}: no three run_into in a row without allocations in twelve; ENCORE_ALLOC_TRACE=0 shows where from"
+    );
     assert_eq!(&kept, expected, "{id}: run_into gives what run gave");
 }
 
