@@ -842,13 +842,13 @@ pub mod lanes16 {
         _mm512_scalef_ps(p, n)
     }
 
-    /// [`super::exp`] for lanes that are at most 0 or NaN (a softmax's shifted scores), bit for bit,
-    /// in 17 vector operations where the general form takes 24: there `n ≤ 0`, so the upper clamp and the +inf
-    /// select never act; the lower clamp acts only where the result is then selected to 0;
-    /// the rounding of `x·log2 e` (within ±2^22 wherever it matters) is the addition and
-    /// subtraction of 1.5·2^23, two single operations; and `e·2^n` is one `vscalefps`, exact
-    /// as the product by the normal power of two is for `n ≥ −126`, rounded once as it is.
-    /// Positive lanes give unspecified values.
+    /// [`super::exp`] for lanes that are at most 0 or NaN (a softmax's shifted scores), bit
+    /// for bit, in 17 vector operations where the general form takes 24: there `n ≤ 0`, so the
+    /// upper clamp and the +inf select never act; the lower clamp acts only where the result
+    /// is then selected to 0; the rounding of `x·log2 e` (within ±2^22 wherever it matters) is
+    /// the addition and subtraction of 1.5·2^23, two single operations; and `e·2^n` is one
+    /// `vscalefps`, exact as the product by the normal power of two is for `n ≥ −126`, rounded
+    /// once as it is. Positive lanes give unspecified values.
     ///
     /// # Safety
     /// Callable only where the CPU has AVX-512F and FMA.

@@ -100,7 +100,8 @@ fn exp_shifted(row: &mut [f32], exp: impl Fn(f32) -> f32) -> f32 {
 
 multiversion! {
     /// Softmax of one row in place: max-subtracted exponentials over their sum, with the
-    /// vectorised `exp` of codegen (≤ 2 ulp). Used inside the fused attention.
+    /// vectorised `exp` of codegen (≤ 2 ulp). The definition of the fused attention's
+    /// [`softmax_rows`], which runs it on CPUs without AVX-512.
     fn softmax_row(row: &mut [f32]) {
         let inv = 1.0 / exp_shifted(row, math::exp);
         for v in row.iter_mut() {
@@ -151,7 +152,7 @@ pub(crate) fn softmax_rows(block: &mut [f32], ld: usize, n: usize, rows: usize) 
 unsafe fn softmax_rows_avx512<const R: usize>(rows: [*mut f32; R], n: usize) {
     use std::arch::x86_64::*;
     let whole = n / JB * JB;
-    let tail: __mmask16 = ((1u32 << (n - whole)) - 1) as u16;
+    let tail = lanes_below(n - whole);
     // lane_max's `if b > a { b } else { a }` is `max_ps(x, acc)`: `x > acc ? x : acc`.
     let mut acc = [_mm512_set1_ps(f32::NEG_INFINITY); R];
     // SAFETY (the loads and stores below): offsets < whole ≤ n, the tail masked to n.
