@@ -14,7 +14,7 @@ use codegen::kernels::int8::{gemm_i8_amx_model, gemm_i8_with, Activations, Packe
 use codegen::kernels::math::{bf16_to_f32, exp, gelu_erf, gelu_tanh, quantize_div, quantize_sym};
 use codegen::kernels::{
     gemm_f32, Epilogue, EpilogueOp, ForkOut, HeadsOut, Int8Kernel, KernelError, Output, PackedF32,
-    QType, RowParam,
+    QType, RowParam, RowParamsOut,
 };
 use common::Rng;
 
@@ -700,6 +700,126 @@ fn fork_u8_copies_the_quantized_output() {
             }
         }
     }
+}
+
+/// `ForkU8Rows` after a LayerNorm, and alone after the elementwise ops (a row-wide step of its
+/// own): the f32 output is bit for bit the one without it, and each row's copy, scale and zero
+/// point are `rowquant::quantize_row` of that f32 row (times the factors), the standalone
+/// quantizer's bytes; on every kernel (AMX on the tile model), 1 and 2 threads, a row one block
+/// holds and rows that take a strip (n = 1200 at k = 2100), through the register chains and the
+/// multi-pass path.
+#[test]
+fn fork_u8_rows_quantizes_each_row_by_its_own_range() {
+    use codegen::kernels::epilogue_chain::set_register_chains;
+    use codegen::kernels::rowquant::quantize_row;
+    codegen::kernels::pool::set_min_parallel_macs(0);
+    let mut runs: Vec<(Option<Int8Kernel>, usize, usize, usize)> = Vec::new();
+    for kern in common::coverage::int8("fork_u8_rows_quantizes_each_row_by_its_own_range") {
+        runs.extend([(Some(kern), 37, 70, 64), (Some(kern), 9, 1200, 2100)]);
+    }
+    runs.push((None, 37, 70, 100));
+    for (kern, m, n, k) in runs {
+        let mut rng = Rng(0xf1_0000 + (m * n + k) as u64);
+        let NormCase {
+            a,
+            w,
+            ws,
+            bias,
+            gamma,
+            beta,
+            smooth,
+        } = NormCase::new(&mut rng, m, n, k);
+        let pk = kern.unwrap_or(Int8Kernel::Amx);
+        let b = PackedI8::pack_for(pk, &w, k, n, k, true).unwrap();
+        let dequant = EpilogueOp::Dequant {
+            a_scale: RowParam::PerTensor(0.02),
+            a_zero: RowParam::PerTensor(3),
+            w_scale: &ws,
+        };
+        let norm = vec![
+            dequant,
+            EpilogueOp::Bias(&bias),
+            EpilogueOp::LayerNorm {
+                gamma: &gamma,
+                beta: &beta,
+                eps: 1e-5,
+            },
+        ];
+        let plain_ops = vec![dequant, EpilogueOp::Bias(&bias), EpilogueOp::GeluErf];
+        let name = kern.map_or("amx(tile model)", |k| k.name());
+        for (base, label) in [(norm, "layer_norm"), (plain_ops, "gelu")] {
+            for (threads, chains) in [(1, true), (2, true), (2, false)] {
+                let gemm = |ops: Vec<EpilogueOp<'_>>, c: &mut [f32]| {
+                    set_register_chains(chains);
+                    let (ep, out) = (Epilogue::new(ops), Output::F32 { c, ldc: n });
+                    let done = match kern {
+                        Some(kk) => {
+                            gemm_i8_with(kk, m, Activations::U8(&a), k, &b, out, &ep, threads)
+                        }
+                        None => gemm_i8_amx_model(m, Activations::U8(&a), k, &b, out, &ep, threads)
+                            .map(|_| ()),
+                    };
+                    set_register_chains(true);
+                    done.unwrap()
+                };
+                let mut plain = vec![0f32; m * n];
+                gemm(base.clone(), &mut plain);
+                for factors in [Some(&smooth[..]), None] {
+                    let mut copy = vec![0u8; m * n];
+                    let (mut scales, mut zeros) = (vec![f32::NAN; m], vec![-1i32; m]);
+                    let mut forked = vec![0f32; m * n];
+                    let mut ops = base.clone();
+                    ops.push(EpilogueOp::ForkU8Rows {
+                        smooth: factors,
+                        out: ForkOut::new(&mut copy, n),
+                        params: RowParamsOut::new(&mut scales, &mut zeros),
+                    });
+                    gemm(ops, &mut forked);
+                    let at = format!("{name} [{label}] t={threads} chains={chains}");
+                    for i in 0..m * n {
+                        assert_eq!(forked[i].to_bits(), plain[i].to_bits(), "{at} f32 [{i}]");
+                    }
+                    for r in 0..m {
+                        let mut want = vec![0u8; n];
+                        let params = quantize_row(&plain[r * n..(r + 1) * n], factors, &mut want);
+                        assert_eq!((scales[r], zeros[r]), params, "{at} row {r} parameters");
+                        assert_eq!(&copy[r * n..(r + 1) * n], &want[..], "{at} row {r} bytes");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `ForkU8Rows` is refused unless it is last with an f32 output, and with fewer row parameters
+/// than rows.
+#[test]
+fn fork_u8_rows_is_validated() {
+    let (m, n) = (4, 3);
+    let ws = [1.0f32];
+    let (mut copy, mut scales, mut zeros) = (vec![0u8; m * n], vec![0f32; m - 1], vec![0i32; m]);
+    let mut c = vec![0f32; m * n];
+    let fork = EpilogueOp::ForkU8Rows {
+        smooth: None,
+        out: ForkOut::new(&mut copy, n),
+        params: RowParamsOut::new(&mut scales, &mut zeros),
+    };
+    let dequant = EpilogueOp::Dequant {
+        a_scale: RowParam::PerTensor(1.0),
+        a_zero: RowParam::PerTensor(0),
+        w_scale: &ws,
+    };
+    let out = Output::F32 { c: &mut c, ldc: n };
+    let short = Epilogue::new(vec![dequant, fork]).validate(m, n, &out, true);
+    assert!(
+        matches!(&short, Err(KernelError::BadEpilogue(s)) if s.contains("3 row parameters for 4 rows")),
+        "{short:?}"
+    );
+    let not_last = Epilogue::new(vec![dequant, fork, EpilogueOp::Relu]).validate(m, n, &out, true);
+    assert!(
+        matches!(&not_last, Err(KernelError::BadEpilogue(s)) if s.contains("must be last")),
+        "{not_last:?}"
+    );
 }
 
 /// `Output::Heads` against an f32 output of the same program: each head of q and k is exactly

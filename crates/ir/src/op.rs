@@ -242,7 +242,8 @@ name_table!(PadMode { Constant => "constant", Reflect => "reflect", Edge => "edg
 /// operands takes the next inputs of its node, in order.
 ///
 /// Text form: `bias`, `mul_col`, `gelu_erf`, `gelu_tanh`, `residual`, `layer_norm 1e-12`,
-/// `requant_u8 0.05 128`, `fork_u8 0.05 128`, `fork_u8 0.05 128 smooth`, `quant_heads 12`.
+/// `requant_u8 0.05 128`, `fork_u8 0.05 128`, `fork_u8 0.05 128 smooth`, `fork_u8_rows`,
+/// `fork_u8_rows smooth`, `quant_heads 12`.
 ///
 /// ```
 /// use ir::EpilogueStep;
@@ -280,6 +281,15 @@ pub enum EpilogueStep {
         zero_point: i32,
         smooth: bool,
     },
+    /// Last step only, after a `layer_norm` (it needs the whole row): [`EpilogueStep::ForkU8`]
+    /// with each row's own scale and zero point, the dynamic per-token quantization
+    /// ([`ActQuant::DynamicToken`]) of one linear that reads this output while others read the
+    /// f32 value, moved into the producer. Four outputs: the f32 value (`[…, n]`), the u8 copy
+    /// (`[…, n]`) and each row's scale (f32 `[…, 1]`) and zero point (i32 `[…, 1]`), those of
+    /// [`u8_qparams`] on the row's range, times `s[n]` (the operand) when `smooth`. The reader
+    /// ([`ActQuant::TokenU8`]) takes the three as already quantized: the row is not read back
+    /// from memory twice (its range, then its bytes) by a pass of its own.
+    ForkU8Rows { smooth: bool },
     /// Last step only, on a `3h`-wide output whose columns are the q, k and v of `heads`-head
     /// attention with 8-bit products (the merged QKV projection feeding it), head by head: q,
     /// k and v of head 0, then those of head 1, and so on (the `fuse` pipeline reorders the
@@ -301,13 +311,16 @@ impl EpilogueStep {
             EpilogueStep::Bias | EpilogueStep::MulCol | EpilogueStep::Residual => 1,
             EpilogueStep::Gelu(_) | EpilogueStep::RequantU8 { .. } => 0,
             EpilogueStep::LayerNorm { .. } => 2,
-            EpilogueStep::ForkU8 { smooth, .. } => usize::from(*smooth),
+            EpilogueStep::ForkU8 { smooth, .. } | EpilogueStep::ForkU8Rows { smooth } => {
+                usize::from(*smooth)
+            }
             EpilogueStep::QuantHeads { .. } => 0,
         }
     }
 
     /// The last-axis widths of the outputs of a linear with `n` output columns and this
-    /// epilogue: `[2n/3, 2·heads, n/3]` after a final `quant_heads`, else `n` for each output.
+    /// epilogue: `[2n/3, 2·heads, n/3]` after a final `quant_heads`, `[n, n, 1, 1]` after a final
+    /// `fork_u8_rows`, else `n` for each output.
     /// `None` when `n` is not three widths of whole heads.
     ///
     /// ```
@@ -324,6 +337,7 @@ impl EpilogueStep {
                 (n.is_multiple_of(3) && *heads > 0 && h.is_multiple_of(*heads))
                     .then(|| vec![2 * h, 2 * heads, h])
             }
+            Some(EpilogueStep::ForkU8Rows { .. }) => Some(vec![n, n, 1, 1]),
             _ => Some(vec![n; Self::output_dtypes(steps).len()]),
         }
     }
@@ -340,9 +354,21 @@ impl EpilogueStep {
     pub fn output_dtypes(steps: &[EpilogueStep]) -> Vec<DType> {
         match steps.last() {
             Some(EpilogueStep::ForkU8 { .. }) => vec![DType::F32, DType::U8],
+            Some(EpilogueStep::ForkU8Rows { .. }) => {
+                vec![DType::F32, DType::U8, DType::F32, DType::I32]
+            }
             Some(EpilogueStep::QuantHeads { .. }) => vec![DType::U8, DType::F32, DType::F32],
             _ => vec![Self::output_dtype(steps)],
         }
+    }
+
+    /// Whether the step needs whole rows (`layer_norm`, `fork_u8_rows`): a GEMM with it shares
+    /// rows, not columns, among its threads.
+    pub fn needs_whole_row(&self) -> bool {
+        matches!(
+            self,
+            EpilogueStep::LayerNorm { .. } | EpilogueStep::ForkU8Rows { .. }
+        )
     }
 
     /// Total operands of a step list.
@@ -389,6 +415,13 @@ impl fmt::Display for EpilogueStep {
                 }
                 Ok(())
             }
+            EpilogueStep::ForkU8Rows { smooth } => {
+                f.write_str("fork_u8_rows")?;
+                if *smooth {
+                    f.write_str(" smooth")?;
+                }
+                Ok(())
+            }
             EpilogueStep::QuantHeads { heads } => write!(f, "quant_heads {heads}"),
         }
     }
@@ -420,6 +453,13 @@ impl std::str::FromStr for EpilogueStep {
             "fork_u8" => EpilogueStep::ForkU8 {
                 scale: words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?,
                 zero_point: words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?,
+                smooth: match words.next() {
+                    None => false,
+                    Some("smooth") => true,
+                    Some(_) => return Err(bad()),
+                },
+            },
+            "fork_u8_rows" => EpilogueStep::ForkU8Rows {
                 smooth: match words.next() {
                     None => false,
                     Some("smooth") => true,
@@ -493,6 +533,10 @@ pub enum ActQuant {
     DynamicTensor,
     /// Fixed scale and zero point, from calibration or from a QDQ model.
     Static { scale: f32, zero_point: i32 },
+    /// [`ActQuant::DynamicToken`] done by the input's producer (a `fork_u8_rows` epilogue): the
+    /// input is the u8 rows, and the two inputs after the weight scale are each row's scale
+    /// (f32 `[…, 1]`) and zero point (i32 `[…, 1]`).
+    TokenU8,
 }
 
 impl ActQuant {
@@ -502,6 +546,16 @@ impl ActQuant {
             ActQuant::DynamicToken => "token",
             ActQuant::DynamicTensor => "tensor",
             ActQuant::Static { .. } => "static",
+            ActQuant::TokenU8 => "token_u8",
+        }
+    }
+
+    /// How many inputs after the weight scale carry the rows' own quantization parameters:
+    /// two for [`ActQuant::TokenU8`], else none.
+    pub fn row_param_inputs(&self) -> usize {
+        match self {
+            ActQuant::TokenU8 => 2,
+            _ => 0,
         }
     }
 }
@@ -816,7 +870,10 @@ pub enum Op {
     /// u8×s8→i32 GEMM, dequantized (`acc · a_scale · w_scale[n]`, zero point compensated), then
     /// the `epilogue` steps; f32 out, or u8 after a final `requant_u8`. With `act` static, `x`
     /// may instead be u8 already quantized with `a_scale` and `a_zero` (its producer ended in
-    /// `requant_u8`); then `smooth` is false.
+    /// `requant_u8`); then `smooth` is false. With `act` `token_u8`, `x` is u8 quantized per row
+    /// by its producer (`fork_u8_rows`), whose row scales and zero points are the two inputs
+    /// after `w_scale`: `(x: u8, w, w_scale, a_scale: f32[…, 1], a_zero: i32[…, 1],
+    /// operands…)`, and `smooth` is false.
     ///
     /// ```text
     /// %7 = qlinear[act="token", smooth=true, epilogue=(bias, gelu_erf)](%0, %1, %2, %3, %4) : f32[B,S,1536]
@@ -1113,9 +1170,14 @@ impl Op {
                 (n, n)
             }
             Op::QLinear {
-                smooth, epilogue, ..
+                act,
+                smooth,
+                epilogue,
             } => {
-                let n = 3 + usize::from(*smooth) + EpilogueStep::count_operands(epilogue);
+                let n = 3
+                    + act.row_param_inputs()
+                    + usize::from(*smooth)
+                    + EpilogueStep::count_operands(epilogue);
                 (n, n)
             }
             Op::QMatMul => (6, 6),
@@ -1390,12 +1452,13 @@ impl Op {
                 let act = match a.str("act")?.as_str() {
                     "token" => ActQuant::DynamicToken,
                     "tensor" => ActQuant::DynamicTensor,
+                    "token_u8" => ActQuant::TokenU8,
                     "static" => ActQuant::Static {
                         scale: a.float("a_scale")?,
                         zero_point: i32::try_from(a.int("a_zero")?)
                             .map_err(|_| a.bad("a_zero", "a 32-bit integer"))?,
                     },
-                    _ => return Err(a.bad("act", "token, tensor or static")),
+                    _ => return Err(a.bad("act", "token, token_u8, tensor or static")),
                 };
                 Op::QLinear {
                     act,

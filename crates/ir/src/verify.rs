@@ -355,8 +355,14 @@ impl Graph {
         let (w_dtype, first_operand, epilogue) = match &node.op {
             Op::FusedLinear { epilogue } => (DType::F32, 2, epilogue),
             Op::QLinear {
-                smooth, epilogue, ..
-            } => (DType::I8, 3 + usize::from(*smooth), epilogue),
+                act,
+                smooth,
+                epilogue,
+            } => (
+                DType::I8,
+                3 + act.row_param_inputs() + usize::from(*smooth),
+                epilogue,
+            ),
             _ => return None,
         };
         let prequantized = matches!(
@@ -367,7 +373,35 @@ impl Graph {
                 ..
             }
         );
-        if ty(0).dtype != DType::F32 && !(prequantized && ty(0).dtype == DType::U8) {
+        if let Op::QLinear {
+            act: ActQuant::TokenU8,
+            smooth,
+            ..
+        } = &node.op
+        {
+            // The rows quantized by the producer, with their parameters beside them.
+            if *smooth || ty(0).dtype != DType::U8 {
+                return Some(format!(
+                    "qlinear: act `token_u8` reads u8 rows and no smoothing factors, x is {}",
+                    ty(0)
+                ));
+            }
+            let row_param = |i: usize, dtype: DType| {
+                let t = ty(i);
+                t.dtype == dtype
+                    && t.rank() == ty(0).rank()
+                    && t.shape
+                        .as_ref()
+                        .is_none_or(|s| s.last().and_then(|d| d.as_fixed()).is_none_or(|d| d == 1))
+            };
+            if !row_param(3, DType::F32) || !row_param(4, DType::I32) {
+                return Some(format!(
+                    "qlinear: act `token_u8` needs each row's scale (f32[…, 1]) and zero point (i32[…, 1]), has {} and {}",
+                    ty(3),
+                    ty(4)
+                ));
+            }
+        } else if ty(0).dtype != DType::F32 && !(prequantized && ty(0).dtype == DType::U8) {
             return Some(format!(
                 "{}: x must be f32{}, is {}",
                 node.op.name(),
@@ -424,6 +458,7 @@ impl Graph {
                 s,
                 EpilogueStep::RequantU8 { .. }
                     | EpilogueStep::ForkU8 { .. }
+                    | EpilogueStep::ForkU8Rows { .. }
                     | EpilogueStep::QuantHeads { .. }
             )
         }) {
@@ -488,6 +523,7 @@ impl Graph {
                 }
                 EpilogueStep::Gelu(_) | EpilogueStep::QuantHeads { .. } => {}
                 EpilogueStep::ForkU8 { smooth: true, .. }
+                | EpilogueStep::ForkU8Rows { smooth: true }
                     if ty(at).dtype != DType::F32 || !vector_ok(at, n) =>
                 {
                     return Some(format!(
@@ -495,6 +531,7 @@ impl Graph {
                         ty(at)
                     ));
                 }
+                EpilogueStep::ForkU8Rows { .. } => {}
                 EpilogueStep::RequantU8 { scale, zero_point }
                 | EpilogueStep::ForkU8 {
                     scale, zero_point, ..

@@ -468,6 +468,70 @@ fn assert_refused(good: &str, from: &str, to: &str, reason: &str) {
     assert!(e.contains(reason), "{to}: {e}");
 }
 
+/// `fork_u8_rows` and its reader `act="token_u8"`: a graph that uses them right verifies and
+/// round-trips; each misuse is refused, naming what is wrong.
+#[test]
+fn verifier_checks_rows_quantized_by_their_producer() {
+    let good = "\
+%0 = input[name=\"x\"] : f32[B,S,4]
+%1 = const[value=i8[4,4]{}] : i8[4,4]
+%2 = const[value=f32[4]{}] : f32[4]
+%3 = qlinear[act=\"token\", smooth=false, epilogue=(layer_norm 1e-5, fork_u8_rows smooth)](%0, %1, %2, %2, %2, %2) : (f32[B,S,4], u8[B,S,4], f32[B,S,1], i32[B,S,1])
+%4 = qlinear[act=\"token_u8\", smooth=false, epilogue=(bias)](%3.1, %1, %2, %3.2, %3.3, %2) : f32[B,S,4]
+output \"y\" = %4
+output \"ln\" = %3
+";
+    let good = good
+        .replacen(
+            "i8[4,4]{}",
+            &format!("i8[4,4]{{{}}}", vec!["0"; 16].join(", ")),
+            1,
+        )
+        .replacen("f32[4]{}", "f32[4]{1.0, 1.0, 1.0, 1.0}", 1);
+    let g = text::parse(&good, None).unwrap();
+    g.verify().unwrap();
+    assert_eq!(text::print(&g).unwrap(), good);
+    for (from, to, reason) in [
+        (
+            "fork_u8_rows smooth)](%0, %1, %2, %2, %2, %2)",
+            "fork_u8_rows smooth, bias)](%0, %1, %2, %2, %2, %2, %2)",
+            "4 output types given, the op has 1",
+        ),
+        (
+            "(f32[B,S,4], u8[B,S,4], f32[B,S,1], i32[B,S,1])",
+            "(f32[B,S,4], u8[B,S,4], f32[B,S,1], f32[B,S,1])",
+            "the outputs are f32, u8, f32, i32",
+        ),
+        (
+            "(f32[B,S,4], u8[B,S,4], f32[B,S,1], i32[B,S,1])",
+            "(f32[B,S,4], u8[B,S,4], f32[B,S,4], i32[B,S,1])",
+            "the outputs are f32, u8, f32, i32",
+        ),
+        (
+            "(%3.1, %1, %2, %3.2, %3.3, %2)",
+            "(%3, %1, %2, %3.2, %3.3, %2)",
+            "act `token_u8` reads u8 rows",
+        ),
+        (
+            "(%3.1, %1, %2, %3.2, %3.3, %2)",
+            "(%3.1, %1, %2, %3.3, %3.2, %2)",
+            "needs each row's scale (f32[…, 1]) and zero point (i32[…, 1])",
+        ),
+        (
+            "(%3.1, %1, %2, %3.2, %3.3, %2)",
+            "(%3.1, %1, %2, %2)",
+            "input",
+        ),
+        (
+            "act=\"token_u8\"",
+            "act=\"token_8\"",
+            "token, token_u8, tensor or static",
+        ),
+    ] {
+        assert_refused(&good, from, to, reason);
+    }
+}
+
 /// `quant_heads` and the split q, k, v of attention: a graph that uses them right verifies and
 /// round-trips; each misuse is refused, naming what is wrong.
 #[test]

@@ -435,7 +435,8 @@ impl Pass for FuseEpilogue {
         let d = apply(graph, FUSE, &mut ctx.report, requant_into_producer)?;
         let e = apply(graph, FUSE, &mut ctx.report, quantize_heads)?;
         let f = apply(graph, FUSE, &mut ctx.report, requant_into_attention)?;
-        Ok(a || b || c || d || e || f)
+        let g = apply(graph, FUSE, &mut ctx.report, token_quant_into_norm)?;
+        Ok(a || b || c || d || e || f || g)
     }
 }
 
@@ -767,6 +768,120 @@ fn requant_into_producer(g: &mut Graph, id: NodeId, report: &mut Report) -> Resu
         FUSE,
         &producer,
         format!("quantization of `{name}` → epilogue {how}"),
+    );
+    Ok(true)
+}
+
+/// A per-token dynamic `QLinear` (`act="token"`) whose input is another `QLinear`'s output
+/// ending in `layer_norm` takes its quantization out of itself and into that producer's
+/// epilogue: the producer ends with `fork_u8_rows` (with the reader's SmoothQuant factor when it
+/// has one) and writes, beside the f32 value its other readers take (the residual), the bytes
+/// and each row's scale and zero point, made from each row while the LayerNorm step holds it;
+/// the reader (`act="token_u8"`) reads them as they are. Its own quantization pass read every
+/// row back from memory twice (its range, then its bytes). The bytes and parameters are those
+/// the reader made itself (one definition: `codegen::kernels::rowquant`), so every output is
+/// equal bit for bit. A producer whose epilogue does not end in `layer_norm` keeps writing f32:
+/// its threads share columns, and a row's range needs all of them.
+fn token_quant_into_norm(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, String> {
+    let Op::QLinear {
+        act: ActQuant::DynamicToken,
+        smooth,
+        epilogue,
+    } = g.node(id).op.clone()
+    else {
+        return Ok(false);
+    };
+    let ins = g.node_inputs(id);
+    let x = ins[0];
+    if g.outlet_type(x).dtype != DType::F32 {
+        return Ok(false);
+    }
+    let name = g.node(id).name.clone();
+    let producer = g.node(x.node).name.clone();
+    let (producer_act, producer_smooth, mut steps) = match &g.node(x.node).op {
+        Op::QLinear {
+            act,
+            smooth,
+            epilogue,
+        } => (*act, *smooth, epilogue.clone()),
+        _ => return Ok(false),
+    };
+    let declined = |report: &mut Report, why: &str| {
+        report.declined(
+            FUSE,
+            &name,
+            format!("per-row quantization not moved into `{producer}`: {why}"),
+        );
+        Ok(false)
+    };
+    if g.node(x.node).outputs.len() != 1 {
+        return declined(report, "it already writes bytes");
+    }
+    if !matches!(steps.last(), Some(EpilogueStep::LayerNorm { .. })) {
+        return declined(
+            report,
+            "its epilogue does not end in `layer_norm` (its threads share columns, and a row's range needs them all)",
+        );
+    }
+    let mut producer_inputs = g.node_inputs(x.node);
+    if smooth {
+        producer_inputs.push(ins[3]);
+    }
+    let f32_ty = g.node(x.node).outputs[0].clone();
+    let with = |dtype: DType, last: Option<usize>| {
+        let mut t = TensorType {
+            dtype,
+            ..f32_ty.clone()
+        };
+        if let (Some(shape), Some(w)) = (t.shape.as_mut(), last) {
+            if let Some(d) = shape.last_mut() {
+                *d = ir::Dim::fixed(w);
+            }
+        }
+        t
+    };
+    let outputs = vec![
+        f32_ty.clone(),
+        with(DType::U8, None),
+        with(DType::F32, Some(1)),
+        with(DType::I32, Some(1)),
+    ];
+    steps.push(EpilogueStep::ForkU8Rows { smooth });
+    let producer_op = Op::QLinear {
+        act: producer_act,
+        smooth: producer_smooth,
+        epilogue: steps,
+    };
+    let new_producer = g
+        .add_node(producer_op, &producer, &producer_inputs, outputs)
+        .map_err(|e| e.to_string())?;
+    g.replace_uses(x, Outlet::new(new_producer, 0))
+        .map_err(|e| e.to_string())?;
+    let mut reader_inputs = vec![
+        Outlet::new(new_producer, 1),
+        ins[1],
+        ins[2],
+        Outlet::new(new_producer, 2),
+        Outlet::new(new_producer, 3),
+    ];
+    reader_inputs.extend(&ins[3 + usize::from(smooth)..]);
+    let reader_outputs = g.node(id).outputs.clone();
+    let reader_op = Op::QLinear {
+        act: ActQuant::TokenU8,
+        smooth: false,
+        epilogue,
+    };
+    let reader = g
+        .add_node(reader_op, &name, &reader_inputs, reader_outputs.clone())
+        .map_err(|e| e.to_string())?;
+    for slot in 0..reader_outputs.len() {
+        g.replace_uses(Outlet::new(id, slot), Outlet::new(reader, slot))
+            .map_err(|e| e.to_string())?;
+    }
+    report.fired(
+        FUSE,
+        &producer,
+        format!("per-row quantization of `{name}` → epilogue `fork_u8_rows`"),
     );
     Ok(true)
 }

@@ -222,8 +222,18 @@ fn is_token_wise(g: &Graph, id: NodeId, lead: &[Dim]) -> bool {
     match &node.op {
         Op::Linear | Op::FusedLinear { .. } => per_token(ty(0), lead) && params_ok(2),
         Op::QLinear { act, .. } => {
-            // A whole-tensor dynamic range would change with the padding left out.
-            !matches!(act, ActQuant::DynamicTensor) && per_token(ty(0), lead) && params_ok(1)
+            // A whole-tensor dynamic range would change with the padding left out. The rows'
+            // own quantization parameters (`token_u8`) are per token, one value a row.
+            let row_params = 3..3 + act.row_param_inputs();
+            !matches!(act, ActQuant::DynamicTensor)
+                && per_token(ty(0), lead)
+                && (1..ins.len()).all(|i| {
+                    if row_params.contains(&i) {
+                        per_token(ty(i), lead)
+                    } else {
+                        !per_token(ty(i), lead) || ty(i) == &node.outputs[0]
+                    }
+                })
         }
         Op::AttentionQkv { .. } => per_token(ty(0), lead),
         // An embedding lookup: rows of a table that is the same for every token, picked by

@@ -1025,6 +1025,70 @@ output \"y\" = %11
     insta::assert_snapshot!(snap);
 }
 
+/// A per-token dynamic quantized linear reading a LayerNorm epilogue's output that the residual
+/// reads too (an attention output block feeding FFN1): its quantization (SmoothQuant factor,
+/// each row's range) moves into the producer as `fork_u8_rows`, which writes the f32 value, the
+/// bytes and each row's scale and zero point; the reader (`act="token_u8"`) takes them as they
+/// are. FFN1's own reader (FFN2, after a GELU) keeps its quantization, and the report says why.
+/// Every output is equal bit for bit.
+#[test]
+fn fuse_epilogue_token_quantization_into_layer_norm() {
+    let text = "\
+%0 = input[name=\"x\"] : f32[B,4]
+%1 = const[value=i8[4,3]{127, -64, 3, -127, 20, 90, 45, -100, -7, 0, 127, 60}] : i8[4,3]  # attn_out/weight_s8
+%2 = const[value=f32[3]{0.01, 0.02, 0.015}] : f32[3]  # attn_out/weight_scale
+%3 = const[value=f32[3]{0.5, -0.25, 1.0}] : f32[3]  # attn_out/bias
+%4 = const[value=f32[3]{1.5, 0.75, 1.0}] : f32[3]  # attn_out/gamma
+%5 = const[value=f32[3]{0.1, 0.0, -0.2}] : f32[3]  # attn_out/beta
+%6 = qlinear[act=\"token\", smooth=false, epilogue=(bias, layer_norm 1e-5)](%0, %1, %2, %3, %4, %5) : f32[B,3]  # attn_out
+%7 = const[value=i8[3,2]{100, -3, 7, -127, 64, 9}] : i8[3,2]  # ffn1/weight_s8
+%8 = const[value=f32[2]{0.03, 0.01}] : f32[2]  # ffn1/weight_scale
+%9 = const[value=f32[3]{2.0, 0.5, 1.25}] : f32[3]  # ffn1/inv_smooth
+%10 = const[value=f32[2]{0.1, 0.2}] : f32[2]  # ffn1/bias
+%11 = qlinear[act=\"token\", smooth=true, epilogue=(bias, gelu_erf)](%6, %7, %8, %9, %10) : f32[B,2]  # ffn1
+%12 = const[value=i8[2,3]{90, -40, 12, -127, 33, 101}] : i8[2,3]  # ffn2/weight_s8
+%13 = const[value=f32[3]{0.02, 0.01, 0.03}] : f32[3]  # ffn2/weight_scale
+%14 = qlinear[act=\"token\", smooth=false, epilogue=(residual)](%11, %12, %13, %6) : f32[B,3]  # ffn2
+output \"ln\" = %6
+output \"y\" = %14
+";
+    let (snap, changed, before, after, report) = one_pass(&FuseEpilogue, text);
+    assert!(changed);
+    let t = print(&after);
+    assert!(
+        t.contains("epilogue=(bias, layer_norm 1e-5, fork_u8_rows smooth)]")
+            && t.contains(" : (f32[B,3], u8[B,3], f32[B,1], i32[B,1])  # attn_out"),
+        "{t}"
+    );
+    let ffn1 = t.lines().find(|l| l.ends_with("# ffn1")).expect("ffn1");
+    assert!(
+        ffn1.contains("qlinear[act=\"token_u8\", smooth=false, epilogue=(bias, gelu_erf)]")
+            && ffn1.contains(".1, ")
+            && ffn1.contains(".2, ")
+            && ffn1.contains(".3, "),
+        "{t}"
+    );
+    let ffn2 = t.lines().find(|l| l.ends_with("# ffn2")).expect("ffn2");
+    assert!(ffn2.contains("act=\"token\""), "{t}");
+    assert!(has_note(
+        &report,
+        NoteKind::Fired,
+        "attn_out",
+        "fork_u8_rows"
+    ));
+    assert!(has_note(
+        &report,
+        NoteKind::Declined,
+        "ffn2",
+        "does not end in `layer_norm`"
+    ));
+    for seed in [41, 42, 43] {
+        let f = feeds(&before, seed, None);
+        assert_eq!(run(&before, &f), run(&after, &f), "seed {seed}\n{t}");
+    }
+    insta::assert_snapshot!(snap);
+}
+
 /// The quantization stays in the reader when the producer already writes bytes for another
 /// reader (one fork per producer), or when the producer is an f32 GEMM; the report says why.
 #[test]

@@ -1409,7 +1409,8 @@ impl Session {
                 let Some(Packed::I8(w)) = weight else {
                     unreachable!("qlinear weights are packed at compile time")
                 };
-                let first = 3 + usize::from(*smooth);
+                let params = act.row_param_inputs();
+                let first = 3 + params + usize::from(*smooth);
                 let then = st.then.and_then(|t| match &self.weights[t.weight] {
                     Packed::I8(p) => Some((p, t)),
                     _ => None,
@@ -1419,7 +1420,8 @@ impl Session {
                     w,
                     then,
                     r(2),
-                    smooth.then(|| r(3)),
+                    smooth.then(|| r(3 + params)),
+                    (params == 2).then(|| (r(3), r(4))),
                     *act,
                     epilogue,
                     &ins[first..],

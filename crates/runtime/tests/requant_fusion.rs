@@ -2,7 +2,9 @@
 //! made by the `fuse` pipeline) gives the bytes the reading GEMM made itself, so a model runs
 //! bit for bit the same with and without the fusion, on the real kernels: after a GELU
 //! epilogue (the FFN1 → FFN2 case) and after a LayerNorm epilogue (a row-wide step),
-//! with awkward sizes that leave partial register blocks.
+//! with awkward sizes that leave partial register blocks. A dynamic per-token quantization moved
+//! into a LayerNorm epilogue (`fork_u8_rows`) likewise gives the bytes and row parameters the
+//! reader made itself.
 
 mod common;
 
@@ -44,6 +46,39 @@ fn graph(k: usize, n1: usize, n2: usize, layer_norm: bool) -> String {
     )
 }
 
+/// Runs `model` on `feeds` with and without the `fuse` pipeline, on one and two threads: the
+/// fused graph's text must contain each of `fired` and the plain one `absent`, and the first
+/// outputs must be equal bit for bit. `what` names the case in failures.
+fn assert_fusion_is_bit_exact(
+    model: &Model,
+    feeds: &[(&str, TensorValue)],
+    fired: &[&str],
+    absent: &str,
+    what: &str,
+) {
+    for threads in [1, 2] {
+        let (plain, plain_text) = run_fused_or_not(model, false, threads, feeds);
+        let (fused, fused_text) = run_fused_or_not(model, true, threads, feeds);
+        assert!(!plain_text.contains(absent), "{plain_text}");
+        assert!(
+            fired.iter().all(|f| fused_text.contains(f)),
+            "the fusion did not fire ({what}):\n{fused_text}"
+        );
+        assert!(!plain.is_empty() && plain.len() == fused.len(), "{what}");
+        let differ = plain
+            .iter()
+            .zip(&fused)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ,
+            0,
+            "{differ} of {} outputs differ ({what}, threads {threads})",
+            plain.len()
+        );
+    }
+}
+
 fn check(layer_norm: bool) {
     for (k, n1, n2, b, seq) in [(40, 72, 24, 3, 37), (64, 200, 50, 2, 65)] {
         let text = graph(k, n1, n2, layer_norm);
@@ -55,27 +90,14 @@ fn check(layer_norm: bool) {
             let r = values(b * seq * n1, 12, -1.0, 1.0);
             feeds.push(("r", TensorValue::from_f32(vec![b, seq, n1], r).unwrap()));
         }
-        for threads in [1, 2] {
-            let (plain, plain_text) = run_fused_or_not(&model, false, threads, &feeds);
-            let (fused, fused_text) = run_fused_or_not(&model, true, threads, &feeds);
-            assert!(!plain_text.contains("requant_u8"), "{plain_text}");
-            assert!(
-                fused_text.contains("mul_col, requant_u8 0.011 37)")
-                    && fused_text.contains(&format!(": u8[B,S,{n1}]")),
-                "the fusion did not fire:\n{fused_text}"
-            );
-            assert_eq!(plain.len(), b * seq * n2);
-            let differ = plain
-                .iter()
-                .zip(&fused)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            assert_eq!(
-                differ, 0,
-                "{differ} of {} outputs differ (k {k}, n1 {n1}, threads {threads}, layer norm {layer_norm})",
-                plain.len()
-            );
-        }
+        let bytes = format!(": u8[B,S,{n1}]");
+        assert_fusion_is_bit_exact(
+            &model,
+            &feeds,
+            &["mul_col, requant_u8 0.011 37)", &bytes],
+            "requant_u8",
+            &format!("k {k}, n1 {n1}, layer norm {layer_norm}"),
+        );
     }
 }
 
@@ -87,4 +109,63 @@ fn requant_after_gelu_is_bit_exact() {
 #[test]
 fn requant_after_layer_norm_is_bit_exact() {
     check(true);
+}
+
+/// `x → qlinear(bias, residual, layer_norm) → qlinear(token, smoothed)`, with the LayerNorm
+/// value a graph output too (the residual reader of an encoder).
+fn token_graph(k: usize, n1: usize, n2: usize) -> String {
+    format!(
+        "%0 = input[name=\"x\"] : f32[B,S,{k}]\n\
+         %1 = {}  # p/weight_s8\n\
+         %2 = {}  # p/weight_scale\n\
+         %3 = {}  # p/bias\n\
+         %4 = input[name=\"r\"] : f32[B,S,{n1}]\n\
+         %5 = {}  # ln/gamma\n\
+         %12 = {}  # ln/beta\n\
+         %6 = qlinear[act=\"token\", smooth=false, epilogue=(bias, residual, layer_norm 1e-12)](%0, %1, %2, %3, %4, %5, %12) : f32[B,S,{n1}]  # p\n\
+         %7 = {}  # c/weight_s8\n\
+         %8 = {}  # c/weight_scale\n\
+         %9 = {}  # c/inv_smooth\n\
+         %10 = {}  # c/bias\n\
+         %11 = qlinear[act=\"token\", smooth=true, epilogue=(bias)](%6, %7, %8, %9, %10) : f32[B,S,{n2}]  # c\n\
+         output \"y\" = %11\n\
+         output \"ln\" = %6\n",
+        i8_matrix(k, n1, 1),
+        vector(n1, 2, 0.001, 0.01),
+        vector(n1, 3, -1.0, 1.0),
+        vector(n1, 4, 0.5, 1.5),
+        vector(n1, 5, -0.2, 0.2),
+        i8_matrix(n1, n2, 7),
+        vector(n2, 8, 0.001, 0.01),
+        vector(n1, 9, 0.5, 2.0),
+        vector(n2, 10, -1.0, 1.0),
+    )
+}
+
+/// The per-token quantization of the reader, moved into the LayerNorm epilogue as
+/// `fork_u8_rows`: the same bits as the reader quantizing the f32 rows itself, with rows of
+/// awkward widths, rows that one block holds and rows that take a strip, one and two threads.
+#[test]
+fn token_quantization_in_layer_norm_is_bit_exact() {
+    for (k, n1, n2, b, seq) in [
+        (40, 72, 24, 3, 37),
+        (64, 200, 50, 2, 65),
+        (2100, 1200, 40, 1, 9),
+    ] {
+        let g = ir::text::parse(&token_graph(k, n1, n2), None).unwrap();
+        let model = Model::from_graph(g).unwrap();
+        let x = TensorValue::from_f32(vec![b, seq, k], values(b * seq * k, 11, -2.0, 2.0)).unwrap();
+        let r = values(b * seq * n1, 12, -1.0, 1.0);
+        let feeds = vec![
+            ("x", x),
+            ("r", TensorValue::from_f32(vec![b, seq, n1], r).unwrap()),
+        ];
+        assert_fusion_is_bit_exact(
+            &model,
+            &feeds,
+            &["layer_norm 1e-12, fork_u8_rows smooth)", "act=\"token_u8\""],
+            "fork_u8_rows",
+            &format!("k {k}, n1 {n1}"),
+        );
+    }
 }

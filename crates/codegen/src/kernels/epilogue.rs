@@ -118,6 +118,19 @@ pub enum EpilogueOp<'a> {
         /// Where the copy goes.
         out: ForkOut,
     },
+    /// Last op, f32 output, needs whole rows (after a `LayerNorm`, or alone): `y` is stored as it
+    /// is, and each row (times `s[n]`, `s` = 1 without `smooth`) is quantized to u8 by its own
+    /// range into `out`, its scale and zero point into `params`: the dynamic per-token
+    /// quantization of the next GEMM's input ([`super::rowquant::quantize_row`], the bytes the
+    /// standalone quantizer makes).
+    ForkU8Rows {
+        /// Per-column factor applied to the copy only (a SmoothQuant factor), `n` values.
+        smooth: Option<&'a [f32]>,
+        /// Where the copy goes.
+        out: ForkOut,
+        /// Where each row's scale and zero point go.
+        params: RowParamsOut,
+    },
     /// Last op: `y = clamp(round_half_even(y / scale) + zero_point, qmin, qmax)`, NaN as 0 (ONNX
     /// `QuantizeLinear`'s formula, with its IEEE division, so that a quantization moved into a
     /// producer's epilogue gives the bytes the standalone one gave); the output must be of type
@@ -161,6 +174,49 @@ impl ForkOut {
             len: buf.len(),
             ld,
         }
+    }
+}
+
+/// The per-row scales and zero points of [`EpilogueOp::ForkU8Rows`]: `len` of each, row `r` at
+/// index `r`, written by the GEMM (each thread its own rows).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C)]
+pub struct RowParamsOut {
+    pub(crate) scales: *mut f32,
+    pub(crate) zeros: *mut i32,
+    len: usize,
+}
+
+// SAFETY: the GEMM drivers write disjoint rows from each thread, as for the main output.
+unsafe impl Send for RowParamsOut {}
+// SAFETY: as above.
+unsafe impl Sync for RowParamsOut {}
+
+impl RowParamsOut {
+    /// The rows' parameters go to `scales` and `zeros` (row `r` at index `r`; the shorter
+    /// length counts); both must stay untouched until the GEMM returns.
+    ///
+    /// ```
+    /// let (mut scales, mut zeros) = (vec![0f32; 4], vec![0i32; 4]);
+    /// let params = codegen::kernels::RowParamsOut::new(&mut scales, &mut zeros);
+    /// ```
+    pub fn new(scales: &mut [f32], zeros: &mut [i32]) -> Self {
+        Self {
+            scales: scales.as_mut_ptr(),
+            zeros: zeros.as_mut_ptr(),
+            len: scales.len().min(zeros.len()),
+        }
+    }
+}
+
+impl EpilogueOp<'_> {
+    /// Whether the op needs whole rows (`LayerNorm`, `ForkU8Rows`): the drivers run it, and
+    /// the ops after it, on rows whose every column is done.
+    pub fn needs_whole_row(&self) -> bool {
+        matches!(
+            self,
+            EpilogueOp::LayerNorm { .. } | EpilogueOp::ForkU8Rows { .. }
+        )
     }
 }
 
@@ -475,11 +531,12 @@ impl<'a> Epilogue<'a> {
         &self.ops
     }
 
-    /// Index of the first `LayerNorm`: ops before it can run per tile, the rest need whole rows.
+    /// Index of the first op that needs whole rows (`LayerNorm`, `ForkU8Rows`): ops before it
+    /// can run per tile, the rest need whole rows.
     pub(crate) fn row_split(&self) -> usize {
         self.ops
             .iter()
-            .position(|o| matches!(o, EpilogueOp::LayerNorm { .. }))
+            .position(EpilogueOp::needs_whole_row)
             .unwrap_or(self.ops.len())
     }
 
@@ -560,6 +617,30 @@ impl<'a> Epilogue<'a> {
                         return bad(format!(
                             "ForkU8 buffer {} too small for {m}x{n} with ld {}",
                             f.len, f.ld
+                        ));
+                    }
+                }
+                EpilogueOp::ForkU8Rows {
+                    smooth,
+                    out: f,
+                    params,
+                } => {
+                    if !last || !matches!(out, Output::F32 { .. }) {
+                        return bad("ForkU8Rows must be last and needs an f32 output".into());
+                    }
+                    if smooth.is_some_and(|s| s.len() < n) {
+                        return bad("ForkU8Rows factors shorter than n".into());
+                    }
+                    if m > 0 && n > 0 && (f.ld < n || f.len < (m - 1) * f.ld + n) {
+                        return bad(format!(
+                            "ForkU8Rows buffer {} too small for {m}x{n} with ld {}",
+                            f.len, f.ld
+                        ));
+                    }
+                    if params.len < m {
+                        return bad(format!(
+                            "ForkU8Rows has {} row parameters for {m} rows",
+                            params.len
                         ));
                     }
                 }
@@ -898,6 +979,21 @@ fn apply_op(op: &EpilogueOp<'_>, r: usize, c0: usize, y: &mut [f32]) {
                 None => o.iter_mut().zip(y.iter()).for_each(|(o, v)| *o = q(*v)),
             }
         }
+        EpilogueOp::ForkU8Rows {
+            smooth,
+            out,
+            params,
+        } => {
+            debug_assert_eq!(c0, 0, "ForkU8Rows runs on whole rows");
+            // SAFETY: validated to hold the problem's rows at stride `out.ld` and `m` row
+            // parameters; the caller owns row r of the output, so of its copy and parameters.
+            unsafe {
+                let o = std::slice::from_raw_parts_mut(out.ptr.add(r * out.ld), w);
+                let (scale, zero) = super::rowquant::quantize_row(y, smooth.map(|s| &s[..w]), o);
+                *params.scales.add(r) = scale;
+                *params.zeros.add(r) = zero;
+            }
+        }
         EpilogueOp::Requant {
             scale,
             zero_point,
@@ -1028,7 +1124,7 @@ pub fn reference_eval(
                 (y - mean) / (var + eps as f64).sqrt() * gamma[col] as f64 + beta[col] as f64
             }
             // The f32 value is the output; the u8 copy is checked against `quantize_div`.
-            EpilogueOp::ForkU8 { .. } => y,
+            EpilogueOp::ForkU8 { .. } | EpilogueOp::ForkU8Rows { .. } => y,
             EpilogueOp::Requant {
                 scale,
                 zero_point,

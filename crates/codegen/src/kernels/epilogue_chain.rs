@@ -18,7 +18,7 @@
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::epilogue::{EpilogueOp, HeadSlot, Int8Ctx, OutPtr};
+use super::epilogue::{EpilogueOp, HeadSlot, Int8Ctx, OutPtr, RowParamsOut};
 use super::math::GeluErf512;
 
 /// The widest head [`OutPtr::Heads`] takes in registers (16 vectors).
@@ -117,6 +117,16 @@ struct NormTail {
     posts: usize,
     /// `ForkU8`: the factors (null for none), the requantization and the buffer with its stride.
     fork: Option<Fork>,
+    /// `ForkU8Rows`: the factors, the bytes' buffer and the rows' parameters.
+    rows: Option<RowsFork>,
+}
+
+#[derive(Clone, Copy)]
+struct RowsFork {
+    smooth: Option<*const f32>,
+    out: *mut u8,
+    ld: usize,
+    params: RowParamsOut,
 }
 
 #[derive(Clone, Copy)]
@@ -142,8 +152,26 @@ impl NormTail {
             post: [(0, Fixed::NONE); MAX_OPS],
             posts: 0,
             fork: None,
+            rows: None,
         };
         for (i, op) in rest.iter().enumerate() {
+            if let EpilogueOp::ForkU8Rows {
+                smooth,
+                out,
+                params,
+            } = *op
+            {
+                if i + 1 != rest.len() {
+                    return None;
+                }
+                tail.rows = Some(RowsFork {
+                    smooth: smooth.map(|s| s.as_ptr()),
+                    out: out.ptr,
+                    ld: out.ld,
+                    params,
+                });
+                continue;
+            }
             if let EpilogueOp::ForkU8 {
                 smooth,
                 scale,
@@ -895,6 +923,18 @@ unsafe fn norm_row(
         while j < w {
             norm_out::<1>(t, gelu, y, j, [lanes_below(w - j)], (mean, inv), r, c0, out);
             j += 16;
+        }
+        if let (Some(f), OutPtr::F32(o, ldc)) = (t.rows, out) {
+            // The row just stored (in L1), quantized by its own range as the standalone
+            // quantizer would have read it back from memory. Row r's `w` values of the f32
+            // output, of the copy and its parameters are ours (caller contract; the program was
+            // validated with `m` parameters and a copy of the output's shape).
+            let row = std::slice::from_raw_parts(o.add(r * ldc), w);
+            let smooth = f.smooth.map(|s| std::slice::from_raw_parts(s, w));
+            let bytes = std::slice::from_raw_parts_mut(f.out.add(r * f.ld), w);
+            let (scale, zero) = super::rowquant::quantize_row(row, smooth, bytes);
+            *f.params.scales.add(r) = scale;
+            *f.params.zeros.add(r) = zero;
         }
     }
 }

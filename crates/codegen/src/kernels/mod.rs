@@ -35,12 +35,13 @@ pub mod int8;
 pub mod math;
 pub mod peak;
 pub mod pool;
+pub mod rowquant;
 pub mod select;
 
 pub use buf::{AlignedBuf, SharedPtr};
 pub use epilogue::{
     head_slot, Epilogue, EpilogueF32, EpilogueOp, EpilogueOps, ForkOut, HeadSlot, HeadsOut, Output,
-    QType, RowParam,
+    QType, RowParam, RowParamsOut,
 };
 pub use error::KernelError;
 pub use f32::{gemm_f32, gemm_f32_unpacked, plan_split_f32, PackedF32};

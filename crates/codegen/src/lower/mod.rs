@@ -608,12 +608,12 @@ pub fn lower(graph: &Graph, opts: LowerOptions) -> Result<Program, LowerError> {
     Ok(program)
 }
 
-/// Whether a fused product's epilogue needs whole rows (LayerNorm).
+/// Whether a fused product's epilogue needs whole rows (LayerNorm, a per-row quantization).
 fn has_row_step(op: &Op) -> bool {
     match op {
-        Op::FusedLinear { epilogue } | Op::QLinear { epilogue, .. } => epilogue
-            .iter()
-            .any(|s| matches!(s, EpilogueStep::LayerNorm { .. })),
+        Op::FusedLinear { epilogue } | Op::QLinear { epilogue, .. } => {
+            epilogue.iter().any(EpilogueStep::needs_whole_row)
+        }
         _ => false,
     }
 }

@@ -516,7 +516,15 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
                 }
                 ActQuant::DynamicTensor => vec![u8_range_qparams(&x); m],
                 ActQuant::DynamicToken => x.chunks(k).map(u8_range_qparams).collect(),
+                // Each row's parameters, as its producer quantized it.
+                ActQuant::TokenU8 => f32s(ins[3])
+                    .into_iter()
+                    .zip(ins[4].to_i64_vec().map_err(|e| e.to_string())?)
+                    .collect(),
             };
+            if params.len() != m {
+                return Err(format!("{} row parameters for {m} rows", params.len()));
+            }
             let mut y = vec![0.0; m * n];
             for i in 0..m {
                 let (s, z) = params[i];
@@ -536,7 +544,7 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
                     y[i * n + c] = acc as f32 * s * wsc;
                 }
             }
-            let first = 3 + usize::from(*smooth);
+            let first = 3 + act.row_param_inputs() + usize::from(*smooth);
             let fork = apply_epilogue(&mut y, n, epilogue, &ins[first..])?;
             if let Some(EpilogueStep::QuantHeads { heads }) = epilogue.last() {
                 return Ok(quant_heads(&y, &out, n, *heads));
@@ -546,9 +554,15 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
                 return Ok(vec![Tensor::from_vec(out.clone(), bytes)]);
             }
             let mut outs = f(y)?;
-            if let Some(copy) = fork {
+            if let Some((copy, rows)) = fork {
                 let bytes = copy.iter().map(|&v| v as u8).collect();
                 outs.push(Tensor::from_vec(out.clone(), bytes));
+                if let Some((scales, zeros)) = rows {
+                    let mut one = out.clone();
+                    *one.last_mut().ok_or("rank-0 qlinear output")? = 1;
+                    outs.push(Tensor::from_vec(one.clone(), scales));
+                    outs.push(Tensor::from_vec(one, zeros));
+                }
             }
             Ok(outs)
         }
@@ -641,14 +655,18 @@ fn u8_range_qparams(x: &[f32]) -> (f32, i64) {
     )
 }
 
+/// The u8 values of a final `fork_u8` or `fork_u8_rows`, with each row's scale and zero point
+/// for the latter.
+type ForkCopy = (Vec<f32>, Option<(Vec<f32>, Vec<i32>)>);
+
 /// Applies the epilogue `steps` to `y` (rows of `n`), reading each step's operands in order;
-/// returns the u8 values of a final `fork_u8`.
+/// returns the copy of a final `fork_u8` or `fork_u8_rows`.
 fn apply_epilogue(
     y: &mut [f32],
     n: usize,
     steps: &[EpilogueStep],
     operands: &[&Tensor],
-) -> Result<Option<Vec<f32>>, String> {
+) -> Result<Option<ForkCopy>, String> {
     let requant = |v: f32, scale: f32, zero_point: i32| {
         let q = (v / scale).round_ties_even();
         let q = if q.is_nan() { 0.0 } else { q };
@@ -708,7 +726,23 @@ fn apply_epilogue(
                         requant(v, *scale, *zero_point)
                     })
                     .collect();
-                fork = Some(copy);
+                fork = Some((copy, None));
+            }
+            EpilogueStep::ForkU8Rows { smooth } => {
+                let s = if *smooth { Some(take()?) } else { None };
+                let (mut copy, mut scales, mut zeros) = (Vec::new(), Vec::new(), Vec::new());
+                for row in y.chunks(n) {
+                    let x: Vec<f32> = row
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &v)| s.as_ref().map_or(v, |s| v * s[i]))
+                        .collect();
+                    let (scale, zero) = u8_range_qparams(&x);
+                    copy.extend(x.iter().map(|&v| requant(v, scale, zero as i32)));
+                    scales.push(scale);
+                    zeros.push(zero as i32);
+                }
+                fork = Some((copy, Some((scales, zeros))));
             }
             // The outputs, made by `quant_heads` after the steps.
             EpilogueStep::QuantHeads { .. } => {}

@@ -3,6 +3,7 @@
 
 use codegen::kernels::{
     Activations, Epilogue, EpilogueOp, EpilogueOps, ForkOut, HeadsOut, Output, QType, RowParam,
+    RowParamsOut,
 };
 use ir::{ActQuant, EpilogueStep, GeluApprox};
 
@@ -13,7 +14,8 @@ use crate::value::TensorValue;
 use crate::Error;
 
 /// The kernel epilogue program of `steps`, reading their operands from `operands` in order;
-/// a final `fork_u8` writes its copy to `fork`.
+/// a final `fork_u8` writes its copy to `fork`, a final `fork_u8_rows` to `fork` and its rows'
+/// parameters to `params`.
 #[allow(clippy::too_many_arguments)]
 fn program<'a>(
     steps: &[EpilogueStep],
@@ -24,6 +26,7 @@ fn program<'a>(
     op: &'static str,
     ops: &mut EpilogueOps<'a>,
     fork: Option<ForkOut>,
+    params: Option<RowParamsOut>,
 ) -> Result<(), Error> {
     let mut at = 0;
     let vector = |i: usize, what: &str| -> Result<&'a [f32], Error> {
@@ -85,6 +88,23 @@ fn program<'a>(
                 out: fork
                     .ok_or_else(|| Error::op(node, op, "`fork_u8` needs a second (u8) output"))?,
             }),
+            EpilogueStep::ForkU8Rows { smooth } => ops.push(EpilogueOp::ForkU8Rows {
+                smooth: if *smooth {
+                    Some(vector(at, "fork_u8_rows factors")?)
+                } else {
+                    None
+                },
+                out: fork.ok_or_else(|| {
+                    Error::op(node, op, "`fork_u8_rows` needs a second (u8) output")
+                })?,
+                params: params.ok_or_else(|| {
+                    Error::op(
+                        node,
+                        op,
+                        "`fork_u8_rows` needs outputs for the rows' parameters",
+                    )
+                })?,
+            }),
             // Not an op of the program: the GEMM's output kind (`Output::Heads`, see `qlinear`).
             EpilogueStep::QuantHeads { .. } => {}
         }
@@ -106,7 +126,17 @@ pub(crate) fn fused_linear(
     let xv = f32_of(x, node, op)?;
     let (m, shape) = linear_rows(x, w.k(), w.n(), node, op)?;
     let mut ops = EpilogueOps::new();
-    program(steps, operands, w.n(), &shape, node, op, &mut ops, None)?;
+    program(
+        steps,
+        operands,
+        w.n(),
+        &shape,
+        node,
+        op,
+        &mut ops,
+        None,
+        None,
+    )?;
     let mut out = ctx.arena.f32_for_overwrite(m * w.n());
     gemm_packed_program(ctx, m, xv, w.k(), w, &mut out, &Epilogue::new(ops));
     Ok(TensorValue::raw(shape, out))
@@ -115,10 +145,8 @@ pub(crate) fn fused_linear(
 /// `round_half_even(x / scale) + zero_point`, saturated to u8 (NaN counts as 0: → zero point):
 /// the kernels' [`codegen::kernels::math::quantize_div`], so that a quantization moved into a
 /// producer's epilogue (`requant_u8`, `fork_u8`) gives these bytes.
-#[inline]
-pub(crate) fn quantize_u8(x: f32, scale: f32, zp: f32) -> u8 {
-    codegen::kernels::math::quantize_div(x, scale, zp, 0.0, 255.0) as u8
-}
+#[cfg(test)]
+pub(crate) use codegen::kernels::rowquant::quantize_u8;
 
 /// The activations of a `qlinear`, quantized: u8 data with per-row or per-tensor parameters.
 #[derive(Default)]
@@ -146,191 +174,10 @@ impl QuantizedRows {
     }
 }
 
+use codegen::kernels::rowquant as row;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use row::avx512::quantize16 as quantize_u8_16;
-pub(crate) use row::quantize as quantize_row_u8;
-
-/// Row quantizers: the range of a row (times the smoothing factors) and its quantization. The
-/// AVX-512 versions compute exactly what the scalar ones do (the bytes of the IEEE division,
-/// round half to even, NaN as 0), so results never depend on the CPU.
-mod row {
-    /// `(min(0, min x·s), max(0, max x·s))`, NaN ignored.
-    pub fn range(x: &[f32], inv: Option<&[f32]>) -> (f32, f32) {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F; the function reads only within the slices.
-            return unsafe { avx512::range(x, inv) };
-        }
-        let mut lo = 0f32;
-        let mut hi = 0f32;
-        match inv {
-            Some(s) => x.iter().zip(s).for_each(|(v, s)| {
-                lo = lo.min(v * s);
-                hi = hi.max(v * s);
-            }),
-            None => x.iter().for_each(|&v| {
-                lo = lo.min(v);
-                hi = hi.max(v);
-            }),
-        }
-        (lo, hi)
-    }
-
-    /// `out[i] = quantize_u8(x[i]·s[i], scale, zp)`.
-    pub fn quantize(x: &[f32], inv: Option<&[f32]>, scale: f32, zp: f32, out: &mut [u8]) {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F; reads and writes stay within the slices.
-            return unsafe { avx512::quantize(x, inv, scale, zp, out) };
-        }
-        match inv {
-            Some(s) => x
-                .iter()
-                .zip(s)
-                .zip(out.iter_mut())
-                .for_each(|((v, s), o)| *o = super::quantize_u8(v * s, scale, zp)),
-            None => x
-                .iter()
-                .zip(out.iter_mut())
-                .for_each(|(v, o)| *o = super::quantize_u8(*v, scale, zp)),
-        }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    pub(super) mod avx512 {
-        use codegen::kernels::math::lanes16;
-        use std::arch::x86_64::*;
-
-        /// Vectors per step of the loops over whole vectors: four independent min/max chains
-        /// (one pair bounds the range loop by its latency, about four cycles a vector), four
-        /// quotients checked as one group.
-        const UNROLL: usize = 4;
-        const STEP: usize = 16 * UNROLL;
-        /// How far ahead of its loads the range pass asks for the row, in floats (2 KB). The
-        /// range pass is the first to read a row since its producer wrote it, usually from
-        /// memory or another core's cache (a GEMM's f32 output of 3 to 12 MB at batch 8); the
-        /// hardware's prefetch alone left it waiting on every line: BERT-base INT8 dynamic,
-        /// batch 8, AMX guest, 89.6 → 95-100 sequences/s with 1 to 4 KB ahead, FFN2's node 27.4 →
-        /// 24.9 ms a run.
-        const PREFETCH_AHEAD: usize = 512;
-
-        /// Lanes `i..i+16` of `x` (times `inv`), masked to the slice; masked-off lanes are 0.
-        #[inline]
-        #[target_feature(enable = "avx512f")]
-        unsafe fn load(x: &[f32], inv: Option<&[f32]>, i: usize, m: __mmask16) -> __m512 {
-            // SAFETY: `m` enables only lanes below `x.len() - i` (and `inv` is as long as `x`).
-            unsafe {
-                let v = _mm512_maskz_loadu_ps(m, x.as_ptr().add(i));
-                match inv {
-                    Some(s) => _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, s.as_ptr().add(i))),
-                    None => v,
-                }
-            }
-        }
-
-        #[target_feature(enable = "avx512f")]
-        pub unsafe fn range(x: &[f32], inv: Option<&[f32]>) -> (f32, f32) {
-            let n = x.len();
-            if let Some(s) = inv {
-                assert!(s.len() >= n, "smoothing factors shorter than the row");
-            }
-            let mut lo = [_mm512_setzero_ps(); UNROLL];
-            let mut hi = [_mm512_setzero_ps(); UNROLL];
-            let mut i = 0;
-            // min/max return the second operand when one is NaN: NaN lanes keep the bound.
-            while i + STEP <= n {
-                for u in 0..UNROLL {
-                    // A hint only: it may point past the row (never faults).
-                    _mm_prefetch::<_MM_HINT_T0>(
-                        x.as_ptr().wrapping_add(i + PREFETCH_AHEAD + 16 * u) as *const i8,
-                    );
-                }
-                for (u, (lo, hi)) in lo.iter_mut().zip(hi.iter_mut()).enumerate() {
-                    // SAFETY: i + STEP <= n: all 16 lanes lie within the slices (LLVM emits
-                    // plain loads for the constant mask).
-                    let v = unsafe { load(x, inv, i + 16 * u, !0) };
-                    *lo = _mm512_min_ps(v, *lo);
-                    *hi = _mm512_max_ps(v, *hi);
-                }
-                i += STEP;
-            }
-            while i < n {
-                // SAFETY: masked to the slice.
-                let v = unsafe { load(x, inv, i, crate::exec::simd::lanes_below(n - i)) };
-                lo[0] = _mm512_min_ps(v, lo[0]);
-                hi[0] = _mm512_max_ps(v, hi[0]);
-                i += 16;
-            }
-            // The accumulators hold no NaN: their order does not matter.
-            let fold = |v: [__m512; UNROLL], f: fn(__m512, __m512) -> __m512| {
-                v.into_iter().reduce(f).expect("UNROLL > 0")
-            };
-            let (lo, hi) = (fold(lo, _mm512_min_ps), fold(hi, _mm512_max_ps));
-            (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi))
-        }
-
-        /// The whole vectors four at a time by the product with the reciprocal, a group redone
-        /// by the division when any of its lanes is unsure (`lanes16::quantize_group_i32`: the
-        /// division's bytes; the divider, ~10 cycles a quotient, bounded the loop), stored as
-        /// 16-byte vectors; the tail by the division, masked.
-        #[target_feature(enable = "avx512f")]
-        pub unsafe fn quantize(
-            x: &[f32],
-            inv: Option<&[f32]>,
-            scale: f32,
-            zp: f32,
-            out: &mut [u8],
-        ) {
-            let n = x.len();
-            assert!(out.len() >= n, "output shorter than the row");
-            if let Some(s) = inv {
-                assert!(s.len() >= n, "smoothing factors shorter than the row");
-            }
-            let recip = lanes16::requant_reciprocal(scale, zp, 0.0, 255.0);
-            let mut i = 0;
-            while i + STEP <= n {
-                // SAFETY: i + STEP <= n: all 16 lanes of each lie within the slices.
-                let v: [__m512; UNROLL] =
-                    std::array::from_fn(|u| unsafe { load(x, inv, i + 16 * u, !0) });
-                let put = |u: usize, q: __m512i| {
-                    // SAFETY: bytes i + 16u .. i + 16u + 16 lie within `out` (i + STEP <= n).
-                    unsafe {
-                        _mm_storeu_si128(
-                            out.as_mut_ptr().add(i + 16 * u) as *mut __m128i,
-                            _mm512_cvtepi32_epi8(q),
-                        )
-                    }
-                };
-                lanes16::quantize_group_i32(v, [!0; UNROLL], (scale, recip), zp, 0.0, 255.0, put);
-                i += STEP;
-            }
-            while i < n {
-                let m = crate::exec::simd::lanes_below(n - i);
-                // SAFETY: masked to the slice.
-                let v = unsafe { load(x, inv, i, m) };
-                // SAFETY: the store is masked to the lanes that lie within `out`.
-                unsafe {
-                    _mm512_mask_cvtepi32_storeu_epi8(
-                        out.as_mut_ptr().add(i) as *mut i8,
-                        m,
-                        quantize16(v, scale, zp),
-                    )
-                };
-                i += 16;
-            }
-        }
-
-        /// `quantize_u8` of 16 lanes (`zp` an integer of [0, 255]), the bytes as the low byte of
-        /// each i32 lane: `math::lanes16::quantize_div_i32`, the vector form the GEMM epilogues
-        /// requantize with. The row quantizer and int8 attention's u8 output both make their
-        /// bytes here.
-        #[inline]
-        #[target_feature(enable = "avx512f")]
-        pub(crate) fn quantize16(v: __m512, scale: f32, zp: f32) -> __m512i {
-            lanes16::quantize_div_i32(v, scale, zp, 0.0, 255.0)
-        }
-    }
-}
+pub(crate) use codegen::kernels::rowquant::avx512::quantize16 as quantize_u8_16;
+pub(crate) use codegen::kernels::rowquant::quantize as quantize_row_u8;
 
 /// Quantizes `x` (`m` rows of `k`, times `inv_smooth[k]` when given) as `act` says, into
 /// `data` (`m·k` bytes, overwritten), rows shared among the session's threads.
@@ -365,7 +212,8 @@ pub(crate) fn quantize_rows(
     // A few element operations per value: worth a second thread from ~64k values.
     let work = m * k * 4;
     match act {
-        ActQuant::DynamicToken => {
+        // The same quantization, here rather than in the producer.
+        ActQuant::DynamicToken | ActQuant::TokenU8 => {
             scales.resize(m, 0.0);
             zeros.resize(m, 0);
             let (sp, zp) = (
@@ -376,9 +224,7 @@ pub(crate) fn quantize_rows(
                 for (i, q) in block.chunks_exact_mut(k).enumerate() {
                     let r = r0 + i;
                     let row = &x[r * k..(r + 1) * k];
-                    let (lo, hi) = row::range(row, inv_smooth);
-                    let (s, z) = ir::u8_qparams(lo, hi);
-                    row::quantize(row, inv_smooth, s, z as f32, q);
+                    let (s, z) = row::quantize_row(row, inv_smooth, q);
                     // SAFETY: row r belongs to this block only; both vectors have m entries
                     // and outlive the parallel call.
                     unsafe {
@@ -439,8 +285,11 @@ pub(crate) fn quantize_rows_here(
 
 /// `qlinear(x, w, w_scale, inv_smooth?, operands…)`: activation quantization, one u8×s8 GEMM,
 /// dequantization and the epilogue in the kernel. `x` is f32, or u8 already quantized with the
-/// static parameters of `act` (its producer's epilogue ended in `requant_u8` or `fork_u8`); the
-/// output is u8 when this epilogue ends in `requant_u8`, f32 and its u8 copy after `fork_u8`.
+/// static parameters of `act` (its producer's epilogue ended in `requant_u8` or `fork_u8`), or
+/// u8 quantized per row with the scales and zero points of `row_params` (`act` `token_u8`, its
+/// producer's epilogue ended in `fork_u8_rows`); the output is u8 when this epilogue ends in
+/// `requant_u8`, f32 and its u8 copy after `fork_u8`, and the rows' parameters beside them after
+/// `fork_u8_rows`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qlinear(
     x: &TensorValue,
@@ -448,6 +297,7 @@ pub(crate) fn qlinear(
     then: Option<(&PackedWeightI8, codegen::lower::ThenGemm)>,
     w_scale: &TensorValue,
     inv_smooth: Option<&TensorValue>,
+    row_params: Option<(&TensorValue, &TensorValue)>,
     act: ActQuant,
     steps: &[EpilogueStep],
     operands: &[Input<'_>],
@@ -480,20 +330,52 @@ pub(crate) fn qlinear(
         None => None,
     };
     let mut quantized = None;
-    let (acts, a_scale, a_zero) = match (x.as_u8(), act) {
-        (Some(bytes), ActQuant::Static { scale, zero_point }) if inv.is_none() => (
+    let (acts, a_scale, a_zero) = match (x.as_u8(), act, row_params) {
+        (Some(bytes), ActQuant::Static { scale, zero_point }, None) if inv.is_none() => (
             bytes,
             RowParam::PerTensor(scale),
             RowParam::PerTensor(zero_point),
         ),
-        (Some(_), _) => {
+        (Some(bytes), ActQuant::TokenU8, Some((scales, zeros))) if inv.is_none() => {
+            let scales = f32_of(scales, node, op)?;
+            let zeros = zeros.as_i32().ok_or_else(|| {
+                Error::op(node, op, "the rows' zero points must be i32")
+            })?;
+            if scales.len() != m || zeros.len() != m {
+                return Err(Error::op(
+                    node,
+                    op,
+                    format!(
+                        "{} row scales and {} zero points for {m} rows",
+                        scales.len(),
+                        zeros.len()
+                    ),
+                ));
+            }
+            (bytes, RowParam::PerRow(scales), RowParam::PerRow(zeros))
+        }
+        (Some(_), ActQuant::TokenU8, _) => {
+            return Err(Error::op(
+                node,
+                op,
+                "a u8 input quantized per row needs its rows' scales and zero points and no smoothing factors",
+            ))
+        }
+        (Some(_), _, _) => {
             return Err(Error::op(
                 node,
                 op,
                 "a u8 input needs static activation parameters and no smoothing factors",
             ))
         }
-        (None, _) => {
+        (None, ActQuant::TokenU8, _) => {
+            return Err(Error::op(
+                node,
+                op,
+                "act `token_u8` reads u8 rows its producer quantized, not f32",
+            ))
+        }
+        (None, _, _) => {
             let xv = f32_of(x, node, op)?;
             let buf = QuantizedRows::buffers(ctx.arena, m, k);
             let q: &QuantizedRows = quantized.insert(quantize_rows(xv, m, k, inv, act, buf, ctx));
@@ -517,11 +399,25 @@ pub(crate) fn qlinear(
         a_zero,
         w_scale: ws,
     });
-    let mut fork_bytes = matches!(steps.last(), Some(EpilogueStep::ForkU8 { .. }))
+    let rows_fork = matches!(steps.last(), Some(EpilogueStep::ForkU8Rows { .. }));
+    let mut fork_bytes = (rows_fork || matches!(steps.last(), Some(EpilogueStep::ForkU8 { .. })))
         .then(|| ctx.arena.bytes_for_overwrite(m * n));
     let fork = fork_bytes.as_mut().map(|b| ForkOut::new(b, n));
     let fork_shape = fork.map(|_| shape.clone());
-    program(steps, operands, n, &shape, node, op, &mut ops, fork)?;
+    let row_shape = rows_fork.then(|| {
+        let mut one_per_row = shape.clone();
+        *one_per_row.last_mut().expect("linear output has rank >= 1") = 1;
+        one_per_row
+    });
+    let mut row_outs = rows_fork.then(|| {
+        let mut scales: Vec<f32> = ctx.arena.vec_with_capacity(m);
+        let mut zeros: Vec<i32> = ctx.arena.vec_with_capacity(m);
+        scales.resize(m, 0.0);
+        zeros.resize(m, 0);
+        (scales, zeros)
+    });
+    let params = row_outs.as_mut().map(|(s, z)| RowParamsOut::new(s, z));
+    program(steps, operands, n, &shape, node, op, &mut ops, fork, params)?;
     let threads = ctx.gemm_threads(m * n * k);
     let epilogue = Epilogue::new(ops);
     let next = then.map(|(p, t)| codegen::kernels::int8::NextGemm {
@@ -597,6 +493,10 @@ pub(crate) fn qlinear(
     if let (Some(bytes), Some(shape)) = (fork_bytes, fork_shape) {
         results.push(TensorValue::raw(shape, bytes));
     }
+    if let (Some((scales, zeros)), Some(shape)) = (row_outs, row_shape) {
+        results.push(TensorValue::raw(shape.clone(), scales));
+        results.push(TensorValue::raw(shape, zeros));
+    }
     Ok(results)
 }
 
@@ -669,91 +569,6 @@ mod tests {
             assert_eq!(one.data, two.data, "{act:?}");
             assert_eq!(one.scales, two.scales, "{act:?}");
             assert_eq!(one.zeros, two.zeros, "{act:?}");
-        }
-    }
-
-    /// The vector row quantizer against the scalar formula, bit for bit: values at random across
-    /// the exponents that reach the rounding (quotients up to ±2^12) and beyond, exact halves of
-    /// the scale (ties), the special values, on scales from 2^-60 to 2^60 and the subnormal, zero
-    /// and infinite ones (whose 0/0 and ∞/∞ are NaN quotients, 0 before the zero point as in the
-    /// scalar formula: the vector one used to clamp them to 0 after it).
-    #[test]
-    fn vector_quantize_matches_the_scalar_formula_on_any_scale() {
-        let mut draw = super::super::lcg24(777);
-        let mut bits = || draw() ^ (draw() << 8);
-        let mut scales: Vec<f32> = (0..300)
-            .map(|_| f32::from_bits((bits() & 0x007f_ffff) | ((bits() % 120 + 67) << 23)))
-            .collect();
-        scales.extend([
-            1.0,
-            0.5,
-            3.0,
-            1e-40,
-            f32::MIN_POSITIVE,
-            0.0,
-            f32::INFINITY,
-            f32::MAX,
-        ]);
-        for &scale in &scales {
-            let mut x: Vec<f32> = (0..1000)
-                .map(|_| {
-                    let q = f32::from_bits((bits() & 0x807f_ffff) | ((bits() % 45 + 100) << 23));
-                    q * scale
-                })
-                .collect();
-            x.extend((-600..600).map(|k| (k as f32 + 0.5) * scale));
-            x.extend([
-                0.0,
-                -0.0,
-                f32::NAN,
-                f32::INFINITY,
-                f32::NEG_INFINITY,
-                f32::MAX,
-                f32::MIN,
-                1e-45,
-                -1e-45,
-            ]);
-            for zp in [0.0, 128.0] {
-                let mut out = vec![0u8; x.len()];
-                row::quantize(&x, None, scale, zp, &mut out);
-                for (&v, &o) in x.iter().zip(&out) {
-                    assert_eq!(o, quantize_u8(v, scale, zp), "{v:e} / {scale:e} + {zp}");
-                }
-            }
-        }
-    }
-
-    /// The vector row quantizer against the scalar formula, on awkward lengths, with and
-    /// without smoothing, including NaN, infinities and exact .5 ties.
-    #[test]
-    fn vector_rows_equal_the_scalar_formula() {
-        let mut draw = super::super::lcg24(12345);
-        let mut rnd = || draw() as f32 / (1u32 << 24) as f32 * 8.0 - 4.0;
-        // Lengths on both sides of the whole-vector loops' step (64) and of their tails.
-        for len in [
-            0usize, 1, 15, 16, 17, 33, 63, 64, 65, 100, 128, 143, 200, 257, 768,
-        ] {
-            let mut x: Vec<f32> = (0..len).map(|_| rnd()).collect();
-            if len > 3 {
-                x[0] = f32::NAN;
-                x[1] = 0.5;
-                x[2] = 2.5;
-            }
-            let inv: Vec<f32> = (0..len).map(|i| 0.5 + (i % 3) as f32 * 0.25).collect();
-            for s in [None, Some(&inv[..])] {
-                let (lo, hi) = row::range(&x, s);
-                let xs: Vec<f32> = match s {
-                    Some(s) => x.iter().zip(s).map(|(a, b)| a * b).collect(),
-                    None => x.clone(),
-                };
-                let lo_ref = xs.iter().fold(0f32, |a, &b| a.min(b));
-                let hi_ref = xs.iter().fold(0f32, |a, &b| a.max(b));
-                assert_eq!((lo, hi), (lo_ref, hi_ref), "len {len}");
-                let mut out = vec![0u8; len];
-                row::quantize(&x, s, 1.0, 7.0, &mut out);
-                let want: Vec<u8> = xs.iter().map(|&v| quantize_u8(v, 1.0, 7.0)).collect();
-                assert_eq!(out, want, "len {len}");
-            }
         }
     }
 }

@@ -22,8 +22,9 @@ use codegen::kernels::pool::{parallel_chunks, parallel_owned_chunks};
 use crate::value::{Dims, TensorValue};
 use crate::Error;
 
-/// The values a kernel returns: one, or a few (split, quantized heads), inline.
-pub(crate) type Outs = smallvec::SmallVec<[TensorValue; 3]>;
+/// The values a kernel returns: one, or a few (split, quantized heads, a LayerNorm's value with
+/// its rows quantized and their parameters), inline.
+pub(crate) type Outs = smallvec::SmallVec<[TensorValue; 4]>;
 
 /// What a kernel may use besides its inputs: the thread count and a pool of recycled buffers.
 ///

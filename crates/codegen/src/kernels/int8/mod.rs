@@ -1200,9 +1200,7 @@ unsafe fn compute_unit(
     // A row-wide step needs the unit's whole width in one chunk: the plan that sized the
     // accumulator and the one that left LayerNorm in the tile pass must agree (checked in
     // release builds too, once per unit: a partial row would be a silent wrong answer).
-    let whole_rows = ops
-        .iter()
-        .any(|o| matches!(o, EpilogueOp::LayerNorm { .. }));
+    let whole_rows = ops.iter().any(EpilogueOp::needs_whole_row);
     assert!(
         !whole_rows || pans.len() <= chunk,
         "a row-wide epilogue over {} panels with an accumulator of {chunk}",
