@@ -1421,7 +1421,11 @@ impl Session {
                     then,
                     r(2),
                     smooth.then(|| r(3 + params)),
-                    (params == 2).then(|| (r(3), r(4))),
+                    match act {
+                        ir::ActQuant::TokenU8 => fused::RowParams::Quantized(r(3), r(4)),
+                        ir::ActQuant::TokenRanged => fused::RowParams::Ranges(r(3)),
+                        _ => fused::RowParams::None,
+                    },
                     *act,
                     epilogue,
                     &ins[first..],
