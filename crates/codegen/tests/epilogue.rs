@@ -14,7 +14,7 @@ use codegen::kernels::int8::{gemm_i8_amx_model, gemm_i8_with, Activations, Packe
 use codegen::kernels::math::{bf16_to_f32, exp, gelu_erf, gelu_tanh, quantize_div, quantize_sym};
 use codegen::kernels::{
     gemm_f32, Epilogue, EpilogueOp, ForkOut, HeadsOut, Int8Kernel, KernelError, Output, PackedF32,
-    QType, RangeOut, RowParam, RowParamsOut,
+    QType, RowParam, RowParamsOut,
 };
 use common::Rng;
 
@@ -788,128 +788,6 @@ fn fork_u8_rows_quantizes_each_row_by_its_own_range() {
                 }
             }
         }
-    }
-}
-
-/// `RowRange`: the f32 output is bit for bit the one without it, and each row's range is
-/// `rowquant::range` of that f32 row (times the factors), though the row's columns were made by
-/// several threads and column blocks (n = 1200 at k = 2100 takes several blocks of L2 on the
-/// CPUs these machines have shown), on every kernel (AMX on the tile model), 1 and 2 threads,
-/// with NaN and infinities in the rows (a residual carries them), through the register chains
-/// and the multi-pass path.
-#[test]
-fn row_range_gathers_each_rows_range() {
-    use codegen::kernels::epilogue_chain::set_register_chains;
-    use codegen::kernels::rowquant::range;
-    codegen::kernels::pool::set_min_parallel_macs(0);
-    let mut runs: Vec<(Option<Int8Kernel>, usize, usize, usize)> = Vec::new();
-    for kern in common::coverage::int8("row_range_gathers_each_rows_range") {
-        runs.extend([(Some(kern), 37, 70, 64), (Some(kern), 9, 1200, 2100)]);
-    }
-    runs.push((None, 37, 70, 100));
-    for (kern, m, n, k) in runs {
-        let mut rng = Rng(0xf2_0000 + (m * n + k) as u64);
-        let NormCase {
-            a,
-            w,
-            ws,
-            bias,
-            smooth,
-            ..
-        } = NormCase::new(&mut rng, m, n, k);
-        let mut residual: Vec<f32> = (0..m * n).map(|_| rng.f32()).collect();
-        residual[3] = f32::NAN;
-        residual[n + 5] = f32::INFINITY;
-        residual[2 * n + 7] = f32::NEG_INFINITY;
-        let pk = kern.unwrap_or(Int8Kernel::Amx);
-        let b = PackedI8::pack_for(pk, &w, k, n, k, true).unwrap();
-        let base = vec![
-            EpilogueOp::Dequant {
-                a_scale: RowParam::PerTensor(0.02),
-                a_zero: RowParam::PerTensor(3),
-                w_scale: &ws,
-            },
-            EpilogueOp::Bias(&bias),
-            EpilogueOp::GeluErf,
-            EpilogueOp::AddResidual {
-                data: &residual,
-                ld: n,
-            },
-        ];
-        let name = kern.map_or("amx(tile model)", |k| k.name());
-        for (threads, chains) in [(1, true), (2, true), (2, false)] {
-            let gemm = |ops: Vec<EpilogueOp<'_>>, c: &mut [f32]| {
-                set_register_chains(chains);
-                let (ep, out) = (Epilogue::new(ops), Output::F32 { c, ldc: n });
-                let done = match kern {
-                    Some(kk) => gemm_i8_with(kk, m, Activations::U8(&a), k, &b, out, &ep, threads),
-                    None => gemm_i8_amx_model(m, Activations::U8(&a), k, &b, out, &ep, threads)
-                        .map(|_| ()),
-                };
-                set_register_chains(true);
-                done.unwrap()
-            };
-            let mut plain = vec![0f32; m * n];
-            gemm(base.clone(), &mut plain);
-            for factors in [Some(&smooth[..]), None] {
-                let mut ranges = vec![f32::NAN; 2 * m];
-                let mut ranged = vec![0f32; m * n];
-                let mut ops = base.clone();
-                ops.push(EpilogueOp::RowRange {
-                    smooth: factors,
-                    out: RangeOut::new(&mut ranges),
-                });
-                gemm(ops, &mut ranged);
-                let at = format!("{name} t={threads} chains={chains}");
-                for i in 0..m * n {
-                    assert_eq!(ranged[i].to_bits(), plain[i].to_bits(), "{at} f32 [{i}]");
-                }
-                for r in 0..m {
-                    let want = range(&plain[r * n..(r + 1) * n], factors);
-                    assert_eq!((ranges[2 * r], ranges[2 * r + 1]), want, "{at} row {r}");
-                }
-            }
-        }
-    }
-}
-
-/// `RowRange` is refused after a row-wide op, on an f32 GEMM, and with room for fewer rows.
-#[test]
-fn row_range_is_validated() {
-    let (m, n) = (4, 3);
-    let ws = [1.0f32];
-    let ones = [1.0f32; 3];
-    let mut short = vec![0f32; 2 * m - 1];
-    let mut c = vec![0f32; m * n];
-    let dequant = EpilogueOp::Dequant {
-        a_scale: RowParam::PerTensor(1.0),
-        a_zero: RowParam::PerTensor(0),
-        w_scale: &ws,
-    };
-    let range = EpilogueOp::RowRange {
-        smooth: None,
-        out: RangeOut::new(&mut short),
-    };
-    let norm = EpilogueOp::LayerNorm {
-        gamma: &ones,
-        beta: &ones,
-        eps: 1e-5,
-    };
-    let out = Output::F32 { c: &mut c, ldc: n };
-    for (ops, int8, reason) in [
-        (vec![dequant, range], true, "7 values for 4 rows"),
-        (
-            vec![dequant, norm, range],
-            true,
-            "cannot follow a row-wide op",
-        ),
-        (vec![range], false, "must be last of an int8 program"),
-    ] {
-        let e = Epilogue::new(ops).validate(m, n, &out, int8);
-        assert!(
-            matches!(&e, Err(KernelError::BadEpilogue(s)) if s.contains(reason)),
-            "{reason}: {e:?}"
-        );
     }
 }
 

@@ -243,7 +243,7 @@ name_table!(PadMode { Constant => "constant", Reflect => "reflect", Edge => "edg
 ///
 /// Text form: `bias`, `mul_col`, `gelu_erf`, `gelu_tanh`, `residual`, `layer_norm 1e-12`,
 /// `requant_u8 0.05 128`, `fork_u8 0.05 128`, `fork_u8 0.05 128 smooth`, `fork_u8_rows`,
-/// `fork_u8_rows smooth`, `row_range`, `row_range smooth`, `quant_heads 12`.
+/// `fork_u8_rows smooth`, `quant_heads 12`.
 ///
 /// ```
 /// use ir::EpilogueStep;
@@ -290,14 +290,6 @@ pub enum EpilogueStep {
     /// ([`ActQuant::TokenU8`]) takes the three as already quantized: the row is not read back
     /// from memory twice (its range, then its bytes) by a pass of its own.
     ForkU8Rows { smooth: bool },
-    /// Last step only: the value so far is output 0 (f32) as without the step, and output 1
-    /// (f32 `[…, 2]`) is each row's range `(min(0, min y·s), max(0, max y·s))` (NaN ignored),
-    /// `s` the operand when `smooth` (f32 `[n]`) and 1 otherwise: what the dynamic per-token
-    /// quantization ([`ActQuant::DynamicToken`]) of the one linear that reads this output would
-    /// find, gathered while the GEMM's tiles are in registers. The reader
-    /// ([`ActQuant::TokenRanged`]) then reads each row once (its bytes) instead of twice. For
-    /// producers whose threads share columns (no `layer_norm`), where a row is never whole.
-    RowRange { smooth: bool },
     /// Last step only, on a `3h`-wide output whose columns are the q, k and v of `heads`-head
     /// attention with 8-bit products (the merged QKV projection feeding it), head by head: q,
     /// k and v of head 0, then those of head 1, and so on (the `fuse` pipeline reorders the
@@ -319,16 +311,16 @@ impl EpilogueStep {
             EpilogueStep::Bias | EpilogueStep::MulCol | EpilogueStep::Residual => 1,
             EpilogueStep::Gelu(_) | EpilogueStep::RequantU8 { .. } => 0,
             EpilogueStep::LayerNorm { .. } => 2,
-            EpilogueStep::ForkU8 { smooth, .. }
-            | EpilogueStep::ForkU8Rows { smooth }
-            | EpilogueStep::RowRange { smooth } => usize::from(*smooth),
+            EpilogueStep::ForkU8 { smooth, .. } | EpilogueStep::ForkU8Rows { smooth } => {
+                usize::from(*smooth)
+            }
             EpilogueStep::QuantHeads { .. } => 0,
         }
     }
 
     /// The last-axis widths of the outputs of a linear with `n` output columns and this
     /// epilogue: `[2n/3, 2·heads, n/3]` after a final `quant_heads`, `[n, n, 1, 1]` after a final
-    /// `fork_u8_rows`, `[n, 2]` after a final `row_range`, else `n` for each output.
+    /// `fork_u8_rows`, else `n` for each output.
     /// `None` when `n` is not three widths of whole heads.
     ///
     /// ```
@@ -346,7 +338,6 @@ impl EpilogueStep {
                     .then(|| vec![2 * h, 2 * heads, h])
             }
             Some(EpilogueStep::ForkU8Rows { .. }) => Some(vec![n, n, 1, 1]),
-            Some(EpilogueStep::RowRange { .. }) => Some(vec![n, 2]),
             _ => Some(vec![n; Self::output_dtypes(steps).len()]),
         }
     }
@@ -366,7 +357,6 @@ impl EpilogueStep {
             Some(EpilogueStep::ForkU8Rows { .. }) => {
                 vec![DType::F32, DType::U8, DType::F32, DType::I32]
             }
-            Some(EpilogueStep::RowRange { .. }) => vec![DType::F32, DType::F32],
             Some(EpilogueStep::QuantHeads { .. }) => vec![DType::U8, DType::F32, DType::F32],
             _ => vec![Self::output_dtype(steps)],
         }
@@ -425,11 +415,8 @@ impl fmt::Display for EpilogueStep {
                 }
                 Ok(())
             }
-            EpilogueStep::ForkU8Rows { smooth } | EpilogueStep::RowRange { smooth } => {
-                f.write_str(match self {
-                    EpilogueStep::ForkU8Rows { .. } => "fork_u8_rows",
-                    _ => "row_range",
-                })?;
+            EpilogueStep::ForkU8Rows { smooth } => {
+                f.write_str("fork_u8_rows")?;
                 if *smooth {
                     f.write_str(" smooth")?;
                 }
@@ -472,18 +459,13 @@ impl std::str::FromStr for EpilogueStep {
                     Some(_) => return Err(bad()),
                 },
             },
-            "fork_u8_rows" | "row_range" => {
-                let smooth = match words.next() {
+            "fork_u8_rows" => EpilogueStep::ForkU8Rows {
+                smooth: match words.next() {
                     None => false,
                     Some("smooth") => true,
                     Some(_) => return Err(bad()),
-                };
-                if head == "row_range" {
-                    EpilogueStep::RowRange { smooth }
-                } else {
-                    EpilogueStep::ForkU8Rows { smooth }
-                }
-            }
+                },
+            },
             "quant_heads" => EpilogueStep::QuantHeads {
                 heads: words
                     .next()
@@ -555,10 +537,6 @@ pub enum ActQuant {
     /// input is the u8 rows, and the two inputs after the weight scale are each row's scale
     /// (f32 `[…, 1]`) and zero point (i32 `[…, 1]`).
     TokenU8,
-    /// [`ActQuant::DynamicToken`] with each row's range found by the input's producer (a
-    /// `row_range` epilogue): the input after the weight scale is each row's `(lo, hi)` (f32
-    /// `[…, 2]`), from which the scale and zero point follow ([`u8_qparams`]).
-    TokenRanged,
 }
 
 impl ActQuant {
@@ -569,17 +547,14 @@ impl ActQuant {
             ActQuant::DynamicTensor => "tensor",
             ActQuant::Static { .. } => "static",
             ActQuant::TokenU8 => "token_u8",
-            ActQuant::TokenRanged => "token_ranged",
         }
     }
 
     /// How many inputs after the weight scale carry the rows' own quantization parameters:
-    /// two for [`ActQuant::TokenU8`] (scales, zero points), one for [`ActQuant::TokenRanged`]
-    /// (ranges), else none.
+    /// two for [`ActQuant::TokenU8`], else none.
     pub fn row_param_inputs(&self) -> usize {
         match self {
             ActQuant::TokenU8 => 2,
-            ActQuant::TokenRanged => 1,
             _ => 0,
         }
     }
@@ -898,9 +873,7 @@ pub enum Op {
     /// `requant_u8`); then `smooth` is false. With `act` `token_u8`, `x` is u8 quantized per row
     /// by its producer (`fork_u8_rows`), whose row scales and zero points are the two inputs
     /// after `w_scale`: `(x: u8, w, w_scale, a_scale: f32[…, 1], a_zero: i32[…, 1],
-    /// operands…)`, and `smooth` is false. With `act` `token_ranged`, `x` is f32 whose rows'
-    /// ranges its producer found (`row_range`): `(x, w, w_scale, range: f32[…, 2],
-    /// inv_smooth?, operands…)`.
+    /// operands…)`, and `smooth` is false.
     ///
     /// ```text
     /// %7 = qlinear[act="token", smooth=true, epilogue=(bias, gelu_erf)](%0, %1, %2, %3, %4) : f32[B,S,1536]
@@ -1480,15 +1453,12 @@ impl Op {
                     "token" => ActQuant::DynamicToken,
                     "tensor" => ActQuant::DynamicTensor,
                     "token_u8" => ActQuant::TokenU8,
-                    "token_ranged" => ActQuant::TokenRanged,
                     "static" => ActQuant::Static {
                         scale: a.float("a_scale")?,
                         zero_point: i32::try_from(a.int("a_zero")?)
                             .map_err(|_| a.bad("a_zero", "a 32-bit integer"))?,
                     },
-                    _ => {
-                        return Err(a.bad("act", "token, token_u8, token_ranged, tensor or static"))
-                    }
+                    _ => return Err(a.bad("act", "token, token_u8, tensor or static")),
                 };
                 Op::QLinear {
                     act,

@@ -401,25 +401,6 @@ impl Graph {
                     ty(4)
                 ));
             }
-        } else if let Op::QLinear {
-            act: ActQuant::TokenRanged,
-            ..
-        } = &node.op
-        {
-            // f32 rows and each row's range beside them.
-            let t = ty(3);
-            let ranges = t.dtype == DType::F32
-                && t.rank() == ty(0).rank()
-                && t.shape
-                    .as_ref()
-                    .is_none_or(|s| s.last().and_then(|d| d.as_fixed()).is_none_or(|d| d == 2));
-            if ty(0).dtype != DType::F32 || !ranges {
-                return Some(format!(
-                    "qlinear: act `token_ranged` reads f32 rows and each row's range (f32[…, 2]), has {} and {}",
-                    ty(0),
-                    t
-                ));
-            }
         } else if ty(0).dtype != DType::F32 && !(prequantized && ty(0).dtype == DType::U8) {
             return Some(format!(
                 "{}: x must be f32{}, is {}",
@@ -478,7 +459,6 @@ impl Graph {
                 EpilogueStep::RequantU8 { .. }
                     | EpilogueStep::ForkU8 { .. }
                     | EpilogueStep::ForkU8Rows { .. }
-                    | EpilogueStep::RowRange { .. }
                     | EpilogueStep::QuantHeads { .. }
             )
         }) {
@@ -507,14 +487,13 @@ impl Graph {
             (Some(s), Some(l)) => s.len() == 1 && (s[0] == l || s[0] == 1),
             _ => true,
         };
-        if let Op::QLinear { act, smooth, .. } = &node.op {
+        if let Op::QLinear { smooth, .. } = &node.op {
             if !vector_ok(2, n) {
                 return Some(format!("qlinear: w_scale {} does not match n", ty(2)));
             }
             let k = fixed(1).map(|s| s[0]);
-            let inv = 3 + act.row_param_inputs();
-            if *smooth && !vector_ok(inv, k) {
-                return Some(format!("qlinear: inv_smooth {} does not match k", ty(inv)));
+            if *smooth && !vector_ok(3, k) {
+                return Some(format!("qlinear: inv_smooth {} does not match k", ty(3)));
             }
         }
         let mut at = first_operand;
@@ -545,7 +524,6 @@ impl Graph {
                 EpilogueStep::Gelu(_) | EpilogueStep::QuantHeads { .. } => {}
                 EpilogueStep::ForkU8 { smooth: true, .. }
                 | EpilogueStep::ForkU8Rows { smooth: true }
-                | EpilogueStep::RowRange { smooth: true }
                     if ty(at).dtype != DType::F32 || !vector_ok(at, n) =>
                 {
                     return Some(format!(
@@ -553,7 +531,7 @@ impl Graph {
                         ty(at)
                     ));
                 }
-                EpilogueStep::ForkU8Rows { .. } | EpilogueStep::RowRange { .. } => {}
+                EpilogueStep::ForkU8Rows { .. } => {}
                 EpilogueStep::RequantU8 { scale, zero_point }
                 | EpilogueStep::ForkU8 {
                     scale, zero_point, ..

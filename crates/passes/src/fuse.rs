@@ -435,7 +435,7 @@ impl Pass for FuseEpilogue {
         let d = apply(graph, FUSE, &mut ctx.report, requant_into_producer)?;
         let e = apply(graph, FUSE, &mut ctx.report, quantize_heads)?;
         let f = apply(graph, FUSE, &mut ctx.report, requant_into_attention)?;
-        let g = apply(graph, FUSE, &mut ctx.report, token_quant_into_producer)?;
+        let g = apply(graph, FUSE, &mut ctx.report, token_quant_into_norm)?;
         Ok(a || b || c || d || e || f || g)
     }
 }
@@ -773,25 +773,16 @@ fn requant_into_producer(g: &mut Graph, id: NodeId, report: &mut Report) -> Resu
 }
 
 /// A per-token dynamic `QLinear` (`act="token"`) whose input is another `QLinear`'s output
-/// takes what it can of its quantization out of itself and into that producer's epilogue. Its
-/// own quantization pass read every row back from memory twice (its range, then its bytes).
-/// - When the producer ends in `layer_norm` (QKV and FFN1 in an encoder), the producer ends
-///   with `fork_u8_rows` (with the reader's SmoothQuant factor when it has one) and writes,
-///   beside the f32 value its other readers take (the residual), the bytes and each row's scale
-///   and zero point, made from each row while the LayerNorm step holds it; the reader
-///   (`act="token_u8"`) reads them as they are.
-/// - Otherwise (FFN2 after FFN1's GELU: the producer's threads share columns, so no thread holds
-///   a whole row), the producer ends with `row_range` and gives each row's range beside its
-///   f32 value, gathered from its output blocks while they are in L1; the reader
-///   (`act="token_ranged"`) reads each row once, for its bytes.
-///
-/// The bytes and parameters are those the reader made itself (one definition:
-/// `codegen::kernels::rowquant`), so every output is equal bit for bit.
-fn token_quant_into_producer(
-    g: &mut Graph,
-    id: NodeId,
-    report: &mut Report,
-) -> Result<bool, String> {
+/// ending in `layer_norm` takes its quantization out of itself and into that producer's
+/// epilogue: the producer ends with `fork_u8_rows` (with the reader's SmoothQuant factor when it
+/// has one) and writes, beside the f32 value its other readers take (the residual), the bytes
+/// and each row's scale and zero point, made from each row while the LayerNorm step holds it;
+/// the reader (`act="token_u8"`) reads them as they are. Its own quantization pass read every
+/// row back from memory twice (its range, then its bytes). The bytes and parameters are those
+/// the reader made itself (one definition: `codegen::kernels::rowquant`), so every output is
+/// equal bit for bit. A producer whose epilogue does not end in `layer_norm` keeps writing f32:
+/// its threads share columns, and a row's range needs all of them.
+fn token_quant_into_norm(g: &mut Graph, id: NodeId, report: &mut Report) -> Result<bool, String> {
     let Op::QLinear {
         act: ActQuant::DynamicToken,
         smooth,
@@ -824,13 +815,13 @@ fn token_quant_into_producer(
         Ok(false)
     };
     if g.node(x.node).outputs.len() != 1 {
-        return declined(report, "it already gives a second output");
+        return declined(report, "it already writes bytes");
     }
     if !matches!(steps.last(), Some(EpilogueStep::LayerNorm { .. })) {
-        if steps.iter().any(EpilogueStep::needs_whole_row) {
-            return declined(report, "a row-wide step of its epilogue is not the last");
-        }
-        return range_into_producer(g, id, x.node, steps, report);
+        return declined(
+            report,
+            "its epilogue does not end in `layer_norm` (its threads share columns, and a row's range needs them all)",
+        );
     }
     let mut producer_inputs = g.node_inputs(x.node);
     if smooth {
@@ -874,101 +865,23 @@ fn token_quant_into_producer(
         Outlet::new(new_producer, 3),
     ];
     reader_inputs.extend(&ins[3 + usize::from(smooth)..]);
+    let reader_outputs = g.node(id).outputs.clone();
     let reader_op = Op::QLinear {
         act: ActQuant::TokenU8,
         smooth: false,
         epilogue,
     };
-    replace_node(g, id, reader_op, &reader_inputs)?;
+    let reader = g
+        .add_node(reader_op, &name, &reader_inputs, reader_outputs.clone())
+        .map_err(|e| e.to_string())?;
+    for slot in 0..reader_outputs.len() {
+        g.replace_uses(Outlet::new(id, slot), Outlet::new(reader, slot))
+            .map_err(|e| e.to_string())?;
+    }
     report.fired(
         FUSE,
         &producer,
         format!("per-row quantization of `{name}` → epilogue `fork_u8_rows`"),
-    );
-    Ok(true)
-}
-
-/// Replaces node `id` by `op` on `inputs`, with the same name and outputs (its readers read the
-/// new node's; the old one is left dead).
-fn replace_node(g: &mut Graph, id: NodeId, op: Op, inputs: &[Outlet]) -> Result<(), String> {
-    let (name, outputs) = (g.node(id).name.clone(), g.node(id).outputs.clone());
-    let new = g
-        .add_node(op, &name, inputs, outputs.clone())
-        .map_err(|e| e.to_string())?;
-    for slot in 0..outputs.len() {
-        g.replace_uses(Outlet::new(id, slot), Outlet::new(new, slot))
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
-/// [`token_quant_into_producer`]'s second case: the reader `id` (per token, f32 input from
-/// `producer`, whose epilogue is `steps`) reads its rows' ranges from `producer`'s `row_range`.
-fn range_into_producer(
-    g: &mut Graph,
-    id: NodeId,
-    producer: NodeId,
-    mut steps: Vec<EpilogueStep>,
-    report: &mut Report,
-) -> Result<bool, String> {
-    let Op::QLinear {
-        smooth, epilogue, ..
-    } = g.node(id).op.clone()
-    else {
-        return Ok(false);
-    };
-    let Op::QLinear {
-        act: producer_act,
-        smooth: producer_smooth,
-        ..
-    } = g.node(producer).op.clone()
-    else {
-        return Ok(false);
-    };
-    let ins = g.node_inputs(id);
-    let (name, producer_name) = (g.node(id).name.clone(), g.node(producer).name.clone());
-    let mut producer_inputs = g.node_inputs(producer);
-    if smooth {
-        producer_inputs.push(ins[3]);
-    }
-    let f32_ty = g.node(producer).outputs[0].clone();
-    let mut range_ty = f32_ty.clone();
-    if let Some(d) = range_ty.shape.as_mut().and_then(|s| s.last_mut()) {
-        *d = ir::Dim::fixed(2);
-    }
-    steps.push(EpilogueStep::RowRange { smooth });
-    let producer_op = Op::QLinear {
-        act: producer_act,
-        smooth: producer_smooth,
-        epilogue: steps,
-    };
-    let new_producer = g
-        .add_node(
-            producer_op,
-            &producer_name,
-            &producer_inputs,
-            vec![f32_ty, range_ty],
-        )
-        .map_err(|e| e.to_string())?;
-    g.replace_uses(Outlet::new(producer, 0), Outlet::new(new_producer, 0))
-        .map_err(|e| e.to_string())?;
-    let mut reader_inputs = vec![
-        Outlet::new(new_producer, 0),
-        ins[1],
-        ins[2],
-        Outlet::new(new_producer, 1),
-    ];
-    reader_inputs.extend(&ins[3..]);
-    let reader_op = Op::QLinear {
-        act: ActQuant::TokenRanged,
-        smooth,
-        epilogue,
-    };
-    replace_node(g, id, reader_op, &reader_inputs)?;
-    report.fired(
-        FUSE,
-        &producer_name,
-        format!("rows' ranges for the per-token quantization of `{name}` → epilogue `row_range`"),
     );
     Ok(true)
 }

@@ -957,17 +957,11 @@ fn infer(
                 let mut shape = s.clone();
                 if let (Some(sh), Some(w)) = (shape.as_mut(), widths.as_ref()) {
                     *sh.last_mut().expect("rank >= 1") = Dim::fixed(w[i]);
-                } else if let Some(sh) = shape.as_mut() {
-                    // Each row's scale and zero point, or its range, whatever n is.
-                    match (epilogue.last(), i) {
-                        (Some(EpilogueStep::ForkU8Rows { .. }), 2..) => {
-                            *sh.last_mut().expect("rank >= 1") = Dim::fixed(1)
-                        }
-                        (Some(EpilogueStep::RowRange { .. }), 1) => {
-                            *sh.last_mut().expect("rank >= 1") = Dim::fixed(2)
-                        }
-                        _ => {}
-                    }
+                } else if let (Some(sh), Some(EpilogueStep::ForkU8Rows { .. }), 2..) =
+                    (shape.as_mut(), epilogue.last(), i)
+                {
+                    // Each row's scale and zero point, whatever n is.
+                    *sh.last_mut().expect("rank >= 1") = Dim::fixed(1);
                 }
                 outs.extend(one(d, shape));
             }

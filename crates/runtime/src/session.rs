@@ -1421,11 +1421,7 @@ impl Session {
                     then,
                     r(2),
                     smooth.then(|| r(3 + params)),
-                    match act {
-                        ir::ActQuant::TokenU8 => fused::RowParams::Quantized(r(3), r(4)),
-                        ir::ActQuant::TokenRanged => fused::RowParams::Ranges(r(3)),
-                        _ => fused::RowParams::None,
-                    },
+                    (params == 2).then(|| (r(3), r(4))),
                     *act,
                     epilogue,
                     &ins[first..],

@@ -131,17 +131,6 @@ pub enum EpilogueOp<'a> {
         /// Where each row's scale and zero point go.
         params: RowParamsOut,
     },
-    /// int8 only, last op, f32 output, no row-wide op before it: `y` is stored as it is, and each
-    /// row's range `(min(0, min y·s[n]), max(0, max y·s[n]))` (NaN ignored, `s` = 1 without
-    /// `smooth`) goes to `out`: what [`super::rowquant::range`] finds on the stored row, gathered
-    /// block by block from the output while it is in L1 (the threads' blocks of a row folded after
-    /// the GEMM), so that the next GEMM's per-token quantization need not read the row for it.
-    RowRange {
-        /// Per-column factor of the range only (a SmoothQuant factor), `n` values.
-        smooth: Option<&'a [f32]>,
-        /// Where the rows' ranges go.
-        out: RangeOut,
-    },
     /// Last op: `y = clamp(round_half_even(y / scale) + zero_point, qmin, qmax)`, NaN as 0 (ONNX
     /// `QuantizeLinear`'s formula, with its IEEE division, so that a quantization moved into a
     /// producer's epilogue gives the bytes the standalone one gave); the output must be of type
@@ -216,36 +205,6 @@ impl RowParamsOut {
             scales: scales.as_mut_ptr(),
             zeros: zeros.as_mut_ptr(),
             len: scales.len().min(zeros.len()),
-        }
-    }
-}
-
-/// The rows' ranges of [`EpilogueOp::RowRange`]: `(lo, hi)` of row `r` at `2r`, `2r + 1`, for
-/// `len / 2` rows; the drivers gather them in `slots` partial ranges (one per column block of
-/// the GEMM, each written by one unit at a time) at `ptr`, folded into the caller's at the end.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[repr(C)]
-pub struct RangeOut {
-    pub(crate) ptr: *mut f32,
-    pub(crate) len: usize,
-}
-
-// SAFETY: the drivers write disjoint (block, row) ranges from each thread.
-unsafe impl Send for RangeOut {}
-// SAFETY: as above.
-unsafe impl Sync for RangeOut {}
-
-impl RangeOut {
-    /// The ranges go to `buf` (two values a row); it must stay untouched until the GEMM returns.
-    ///
-    /// ```
-    /// let mut ranges = vec![0f32; 2 * 4];
-    /// let out = codegen::kernels::RangeOut::new(&mut ranges);
-    /// ```
-    pub fn new(buf: &mut [f32]) -> Self {
-        Self {
-            ptr: buf.as_mut_ptr(),
-            len: buf.len(),
         }
     }
 }
@@ -486,9 +445,6 @@ pub(crate) struct Int8Ctx<'c> {
     /// The per-column constants of a `Dequant` with per-tensor activation parameters, made
     /// once per GEMM call (see [`FoldedDequant::fold`]).
     pub folded: Option<FoldedDequant<'c>>,
-    /// Where the running block's partial row ranges of a `RowRange` start, in values from
-    /// the op's `out` (the driver's buffer of one `2m` slot per column block).
-    pub range_at: usize,
 }
 
 /// A `Dequant` whose activation scale and zero point are per tensor (static quantization),
@@ -688,23 +644,6 @@ impl<'a> Epilogue<'a> {
                         ));
                     }
                 }
-                EpilogueOp::RowRange { smooth, out: r } => {
-                    if !int8 || !last || !matches!(out, Output::F32 { .. }) {
-                        return bad(
-                            "RowRange must be last of an int8 program and needs an f32 output"
-                                .into(),
-                        );
-                    }
-                    if self.ops.iter().any(EpilogueOp::needs_whole_row) {
-                        return bad("RowRange cannot follow a row-wide op".into());
-                    }
-                    if smooth.is_some_and(|s| s.len() < n) {
-                        return bad("RowRange factors shorter than n".into());
-                    }
-                    if r.len < 2 * m {
-                        return bad(format!("RowRange holds {} values for {m} rows", r.len));
-                    }
-                }
                 EpilogueOp::Requant { ty, zero_point, .. } => {
                     let ok = matches!(
                         (ty, out),
@@ -792,36 +731,6 @@ pub(crate) unsafe fn run_block(
 ) {
     if tmp.len() < cols.len() {
         tmp.resize(cols.len(), 0.0);
-    }
-    if let Some((
-        EpilogueOp::RowRange {
-            smooth,
-            out: ranges,
-        },
-        rest,
-    )) = ops.split_last()
-    {
-        // SAFETY: forwarded caller contract (validated: an f32 output).
-        unsafe { run_block(rest, int8, src, rows.clone(), cols.clone(), out, tmp) };
-        let OutPtr::F32(o, ldc) = out else {
-            unreachable!("validated: RowRange has an f32 output")
-        };
-        // This block's partial ranges (the driver's).
-        let at = int8.map_or(0, |c| c.range_at);
-        let s = smooth.map(|s| &s[cols.clone()]);
-        for r in rows {
-            // SAFETY: the block's rows of the output were just written and are ours; the
-            // partial ranges hold this block's slot for every row (driver contract), and no
-            // other unit writes this (slot, row).
-            unsafe {
-                let row = std::slice::from_raw_parts(o.add(r * ldc + cols.start), cols.len());
-                let (lo, hi) = super::rowquant::range(row, s);
-                let p = ranges.ptr.add(at + 2 * r);
-                *p = (*p).min(lo);
-                *p.add(1) = (*p.add(1)).max(hi);
-            }
-        }
-        return;
     }
     let f = super::select::cpu_features();
     #[cfg(target_arch = "x86_64")]
@@ -1030,7 +939,6 @@ fn apply_op(op: &EpilogueOp<'_>, r: usize, c0: usize, y: &mut [f32]) {
     let w = y.len();
     match *op {
         EpilogueOp::Dequant { .. } => unreachable!("validated: Dequant only first on int8"),
-        EpilogueOp::RowRange { .. } => unreachable!("run_block takes RowRange off first"),
         EpilogueOp::Scale(s) => y.iter_mut().for_each(|v| *v *= s),
         EpilogueOp::Bias(b) => y.iter_mut().zip(&b[c0..c0 + w]).for_each(|(v, b)| *v += b),
         EpilogueOp::MulCol(s) => y.iter_mut().zip(&s[c0..c0 + w]).for_each(|(v, s)| *v *= s),
@@ -1216,9 +1124,7 @@ pub fn reference_eval(
                 (y - mean) / (var + eps as f64).sqrt() * gamma[col] as f64 + beta[col] as f64
             }
             // The f32 value is the output; the u8 copy is checked against `quantize_div`.
-            EpilogueOp::ForkU8 { .. }
-            | EpilogueOp::ForkU8Rows { .. }
-            | EpilogueOp::RowRange { .. } => y,
+            EpilogueOp::ForkU8 { .. } | EpilogueOp::ForkU8Rows { .. } => y,
             EpilogueOp::Requant {
                 scale,
                 zero_point,

@@ -41,7 +41,7 @@ pub mod select;
 pub use buf::{AlignedBuf, SharedPtr};
 pub use epilogue::{
     head_slot, Epilogue, EpilogueF32, EpilogueOp, EpilogueOps, ForkOut, HeadSlot, HeadsOut, Output,
-    QType, RangeOut, RowParam, RowParamsOut,
+    QType, RowParam, RowParamsOut,
 };
 pub use error::KernelError;
 pub use f32::{gemm_f32, gemm_f32_unpacked, plan_split_f32, PackedF32};

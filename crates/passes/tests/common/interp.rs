@@ -505,7 +505,7 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
             let prequantized = ins[0].dtype() == DType::U8;
             let mut x = f32s(ins[0]);
             if *smooth {
-                let inv = f32s(ins[3 + act.row_param_inputs()]);
+                let inv = f32s(ins[3]);
                 x.iter_mut().enumerate().for_each(|(i, v)| *v *= inv[i % k]);
             }
             let m = x.len() / k;
@@ -520,11 +520,6 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
                 ActQuant::TokenU8 => f32s(ins[3])
                     .into_iter()
                     .zip(ins[4].to_i64_vec().map_err(|e| e.to_string())?)
-                    .collect(),
-                // Each row's range, as its producer found it.
-                ActQuant::TokenRanged => f32s(ins[3])
-                    .chunks(2)
-                    .map(|r| range_qparams(r[0], r[1]))
                     .collect(),
             };
             if params.len() != m {
@@ -550,7 +545,7 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
                 }
             }
             let first = 3 + act.row_param_inputs() + usize::from(*smooth);
-            let (fork, ranges) = apply_epilogue(&mut y, n, epilogue, &ins[first..])?;
+            let fork = apply_epilogue(&mut y, n, epilogue, &ins[first..])?;
             if let Some(EpilogueStep::QuantHeads { heads }) = epilogue.last() {
                 return Ok(quant_heads(&y, &out, n, *heads));
             }
@@ -559,11 +554,6 @@ fn eval(op: &Op, ins: &[&Tensor], ty: &TensorType) -> Result<Vec<Tensor>, String
                 return Ok(vec![Tensor::from_vec(out.clone(), bytes)]);
             }
             let mut outs = f(y)?;
-            if let Some(ranges) = ranges {
-                let mut two = out.clone();
-                *two.last_mut().ok_or("rank-0 qlinear output")? = 2;
-                outs.push(Tensor::from_vec(two, ranges));
-            }
             if let Some((copy, rows)) = fork {
                 let bytes = copy.iter().map(|&v| v as u8).collect();
                 outs.push(Tensor::from_vec(out.clone(), bytes));
@@ -652,26 +642,9 @@ fn quant_heads(y: &[f32], out: &[usize], n: usize, heads: usize) -> Vec<Tensor> 
 /// `zero = round_half_even(−lo/scale)` (scale 1, zero 0 for an all-zero range). Written out here,
 /// independently of the passes' own helper.
 fn u8_range_qparams(x: &[f32]) -> (f32, i64) {
-    let (lo, hi) = row_range(x);
-    range_qparams(lo, hi)
-}
-
-/// `row[i]·s[i]`, or the row itself without factors.
-fn times(row: &[f32], s: Option<&[f32]>) -> Vec<f32> {
-    row.iter()
-        .enumerate()
-        .map(|(i, &v)| s.map_or(v, |s| v * s[i]))
-        .collect()
-}
-
-/// `(min(0, min x), max(0, max x))`, NaN ignored.
-fn row_range(x: &[f32]) -> (f32, f32) {
-    x.iter()
-        .fold((0.0f32, 0.0f32), |(a, b), &v| (a.min(v), b.max(v)))
-}
-
-/// [`u8_range_qparams`] of a range already found.
-fn range_qparams(lo: f32, hi: f32) -> (f32, i64) {
+    let (lo, hi) = x
+        .iter()
+        .fold((0.0f32, 0.0f32), |(a, b), &v| (a.min(v), b.max(v)));
     let scale = (hi - lo) / 255.0;
     if scale == 0.0 || !scale.is_finite() {
         return (1.0, 0);
@@ -687,21 +660,19 @@ fn range_qparams(lo: f32, hi: f32) -> (f32, i64) {
 type ForkCopy = (Vec<f32>, Option<(Vec<f32>, Vec<i32>)>);
 
 /// Applies the epilogue `steps` to `y` (rows of `n`), reading each step's operands in order;
-/// returns the copy of a final `fork_u8` or `fork_u8_rows`, and the rows' ranges of a final
-/// `row_range` (`lo, hi` a row).
+/// returns the copy of a final `fork_u8` or `fork_u8_rows`.
 fn apply_epilogue(
     y: &mut [f32],
     n: usize,
     steps: &[EpilogueStep],
     operands: &[&Tensor],
-) -> Result<(Option<ForkCopy>, Option<Vec<f32>>), String> {
+) -> Result<Option<ForkCopy>, String> {
     let requant = |v: f32, scale: f32, zero_point: i32| {
         let q = (v / scale).round_ties_even();
         let q = if q.is_nan() { 0.0 } else { q };
         (q + zero_point as f32).clamp(0.0, 255.0)
     };
     let mut fork = None;
-    let mut ranges = None;
     let mut next = operands.iter();
     let mut take = || {
         next.next()
@@ -761,22 +732,17 @@ fn apply_epilogue(
                 let s = if *smooth { Some(take()?) } else { None };
                 let (mut copy, mut scales, mut zeros) = (Vec::new(), Vec::new(), Vec::new());
                 for row in y.chunks(n) {
-                    let x = times(row, s.as_deref());
+                    let x: Vec<f32> = row
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &v)| s.as_ref().map_or(v, |s| v * s[i]))
+                        .collect();
                     let (scale, zero) = u8_range_qparams(&x);
                     copy.extend(x.iter().map(|&v| requant(v, scale, zero as i32)));
                     scales.push(scale);
                     zeros.push(zero as i32);
                 }
                 fork = Some((copy, Some((scales, zeros))));
-            }
-            EpilogueStep::RowRange { smooth } => {
-                let s = if *smooth { Some(take()?) } else { None };
-                let mut r = Vec::new();
-                for row in y.chunks(n) {
-                    let (lo, hi) = row_range(&times(row, s.as_deref()));
-                    r.extend([lo, hi]);
-                }
-                ranges = Some(r);
             }
             // The outputs, made by `quant_heads` after the steps.
             EpilogueStep::QuantHeads { .. } => {}
@@ -785,7 +751,7 @@ fn apply_epilogue(
     if next.next().is_some() {
         return Err("epilogue operands left over".into());
     }
-    Ok((fork, ranges))
+    Ok(fork)
 }
 
 /// For a per-axis (or per-tensor, `len == 1`) parameter: the parameter index of flat element `i`.

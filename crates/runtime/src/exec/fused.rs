@@ -2,8 +2,8 @@
 //! GEMM), each with its epilogue program run by the kernel on every output tile, and `qmatmul`.
 
 use codegen::kernels::{
-    Activations, Epilogue, EpilogueOp, EpilogueOps, ForkOut, HeadsOut, Output, QType, RangeOut,
-    RowParam, RowParamsOut,
+    Activations, Epilogue, EpilogueOp, EpilogueOps, ForkOut, HeadsOut, Output, QType, RowParam,
+    RowParamsOut,
 };
 use ir::{ActQuant, EpilogueStep, GeluApprox};
 
@@ -15,7 +15,7 @@ use crate::Error;
 
 /// The kernel epilogue program of `steps`, reading their operands from `operands` in order;
 /// a final `fork_u8` writes its copy to `fork`, a final `fork_u8_rows` to `fork` and its rows'
-/// parameters to `params`, a final `row_range` its rows' ranges to `ranges`.
+/// parameters to `params`.
 #[allow(clippy::too_many_arguments)]
 fn program<'a>(
     steps: &[EpilogueStep],
@@ -27,7 +27,6 @@ fn program<'a>(
     ops: &mut EpilogueOps<'a>,
     fork: Option<ForkOut>,
     params: Option<RowParamsOut>,
-    ranges: Option<RangeOut>,
 ) -> Result<(), Error> {
     let mut at = 0;
     let vector = |i: usize, what: &str| -> Result<&'a [f32], Error> {
@@ -106,16 +105,6 @@ fn program<'a>(
                     )
                 })?,
             }),
-            EpilogueStep::RowRange { smooth } => ops.push(EpilogueOp::RowRange {
-                smooth: if *smooth {
-                    Some(vector(at, "row_range factors")?)
-                } else {
-                    None
-                },
-                out: ranges.ok_or_else(|| {
-                    Error::op(node, op, "`row_range` needs an output for the rows' ranges")
-                })?,
-            }),
             // Not an op of the program: the GEMM's output kind (`Output::Heads`, see `qlinear`).
             EpilogueStep::QuantHeads { .. } => {}
         }
@@ -145,7 +134,6 @@ pub(crate) fn fused_linear(
         node,
         op,
         &mut ops,
-        None,
         None,
         None,
     )?;
@@ -192,16 +180,13 @@ pub(crate) use codegen::kernels::rowquant::avx512::quantize16 as quantize_u8_16;
 pub(crate) use codegen::kernels::rowquant::quantize as quantize_row_u8;
 
 /// Quantizes `x` (`m` rows of `k`, times `inv_smooth[k]` when given) as `act` says, into
-/// `data` (`m·k` bytes, overwritten), rows shared among the session's threads; per token, each
-/// row's range is `ranges[2r..2r + 2]` when given (found by the producer: `row_range`).
-#[allow(clippy::too_many_arguments)]
+/// `data` (`m·k` bytes, overwritten), rows shared among the session's threads.
 pub(crate) fn quantize_rows(
     x: &[f32],
     m: usize,
     k: usize,
     inv_smooth: Option<&[f32]>,
     act: ActQuant,
-    ranges: Option<&[f32]>,
     buffers: QuantizedRows,
     ctx: &Ctx<'_>,
 ) -> QuantizedRows {
@@ -228,7 +213,7 @@ pub(crate) fn quantize_rows(
     let work = m * k * 4;
     match act {
         // The same quantization, here rather than in the producer.
-        ActQuant::DynamicToken | ActQuant::TokenU8 | ActQuant::TokenRanged => {
+        ActQuant::DynamicToken | ActQuant::TokenU8 => {
             scales.resize(m, 0.0);
             zeros.resize(m, 0);
             let (sp, zp) = (
@@ -239,14 +224,7 @@ pub(crate) fn quantize_rows(
                 for (i, q) in block.chunks_exact_mut(k).enumerate() {
                     let r = r0 + i;
                     let row = &x[r * k..(r + 1) * k];
-                    let (s, z) = match ranges {
-                        Some(lh) => {
-                            let (s, z) = ir::u8_qparams(lh[2 * r], lh[2 * r + 1]);
-                            row::quantize(row, inv_smooth, s, z as f32, q);
-                            (s, z)
-                        }
-                        None => row::quantize_row(row, inv_smooth, q),
-                    };
+                    let (s, z) = row::quantize_row(row, inv_smooth, q);
                     // SAFETY: row r belongs to this block only; both vectors have m entries
                     // and outlive the parallel call.
                     unsafe {
@@ -302,26 +280,7 @@ pub(crate) fn quantize_rows_here(
         threads: 1,
         arena: &mut arena,
     };
-    quantize_rows(
-        x,
-        m,
-        k,
-        inv_smooth,
-        act,
-        None,
-        QuantizedRows::default(),
-        &ctx,
-    )
-}
-
-/// The inputs of a `qlinear` that carry its rows' quantization, by its `act`.
-#[derive(Clone, Copy)]
-pub(crate) enum RowParams<'a> {
-    None,
-    /// `token_u8`: each row's scale and zero point.
-    Quantized(&'a TensorValue, &'a TensorValue),
-    /// `token_ranged`: each row's range.
-    Ranges(&'a TensorValue),
+    quantize_rows(x, m, k, inv_smooth, act, QuantizedRows::default(), &ctx)
 }
 
 /// `qlinear(x, w, w_scale, inv_smooth?, operands…)`: activation quantization, one u8×s8 GEMM,
@@ -338,7 +297,7 @@ pub(crate) fn qlinear(
     then: Option<(&PackedWeightI8, codegen::lower::ThenGemm)>,
     w_scale: &TensorValue,
     inv_smooth: Option<&TensorValue>,
-    row_params: RowParams<'_>,
+    row_params: Option<(&TensorValue, &TensorValue)>,
     act: ActQuant,
     steps: &[EpilogueStep],
     operands: &[Input<'_>],
@@ -372,12 +331,12 @@ pub(crate) fn qlinear(
     };
     let mut quantized = None;
     let (acts, a_scale, a_zero) = match (x.as_u8(), act, row_params) {
-        (Some(bytes), ActQuant::Static { scale, zero_point }, RowParams::None) if inv.is_none() => (
+        (Some(bytes), ActQuant::Static { scale, zero_point }, None) if inv.is_none() => (
             bytes,
             RowParam::PerTensor(scale),
             RowParam::PerTensor(zero_point),
         ),
-        (Some(bytes), ActQuant::TokenU8, RowParams::Quantized(scales, zeros)) if inv.is_none() => {
+        (Some(bytes), ActQuant::TokenU8, Some((scales, zeros))) if inv.is_none() => {
             let scales = f32_of(scales, node, op)?;
             let zeros = zeros.as_i32().ok_or_else(|| {
                 Error::op(node, op, "the rows' zero points must be i32")
@@ -416,28 +375,10 @@ pub(crate) fn qlinear(
                 "act `token_u8` reads u8 rows its producer quantized, not f32",
             ))
         }
-        (None, _, params) => {
-            let ranges = match (act, params) {
-                (ActQuant::TokenRanged, RowParams::Ranges(r)) => {
-                    let r = f32_of(r, node, op)?;
-                    if r.len() != 2 * m {
-                        return Err(Error::op(
-                            node,
-                            op,
-                            format!("{} range values for {m} rows", r.len()),
-                        ));
-                    }
-                    Some(r)
-                }
-                (ActQuant::TokenRanged, _) => {
-                    return Err(Error::op(node, op, "act `token_ranged` needs its rows' ranges"))
-                }
-                _ => None,
-            };
+        (None, _, _) => {
             let xv = f32_of(x, node, op)?;
             let buf = QuantizedRows::buffers(ctx.arena, m, k);
-            let q: &QuantizedRows =
-                quantized.insert(quantize_rows(xv, m, k, inv, act, ranges, buf, ctx));
+            let q: &QuantizedRows = quantized.insert(quantize_rows(xv, m, k, inv, act, buf, ctx));
             let params = if q.scales.len() == 1 {
                 (
                     RowParam::PerTensor(q.scales[0]),
@@ -476,20 +417,7 @@ pub(crate) fn qlinear(
         (scales, zeros)
     });
     let params = row_outs.as_mut().map(|(s, z)| RowParamsOut::new(s, z));
-    let mut range_out = matches!(steps.last(), Some(EpilogueStep::RowRange { .. })).then(|| {
-        let mut ranges: Vec<f32> = ctx.arena.vec_with_capacity(2 * m);
-        ranges.resize(2 * m, 0.0);
-        ranges
-    });
-    let range_shape = range_out.as_ref().map(|_| {
-        let mut two_per_row = shape.clone();
-        *two_per_row.last_mut().expect("linear output has rank >= 1") = 2;
-        two_per_row
-    });
-    let ranges = range_out.as_mut().map(|r| RangeOut::new(r));
-    program(
-        steps, operands, n, &shape, node, op, &mut ops, fork, params, ranges,
-    )?;
+    program(steps, operands, n, &shape, node, op, &mut ops, fork, params)?;
     let threads = ctx.gemm_threads(m * n * k);
     let epilogue = Epilogue::new(ops);
     let next = then.map(|(p, t)| codegen::kernels::int8::NextGemm {
@@ -569,9 +497,6 @@ pub(crate) fn qlinear(
         results.push(TensorValue::raw(shape.clone(), scales));
         results.push(TensorValue::raw(shape, zeros));
     }
-    if let (Some(ranges), Some(shape)) = (range_out, range_shape) {
-        results.push(TensorValue::raw(shape, ranges));
-    }
     Ok(results)
 }
 
@@ -640,7 +565,7 @@ mod tests {
                 scales: vec![7.0; 3],
                 zeros: vec![9; 5],
             };
-            let two = quantize_rows(&x, m, k, Some(&inv), act, None, stale, &ctx);
+            let two = quantize_rows(&x, m, k, Some(&inv), act, stale, &ctx);
             assert_eq!(one.data, two.data, "{act:?}");
             assert_eq!(one.scales, two.scales, "{act:?}");
             assert_eq!(one.zeros, two.zeros, "{act:?}");

@@ -486,9 +486,6 @@ thread_local! {
     static EPI_TMP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The f32 rows of a row block whose row-wide epilogue waits for all its panel blocks.
     static STRIP: RefCell<AlignedBuf<f32>> = RefCell::new(AlignedBuf::zeroed(0));
-    /// The partial row ranges of a `RowRange` epilogue, one `2m` slot per column block (kept
-    /// between calls).
-    static RANGES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The caller's folded `Dequant` vectors (kept between calls).
     static FOLDED: RefCell<(Vec<i32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
@@ -741,11 +738,6 @@ fn drive(
         ),
     };
     if m == 0 || n == 0 {
-        if let Some(&EpilogueOp::RowRange { out, .. }) = ep.ops().last() {
-            // Rows without columns: each row's range is (0, 0).
-            // SAFETY: validated to hold 2m values.
-            unsafe { std::slice::from_raw_parts_mut(out.ptr, 2 * m) }.fill(0.0);
-        }
         return Ok(false);
     }
     if lda < k || a_bytes.len() < (m - 1) * lda + k {
@@ -784,44 +776,6 @@ fn drive(
         )
     });
     let final_out = out.ptr();
-    // A final `RowRange` gathers each row's range block by block: one slot of partial ranges
-    // per distinct column block of the plan (a unit computes a (rows, block) pair once, so no
-    // two threads write a slot's row), folded into the caller's after the units.
-    let ranges = match ops.last() {
-        Some(&EpilogueOp::RowRange { smooth, out: r }) => Some((smooth, r)),
-        _ => None,
-    };
-    let mut block_starts: smallvec::SmallVec<[usize; 16]> = smallvec::SmallVec::new();
-    let mut partial = RANGES.take();
-    let mut with_partials = super::epilogue::EpilogueOps::new();
-    if let Some((smooth, _)) = ranges {
-        for t in 0..parts {
-            let w = plan.part(t);
-            for u in 0..w.units() {
-                let pans = w.unit(u).1;
-                block_starts.extend(pans.clone().step_by(plan.step(&pans)));
-            }
-        }
-        block_starts.sort_unstable();
-        block_starts.dedup();
-        partial.clear();
-        partial.resize(block_starts.len() * 2 * m, 0.0);
-        with_partials.extend_from_slice(&ops[..ops.len() - 1]);
-        with_partials.push(EpilogueOp::RowRange {
-            smooth,
-            out: super::epilogue::RangeOut::new(&mut partial),
-        });
-    }
-    let ops: &[EpilogueOp<'_>] = if ranges.is_some() {
-        &with_partials
-    } else {
-        ops
-    };
-    let range_at = |p0: usize| {
-        block_starts
-            .binary_search(&p0)
-            .map_or(0, |slot| slot * 2 * m)
-    };
     let tile_ops = if strips { &ops[..split] } else { ops };
     // Taken out of the thread-local for this call (and put back after), so a nested GEMM on
     // this thread would find none and make its own rather than contend for the borrow.
@@ -830,7 +784,6 @@ fn drive(
         colsum: &b.colsum,
         shift,
         folded: FoldedDequant::fold(ops, &b.colsum, shift, n, (&mut comp, &mut scale)),
-        range_at: 0,
     };
     let works: PartWorks = (0..parts).map(|t| plan.part(t)).collect();
     // A is packed once, all rows, before the units run: a thread sweeps the rows of its
@@ -954,12 +907,9 @@ fn drive(
                                         a_rows_of(&rows),
                                         b,
                                         rows.clone(),
-                                        block.clone(),
+                                        block,
                                         tile_ops,
-                                        Int8Ctx {
-                                            range_at: range_at(block.start),
-                                            ..ctx
-                                        },
+                                        ctx,
                                         tile_out,
                                         acc,
                                         tmp,
@@ -1008,18 +958,6 @@ fn drive(
         }
     };
     parallel_for(parts, &body);
-    if let Some((_, out)) = ranges {
-        // SAFETY: validated to hold 2m values; the units are done.
-        let folded = unsafe { std::slice::from_raw_parts_mut(out.ptr, 2 * m) };
-        folded.fill(0.0);
-        for slot in partial.chunks_exact(2 * m) {
-            for (f, p) in folded.chunks_exact_mut(2).zip(slot.chunks_exact(2)) {
-                f[0] = f[0].min(p[0]);
-                f[1] = f[1].max(p[1]);
-            }
-        }
-    }
-    RANGES.set(partial);
     APACK.set(Some(apack));
     FOLDED.set((comp, scale));
     Ok(unit.is_some())
