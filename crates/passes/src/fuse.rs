@@ -666,21 +666,27 @@ impl StaticReader {
     fn read_bytes(self, g: &mut Graph, bytes: Outlet) -> Result<(), String> {
         let mut inputs = vec![bytes, self.ins[1], self.ins[2]];
         inputs.extend(&self.ins[3 + usize::from(self.smooth)..]);
-        let outputs = g.node(self.id).outputs.clone();
         let op = Op::QLinear {
             act: self.act,
             smooth: false,
             epilogue: self.epilogue,
         };
-        let reader = g
-            .add_node(op, &self.name, &inputs, outputs.clone())
-            .map_err(|e| e.to_string())?;
-        for slot in 0..outputs.len() {
-            g.replace_uses(Outlet::new(self.id, slot), Outlet::new(reader, slot))
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
+        replace_node(g, self.id, op, &inputs)
     }
+}
+
+/// Replaces node `id` by `op` on `inputs`, with the same name and outputs: its readers read the
+/// new node's outputs, and the old node is left dead.
+fn replace_node(g: &mut Graph, id: NodeId, op: Op, inputs: &[Outlet]) -> Result<(), String> {
+    let (name, outputs) = (g.node(id).name.clone(), g.node(id).outputs.clone());
+    let new = g
+        .add_node(op, &name, inputs, outputs.clone())
+        .map_err(|e| e.to_string())?;
+    for slot in 0..outputs.len() {
+        g.replace_uses(Outlet::new(id, slot), Outlet::new(new, slot))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// A static `QLinear` whose input is another `QLinear`'s output takes its activation
@@ -865,19 +871,12 @@ fn token_quant_into_norm(g: &mut Graph, id: NodeId, report: &mut Report) -> Resu
         Outlet::new(new_producer, 3),
     ];
     reader_inputs.extend(&ins[3 + usize::from(smooth)..]);
-    let reader_outputs = g.node(id).outputs.clone();
     let reader_op = Op::QLinear {
         act: ActQuant::TokenU8,
         smooth: false,
         epilogue,
     };
-    let reader = g
-        .add_node(reader_op, &name, &reader_inputs, reader_outputs.clone())
-        .map_err(|e| e.to_string())?;
-    for slot in 0..reader_outputs.len() {
-        g.replace_uses(Outlet::new(id, slot), Outlet::new(reader, slot))
-            .map_err(|e| e.to_string())?;
-    }
+    replace_node(g, id, reader_op, &reader_inputs)?;
     report.fired(
         FUSE,
         &producer,

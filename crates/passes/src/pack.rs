@@ -216,9 +216,8 @@ fn is_token_wise(g: &Graph, id: NodeId, lead: &[Dim]) -> bool {
         })
     };
     // A linear's weights and per-column vectors, or a residual of its output's per-token shape.
-    let params_ok = |from: usize| {
-        (from..ins.len()).all(|i| !per_token(ty(i), lead) || ty(i) == &node.outputs[0])
-    };
+    let param_ok = |i: usize| !per_token(ty(i), lead) || ty(i) == &node.outputs[0];
+    let params_ok = |from: usize| (from..ins.len()).all(param_ok);
     match &node.op {
         Op::Linear | Op::FusedLinear { .. } => per_token(ty(0), lead) && params_ok(2),
         Op::QLinear { act, .. } => {
@@ -231,7 +230,7 @@ fn is_token_wise(g: &Graph, id: NodeId, lead: &[Dim]) -> bool {
                     if row_params.contains(&i) {
                         per_token(ty(i), lead)
                     } else {
-                        !per_token(ty(i), lead) || ty(i) == &node.outputs[0]
+                        param_ok(i)
                     }
                 })
         }

@@ -1421,7 +1421,7 @@ impl Session {
                     then,
                     r(2),
                     smooth.then(|| r(3 + params)),
-                    (params == 2).then(|| (r(3), r(4))),
+                    matches!(act, ir::ActQuant::TokenU8).then(|| (r(3), r(4))),
                     *act,
                     epilogue,
                     &ins[first..],

@@ -175,6 +175,11 @@ impl ForkOut {
             ld,
         }
     }
+
+    /// Whether the buffer holds `m` rows of `n` bytes at its stride.
+    fn holds(&self, m: usize, n: usize) -> bool {
+        m == 0 || n == 0 || (self.ld >= n && self.len >= (m - 1) * self.ld + n)
+    }
 }
 
 /// The per-row scales and zero points of [`EpilogueOp::ForkU8Rows`]: `len` of each, row `r` at
@@ -613,7 +618,7 @@ impl<'a> Epilogue<'a> {
                     if smooth.is_some_and(|s| s.len() < n) {
                         return bad("ForkU8 factors shorter than n".into());
                     }
-                    if m > 0 && n > 0 && (f.ld < n || f.len < (m - 1) * f.ld + n) {
+                    if !f.holds(m, n) {
                         return bad(format!(
                             "ForkU8 buffer {} too small for {m}x{n} with ld {}",
                             f.len, f.ld
@@ -631,7 +636,7 @@ impl<'a> Epilogue<'a> {
                     if smooth.is_some_and(|s| s.len() < n) {
                         return bad("ForkU8Rows factors shorter than n".into());
                     }
-                    if m > 0 && n > 0 && (f.ld < n || f.len < (m - 1) * f.ld + n) {
+                    if !f.holds(m, n) {
                         return bad(format!(
                             "ForkU8Rows buffer {} too small for {m}x{n} with ld {}",
                             f.len, f.ld

@@ -1,6 +1,7 @@
 //! The fused linears the `fuse` pipeline makes: `fused_linear` (f32 GEMM) and `qlinear` (u8×s8
 //! GEMM), each with its epilogue program run by the kernel on every output tile, and `qmatmul`.
 
+use codegen::kernels::rowquant as row;
 use codegen::kernels::{
     Activations, Epilogue, EpilogueOp, EpilogueOps, ForkOut, HeadsOut, Output, QType, RowParam,
     RowParamsOut,
@@ -174,7 +175,6 @@ impl QuantizedRows {
     }
 }
 
-use codegen::kernels::rowquant as row;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use codegen::kernels::rowquant::avx512::quantize16 as quantize_u8_16;
 pub(crate) use codegen::kernels::rowquant::quantize as quantize_row_u8;
