@@ -183,14 +183,14 @@ fn pool_propagates_panics_and_recovers() {
 fn peak_and_hwbench() {
     let f = cpu_features();
     let p = measure_peak(1);
-    if f.avx512vnni || f.avxvnni {
+    if f.avx512vnni || f.avxvnni || f.avx2_fma {
+        // `vpdpbusd`, or on AVX2 without VNNI the `vpmaddwd` loop the AVX2 kernel is held to.
         assert!(p.vnni_ops_per_s > 1e9, "{p:?}");
     } else {
         use std::io::Write;
         // Straight to stderr: the harness hides eprintln! of passing tests.
-        let _ = std::io::stderr().write_all(
-            b"SKIP peak_and_hwbench VNNI peak: this CPU has no VNNI (AVX512-VNNI or AVX-VNNI)\n",
-        );
+        let _ = std::io::stderr()
+            .write_all(b"SKIP peak_and_hwbench int8 peak: this CPU has neither VNNI nor AVX2\n");
     }
     if f.avx2_fma {
         assert!(p.fma_flops_per_s > 1e9, "{p:?}");

@@ -1,7 +1,8 @@
-//! Measured compute peaks: a `vpdpbusd zmm` loop and an FMA loop with 24 independent
-//! accumulators each (enough to cover latency × throughput on current cores), and where AMX
-//! runs a `tdpbusd` loop on register tiles, run on 1..n threads of the pool. The roofline
-//! fractions in `hwbench` and the benchmarks divide by these.
+//! Measured compute peaks: a `vpdpbusd zmm` loop (`vpdpbusd ymm` where AVX-VNNI is all the CPU
+//! has, `vpmaddwd` and `vpaddd` on AVX2 without VNNI) and an FMA loop, with enough independent
+//! accumulators each to cover latency × throughput on current cores, and where AMX runs a
+//! `tdpbusd` loop on register tiles, run on 1..n threads of the pool. The roofline fractions in
+//! `hwbench` and the benchmarks divide by these.
 
 use super::pool::parallel_for;
 use super::select::{cpu_features, Int8Kernel};
@@ -14,7 +15,8 @@ pub struct Peak {
     /// Threads used.
     pub threads: usize,
     /// int8 multiply-accumulates × 2 per second with 512-bit `vpdpbusd` (256-bit AVX-VNNI when
-    /// that is all the CPU has, `vpmaddubsw` pairs on AVX2; 0 without any).
+    /// that is all the CPU has, `vpmaddwd` + `vpaddd` on AVX2: 16 exact products per multiply; 0
+    /// without any).
     pub vnni_ops_per_s: f64,
     /// f32 FLOP/s (FMA = 2) with 512-bit FMA (256-bit on AVX2-only CPUs, scalar otherwise).
     pub fma_flops_per_s: f64,
@@ -79,6 +81,25 @@ mod loops {
         _mm256_extract_epi32::<0>(s)
     }
 
+    /// 12 independent `vpmaddwd ymm` + `vpaddd ymm` chains: the exact int8 product of CPUs
+    /// without VNNI (16-bit products summed in pairs into i32, what the AVX2 kernel runs; the
+    /// saturating `vpmaddubsw` + `vpmaddwd` pair does as many products per multiply). Each chain
+    /// multiplies its own accumulator so that the multiply cannot be hoisted out of the loop.
+    #[target_feature(enable = "avx2")]
+    pub fn madd256(iters: usize) -> i32 {
+        let mut acc: [__m256i; 12] = std::array::from_fn(|i| _mm256_set1_epi32(i as i32 + 1));
+        let y = _mm256_set1_epi16(3);
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(*a, y));
+            }
+        }
+        let s = acc
+            .iter()
+            .fold(_mm256_setzero_si256(), |s, a| _mm256_add_epi32(s, *a));
+        _mm256_extract_epi32::<0>(s)
+    }
+
     /// 24 independent `vfmadd231ps zmm` chains.
     #[target_feature(enable = "avx512f")]
     pub fn fma512(iters: usize) -> f32 {
@@ -128,6 +149,9 @@ fn pick_loops() -> (Loop, Loop) {
         } else if f.avxvnni {
             // SAFETY: chosen only when the CPU has this loop's features.
             (12.0 * 64.0, Some(|n| unsafe { loops::vnni256(n) } as f64))
+        } else if f.avx2_fma {
+            // SAFETY: chosen only when the CPU has this loop's features.
+            (12.0 * 32.0, Some(|n| unsafe { loops::madd256(n) } as f64))
         } else {
             (0.0, None)
         };

@@ -61,7 +61,7 @@ fn detect() -> CpuFeatures {
 pub enum Int8Kernel {
     /// Portable reference; the oracle of every test.
     Scalar,
-    /// AVX2 `vpmaddubsw`/`vpmaddwd`, exact (activations split into 7+1 bits).
+    /// AVX2 `vpmaddwd` on operands widened to i16, exact (no `vpmaddubsw` saturation).
     Avx2,
     /// AVX-VNNI 256-bit `vpdpbusd`.
     AvxVnni,

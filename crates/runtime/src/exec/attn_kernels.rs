@@ -1,6 +1,47 @@
 //! The two products of attention for one (batch, head), register-blocked: `scores = q·kᵀ·scale`
 //! and `out = p·v`. Every output is one FMA chain in index order started from 0, in the AVX-512
-//! kernels and in the portable ones alike, so results never depend on the CPU.
+//! and AVX2 kernels and in the portable ones alike, so results never depend on the CPU.
+
+/// The instruction sets the products have kernels for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Avx512,
+    Avx2Fma,
+    Portable,
+}
+
+impl Isa {
+    /// The best the CPU runs.
+    pub(crate) fn best() -> Isa {
+        let f = codegen::kernels::cpu_features();
+        if f.avx512 {
+            Isa::Avx512
+        } else if f.avx2_fma {
+            Isa::Avx2Fma
+        } else {
+            Isa::Portable
+        }
+    }
+
+    /// Whether the CPU has this instruction set.
+    pub(crate) fn runs_here(self) -> bool {
+        let f = codegen::kernels::cpu_features();
+        match self {
+            Isa::Avx512 => f.avx512,
+            Isa::Avx2Fma => f.avx2_fma,
+            Isa::Portable => true,
+        }
+    }
+
+    /// Every instruction set the CPU has (what the tests compare).
+    #[cfg(test)]
+    pub(crate) fn all_here() -> Vec<Isa> {
+        [Isa::Avx512, Isa::Avx2Fma, Isa::Portable]
+            .into_iter()
+            .filter(|i| i.runs_here())
+            .collect()
+    }
+}
 
 /// Rows per register block.
 pub(crate) const IB: usize = 8;
@@ -21,14 +62,50 @@ pub(crate) fn attn_scores(
     dh: usize,
     scale: f32,
 ) {
+    scores_on(Isa::best(), q, ldq, kt, scores, m_pad, n_pad, dh, scale)
+}
+
+/// [`attn_scores`] on the kernels of `isa` (which the CPU must have: checked).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scores_on(
+    isa: Isa,
+    q: &[f32],
+    ldq: usize,
+    kt: &[f32],
+    scores: &mut [f32],
+    m_pad: usize,
+    n_pad: usize,
+    dh: usize,
+    scale: f32,
+) {
+    assert!(isa.runs_here(), "{isa:?} kernels on a CPU without them");
     assert!(m_pad.is_multiple_of(IB) && n_pad.is_multiple_of(JB) && ldq >= dh);
     assert!(m_pad == 0 || q.len() >= (m_pad - 1) * ldq + dh);
     assert!(kt.len() >= dh * n_pad && scores.len() >= m_pad * n_pad);
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has AVX-512F; the sizes were checked above.
-        return unsafe { avx512::scores(q, ldq, kt, scores, m_pad, n_pad, dh, scale) };
+        Isa::Avx512 => unsafe { avx512::scores(q, ldq, kt, scores, m_pad, n_pad, dh, scale) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX2 and FMA; the sizes were checked above.
+        Isa::Avx2Fma => unsafe { avx2::scores(q, ldq, kt, scores, m_pad, n_pad, dh, scale) },
+        _ => portable_scores(q, ldq, kt, scores, m_pad, n_pad, dh, scale),
     }
+}
+
+/// [`attn_scores`] without vector instructions (and, on CPUs without FMA, with `mul_add` as a
+/// library call: slow, but the same bits).
+#[allow(clippy::too_many_arguments)]
+fn portable_scores(
+    q: &[f32],
+    ldq: usize,
+    kt: &[f32],
+    scores: &mut [f32],
+    m_pad: usize,
+    n_pad: usize,
+    dh: usize,
+    scale: f32,
+) {
     for i0 in (0..m_pad).step_by(IB) {
         for j0 in (0..n_pad).step_by(JB) {
             let mut acc = [[0.0f32; JB]; IB];
@@ -69,14 +146,59 @@ pub(crate) unsafe fn attn_values(
     n: usize,
     dh_pad: usize,
 ) {
+    // SAFETY: forwarded caller contract.
+    unsafe { values_on(Isa::best(), p, ldp, v, ldv, out, ldo, m_pad, n, dh_pad) }
+}
+
+/// [`attn_values`] on the kernels of `isa` (which the CPU must have: checked).
+///
+/// # Safety
+/// As [`attn_values`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn values_on(
+    isa: Isa,
+    p: &[f32],
+    ldp: usize,
+    v: &[f32],
+    ldv: usize,
+    out: *mut f32,
+    ldo: usize,
+    m_pad: usize,
+    n: usize,
+    dh_pad: usize,
+) {
+    assert!(isa.runs_here(), "{isa:?} kernels on a CPU without them");
     assert!(m_pad.is_multiple_of(IB) && dh_pad.is_multiple_of(JB) && n <= ldp && ldv >= dh_pad);
     assert!(p.len() >= m_pad * ldp && (n == 0 || v.len() >= (n - 1) * ldv + dh_pad));
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has AVX-512F; the input sizes were checked above and the caller
         // vouches for `out`.
-        return unsafe { avx512::values(p, ldp, v, ldv, out, ldo, m_pad, n, dh_pad) };
+        Isa::Avx512 => unsafe { avx512::values(p, ldp, v, ldv, out, ldo, m_pad, n, dh_pad) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX2 and FMA; as above.
+        Isa::Avx2Fma => unsafe { avx2::values(p, ldp, v, ldv, out, ldo, m_pad, n, dh_pad) },
+        // SAFETY: as above.
+        _ => unsafe { portable_values(p, ldp, v, ldv, out, ldo, m_pad, n, dh_pad) },
     }
+}
+
+/// [`attn_values`] without vector instructions.
+///
+/// # Safety
+/// As [`attn_values`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn portable_values(
+    p: &[f32],
+    ldp: usize,
+    v: &[f32],
+    ldv: usize,
+    out: *mut f32,
+    ldo: usize,
+    m_pad: usize,
+    n: usize,
+    dh_pad: usize,
+) {
     for i0 in (0..m_pad).step_by(IB) {
         for c0 in (0..dh_pad).step_by(JB) {
             let mut acc = [[0.0f32; JB]; IB];
@@ -94,6 +216,106 @@ pub(crate) unsafe fn attn_values(
                 // writable block.
                 unsafe { std::slice::from_raw_parts_mut(out.add((i0 + r) * ldo + c0), JB) }
                     .copy_from_slice(a);
+            }
+        }
+    }
+}
+
+/// The AVX2 kernels: blocks of 4 rows × 16 columns (8 ymm accumulators; an [`IB`] × [`JB`]
+/// block would need 32 of the 16 registers), each output the same FMA chain as everywhere.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// Rows per AVX2 register block (divides [`super::IB`]).
+    const RB: usize = 4;
+    /// Columns per AVX2 register block (divides [`super::JB`]).
+    const CB: usize = 16;
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; sizes as checked by [`super::attn_scores`].
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn scores(
+        q: &[f32],
+        ldq: usize,
+        kt: &[f32],
+        scores: &mut [f32],
+        m_pad: usize,
+        n_pad: usize,
+        dh: usize,
+        scale: f32,
+    ) {
+        let (qp, kp, sp) = (q.as_ptr(), kt.as_ptr(), scores.as_mut_ptr());
+        let vs = _mm256_set1_ps(scale);
+        for i0 in (0..m_pad).step_by(RB) {
+            for j0 in (0..n_pad).step_by(CB) {
+                let mut acc = [[_mm256_setzero_ps(); 2]; RB];
+                for d in 0..dh {
+                    // SAFETY: d < dh, j0 + 16 <= n_pad and i0 + RB <= m_pad: inside `kt` and
+                    // `q` (checked by the caller).
+                    unsafe {
+                        let k0 = _mm256_loadu_ps(kp.add(d * n_pad + j0));
+                        let k1 = _mm256_loadu_ps(kp.add(d * n_pad + j0 + 8));
+                        for (r, a) in acc.iter_mut().enumerate() {
+                            let x = _mm256_broadcast_ss(&*qp.add((i0 + r) * ldq + d));
+                            a[0] = _mm256_fmadd_ps(x, k0, a[0]);
+                            a[1] = _mm256_fmadd_ps(x, k1, a[1]);
+                        }
+                    }
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    // SAFETY: row i0 + r < m_pad, columns j0..j0 + 16 <= n_pad of `scores`.
+                    unsafe {
+                        let o = sp.add((i0 + r) * n_pad + j0);
+                        _mm256_storeu_ps(o, _mm256_mul_ps(a[0], vs));
+                        _mm256_storeu_ps(o.add(8), _mm256_mul_ps(a[1], vs));
+                    }
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; otherwise as [`super::attn_values`].
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn values(
+        p: &[f32],
+        ldp: usize,
+        v: &[f32],
+        ldv: usize,
+        op: *mut f32,
+        ldo: usize,
+        m_pad: usize,
+        n: usize,
+        dh_pad: usize,
+    ) {
+        let (pp, vp) = (p.as_ptr(), v.as_ptr());
+        for i0 in (0..m_pad).step_by(RB) {
+            for c0 in (0..dh_pad).step_by(CB) {
+                let mut acc = [[_mm256_setzero_ps(); 2]; RB];
+                for j in 0..n {
+                    // SAFETY: j < n, c0 + 16 <= dh_pad <= ldv and i0 + RB <= m_pad: inside `v`
+                    // and `p` (checked by the caller).
+                    unsafe {
+                        let v0 = _mm256_loadu_ps(vp.add(j * ldv + c0));
+                        let v1 = _mm256_loadu_ps(vp.add(j * ldv + c0 + 8));
+                        for (r, a) in acc.iter_mut().enumerate() {
+                            let x = _mm256_broadcast_ss(&*pp.add((i0 + r) * ldp + j));
+                            a[0] = _mm256_fmadd_ps(x, v0, a[0]);
+                            a[1] = _mm256_fmadd_ps(x, v1, a[1]);
+                        }
+                    }
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    // SAFETY: the caller vouches for `op`'s m_pad rows of dh_pad at stride ldo.
+                    unsafe {
+                        let o = op.add((i0 + r) * ldo + c0);
+                        _mm256_storeu_ps(o, a[0]);
+                        _mm256_storeu_ps(o.add(8), a[1]);
+                    }
+                }
             }
         }
     }
@@ -218,6 +440,12 @@ mod tests {
     /// rows read and written at strides wider than a head (heads in place in `[S, H]`).
     #[test]
     fn kernels_equal_the_sequential_fma_chain() {
+        for isa in Isa::all_here() {
+            kernels_of_isa_equal_the_sequential_fma_chain(isa);
+        }
+    }
+
+    fn kernels_of_isa_equal_the_sequential_fma_chain(isa: Isa) {
         let mut draw = super::super::lcg24(7);
         let mut rnd = || draw() as f32 / (1u32 << 24) as f32 * 2.0 - 1.0;
         let (m_pad, n, dh): (usize, usize, usize) = (16, 45, 24);
@@ -227,20 +455,33 @@ mod tests {
         let q: Vec<f32> = (0..m_pad * ldq).map(|_| rnd()).collect();
         let kt: Vec<f32> = (0..dh * n_pad).map(|_| rnd()).collect();
         let mut s = vec![0f32; m_pad * n_pad];
-        attn_scores(&q, ldq, &kt, &mut s, m_pad, n_pad, dh, 0.125);
+        scores_on(isa, &q, ldq, &kt, &mut s, m_pad, n_pad, dh, 0.125);
         for i in 0..m_pad {
             for j in 0..n_pad {
                 let mut a = 0f32;
                 for d in 0..dh {
                     a = q[i * ldq + d].mul_add(kt[d * n_pad + j], a);
                 }
-                assert_eq!(s[i * n_pad + j], a * 0.125, "score {i},{j}");
+                assert_eq!(s[i * n_pad + j], a * 0.125, "{isa:?} score {i},{j}");
             }
         }
         let v: Vec<f32> = (0..n * ldv).map(|_| rnd()).collect();
         let mut o = vec![f32::NAN; m_pad * ldo];
         // SAFETY: `o` holds m_pad rows of dh_pad at stride ldo.
-        unsafe { attn_values(&s, n_pad, &v, ldv, o.as_mut_ptr(), ldo, m_pad, n, dh_pad) };
+        unsafe {
+            values_on(
+                isa,
+                &s,
+                n_pad,
+                &v,
+                ldv,
+                o.as_mut_ptr(),
+                ldo,
+                m_pad,
+                n,
+                dh_pad,
+            )
+        };
         for i in 0..m_pad {
             for c in 0..ldo {
                 if c >= dh_pad {
@@ -254,7 +495,7 @@ mod tests {
                 for j in 0..n {
                     a = s[i * n_pad + j].mul_add(v[j * ldv + c], a);
                 }
-                assert_eq!(o[i * ldo + c], a, "value {i},{c}");
+                assert_eq!(o[i * ldo + c], a, "{isa:?} value {i},{c}");
             }
         }
     }

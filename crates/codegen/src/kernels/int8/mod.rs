@@ -7,8 +7,8 @@
 //! epilogue (dequant with column-sum compensation, bias, GELU, residual, LayerNorm, requant,
 //! store) while the block is in L2 → output.
 //!
-//! Kernels: [`scalar`] 4×16 (the oracle), [`avx2`] 4×16 (`vpmaddubsw`, exact), [`avxvnni`] 6×16,
-//! [`avx512vnni`] 8×48, [`amx`] 32×32 (via [`tile_model::TileUnit`]).
+//! Kernels: [`scalar`] 4×16 (the oracle), [`avx2`] 3×16 (`vpmaddwd` on widened i16, exact),
+//! [`avxvnni`] 6×16, [`avx512vnni`] 8×48, [`amx`] 32×32 (via [`tile_model::TileUnit`]).
 //!
 //! Threads: part `t` owns the same slice of N panels on every call (weight-stationary, as in the
 //! f32 GEMM), cut into `mc × nc` units that it claims from the front; a thread that finishes its
