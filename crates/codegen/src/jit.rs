@@ -36,8 +36,11 @@ pub struct UnitShape {
     pub mr: usize,
     /// Columns per microkernel call (one packed panel).
     pub nr: usize,
-    /// K padded to the kernel's alignment (bytes per row of a packed A micro-panel).
+    /// K padded to the kernel's alignment.
     pub k_pad: usize,
+    /// Bytes per row of a packed A micro-panel: `k_pad`, or twice that where the kernel takes
+    /// its activations widened to u16 (AVX2).
+    pub a_row_bytes: usize,
     /// Stride of the i32 accumulator, in elements.
     pub ldacc: usize,
 }
@@ -51,7 +54,7 @@ pub type EpilogueCallback = unsafe extern "C" fn(*mut c_void, usize, usize, usiz
 ///
 /// For each micro-panel row `ip < ceil(rows / mr)` and each chunk `[p0, p1)` of at most `chunk`
 /// panels of `[pan_start, pan_end)`: the microkernel on every panel `p` of the chunk, with A at
-/// `a_rows + ip·mr·k_pad`, B at `b_panels + p·k_pad·nr`, C at `acc + (p − p0)·nr` i32 (every
+/// `a_rows + ip·mr·a_row_bytes`, B at `b_panels + p·k_pad·nr`, C at `acc + (p − p0)·nr` i32 (every
 /// chunk at the start of the accumulator) and
 /// its prefetch hint (`next`) taken from `[next, next + next_len)`: null in row 0 and once the
 /// range is used up, else the range's next `k_pad / 4` lines (the cursor then moves by `16·k_pad`
@@ -209,7 +212,11 @@ pub fn compile_unit(
     ukernel: UKernel,
     epilogue: EpilogueCallback,
 ) -> Result<CompiledUnit, JitError> {
-    if shape.mr == 0 || shape.nr == 0 || !shape.k_pad.is_multiple_of(4) {
+    if shape.mr == 0
+        || shape.nr == 0
+        || !shape.k_pad.is_multiple_of(4)
+        || shape.a_row_bytes < shape.k_pad
+    {
         return Err(JitError::Compile(format!("bad unit shape {shape:?}")));
     }
     let key = CacheKey::Int8(shape, ukernel as usize, epilogue as usize);
@@ -332,7 +339,9 @@ fn build(
         b.switch_to_block(pan_body);
         let ipv = b.use_var(ip);
         let panv = b.use_var(pan);
-        let a_off = b.ins().imul_imm_u(ipv, (shape.mr * shape.k_pad) as i64);
+        let a_off = b
+            .ins()
+            .imul_imm_u(ipv, (shape.mr * shape.a_row_bytes) as i64);
         let a_ptr = b.ins().iadd(a_rows, a_off);
         let b_off = b.ins().imul_imm_u(panv, (shape.k_pad * shape.nr) as i64);
         let b_ptr = b.ins().iadd(b_panels, b_off);

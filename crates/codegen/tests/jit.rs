@@ -211,6 +211,8 @@ fn a_compiled_unit_makes_the_documented_calls() {
         mr: 8,
         nr: 48,
         k_pad: 96,
+        // u16 activations (the AVX2 kernel's): A micro-panels twice as far apart as K.
+        a_row_bytes: 2 * 96,
         ldacc: 5 * 48,
     };
     let unit = compile_unit(shape, record_kernel, record_epilogue).expect("the JIT on this host");
@@ -234,7 +236,7 @@ fn a_compiled_unit_makes_the_documented_calls() {
                     };
                     want.push(Call::Kernel([
                         shape.k_pad / 4,
-                        a + ip * shape.mr * shape.k_pad,
+                        a + ip * shape.mr * shape.a_row_bytes,
                         b + p * shape.k_pad * shape.nr,
                         acc + (p - p0) * shape.nr * 4,
                         shape.ldacc,
@@ -291,6 +293,7 @@ fn a_malformed_shape_is_refused() {
         mr: 0,
         nr: 16,
         k_pad: 64,
+        a_row_bytes: 64,
         ldacc: 16,
     };
     assert!(compile_unit(bad, nothing, no_epilogue).is_err());

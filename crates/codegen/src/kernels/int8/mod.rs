@@ -7,7 +7,7 @@
 //! epilogue (dequant with column-sum compensation, bias, GELU, residual, LayerNorm, requant,
 //! store) while the block is in L2 → output.
 //!
-//! Kernels: [`scalar`] 4×16 (the oracle), [`avx2`] 3×16 (`vpmaddwd` on widened i16, exact),
+//! Kernels: [`scalar`] 4×16 (the oracle), [`avx2`] 6×16 (`vpmaddwd` on widened i16, exact),
 //! [`avxvnni`] 6×16, [`avx512vnni`] 8×48, [`amx`] 32×32 (via [`tile_model::TileUnit`]).
 //!
 //! Threads: part `t` owns the same slice of N panels on every call (weight-stationary, as in the
@@ -45,6 +45,43 @@ pub enum ALayout {
     Quad,
     /// `[MR][Kp]`: plain rows (AMX A tiles).
     RowMajor,
+    /// `[K/4][MR][4]` of u16: the `Quad` layout with each byte widened to 16 bits, so that a
+    /// row's pair of K values is one broadcastable i32 of `vpmaddwd` operands (AVX2).
+    QuadU16,
+}
+
+impl ALayout {
+    /// Bytes of one K element of a packed row.
+    pub fn elem_bytes(self) -> usize {
+        match self {
+            ALayout::Quad | ALayout::RowMajor => 1,
+            ALayout::QuadU16 => 2,
+        }
+    }
+}
+
+/// How a kernel wants its weight panels laid out within each K-quad of `NR` columns (64 bytes
+/// for `NR` = 16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BLayout {
+    /// `[NR][4]`: a column's four K bytes together (one `vpdpbusd` i32 lane per column; an AMX
+    /// B tile row).
+    Quad,
+    /// `[NR/8][2][8][2]`: for each group of 8 columns, the first K pair of the 8 columns, then
+    /// the second: 16 bytes that `vpmovsxbw` widens into the `vpmaddwd` operand whose i32 lane
+    /// is one column (AVX2).
+    Pairs,
+}
+
+impl BLayout {
+    /// Offset within a K-quad of `nr` columns of column `j`'s K byte `t` (0..4).
+    pub fn offset(self, nr: usize, j: usize, t: usize) -> usize {
+        debug_assert!(j < nr && t < 4);
+        match self {
+            BLayout::Quad => j * 4 + t,
+            BLayout::Pairs => (j / 8) * 32 + (t / 2) * 16 + (j % 8) * 2 + t % 2,
+        }
+    }
 }
 
 /// Static description of a kernel.
@@ -58,6 +95,8 @@ pub struct KernelDesc {
     pub k_align: usize,
     /// A micro-panel layout.
     pub a_layout: ALayout,
+    /// Weight panel layout.
+    pub b_layout: BLayout,
     /// The share of L1 (numerator, denominator) a unit's epilogue chunk of i32 tiles may take:
     /// a third beside the A micro-panel for the vector kernels; four thirds for AMX, whose
     /// microkernel restarts slowly after each chunk's epilogue (its 32×32 calls on BERT-base's
@@ -71,7 +110,7 @@ pub struct KernelDesc {
 pub fn desc(k: Int8Kernel) -> KernelDesc {
     let (mr, nr, k_align, a_layout) = match k {
         Int8Kernel::Scalar => (scalar::MR, scalar::NR, 4, ALayout::Quad),
-        Int8Kernel::Avx2 => (avx2::MR, avx2::NR, 4, ALayout::Quad),
+        Int8Kernel::Avx2 => (avx2::MR, avx2::NR, 4, ALayout::QuadU16),
         Int8Kernel::AvxVnni => (avxvnni::MR, avxvnni::NR, 4, ALayout::Quad),
         Int8Kernel::Avx512Vnni => (avx512vnni::MR, avx512vnni::NR, 4, ALayout::RowMajor),
         Int8Kernel::Amx => (amx::MR, amx::NR, amx::K_ALIGN, ALayout::RowMajor),
@@ -81,6 +120,11 @@ pub fn desc(k: Int8Kernel) -> KernelDesc {
         nr,
         k_align,
         a_layout,
+        b_layout: if k == Int8Kernel::Avx2 {
+            BLayout::Pairs
+        } else {
+            BLayout::Quad
+        },
         acc_l1_share: if k == Int8Kernel::Amx { (4, 3) } else { (1, 3) },
     }
 }
@@ -814,15 +858,17 @@ fn drive(
     };
     let packed_panels = packed_rows.div_ceil(d.mr);
     let mut apack = APACK.take().unwrap_or_else(|| AlignedBuf::zeroed(0));
-    apack.ensure(packed_panels * d.mr * b.k_pad);
+    // Bytes of a packed row (k_pad, twice that for u16 elements).
+    let a_row = b.k_pad * d.a_layout.elem_bytes();
+    apack.ensure(packed_panels * d.mr * a_row);
     {
         let dst = SharedPtr(apack.as_mut_ptr());
         parallel_chunks(packed_panels, threads.min(packed_panels), |pans| {
-            let len = pans.len() * d.mr * b.k_pad;
+            let len = pans.len() * d.mr * a_row;
             // SAFETY: chunks of micro-panels are disjoint byte ranges of the buffer, which
-            // holds packed_panels micro-panels of mr × k_pad bytes.
+            // holds packed_panels micro-panels of mr × a_row bytes.
             let dst = unsafe {
-                std::slice::from_raw_parts_mut(dst.get().add(pans.start * d.mr * b.k_pad), len)
+                std::slice::from_raw_parts_mut(dst.get().add(pans.start * d.mr * a_row), len)
             };
             let rows = tail_from + pans.start * d.mr..(tail_from + pans.end * d.mr).min(m);
             pack::pack_a(a_bytes, lda, b.k, b.k_pad, rows, d.mr, d.a_layout, xor, dst);
@@ -839,7 +885,7 @@ fn drive(
         } else {
             debug_assert!(rows.start >= tail_from);
             // SAFETY: the packed copy holds the micro-panels from tail_from on.
-            unsafe { a_packed.get().add((rows.start - tail_from) * b.k_pad) }
+            unsafe { a_packed.get().add((rows.start - tail_from) * a_row) }
         }
     };
     let eager = super::pool::eager_steal();
@@ -972,7 +1018,9 @@ impl PackedI8 {
     }
 
     fn compatible_with_desc(&self, d: &KernelDesc) -> bool {
-        d.nr == self.nr && self.k_pad.is_multiple_of(d.k_align)
+        d.nr == self.nr
+            && self.k_pad.is_multiple_of(d.k_align)
+            && d.b_layout == desc(self.kernel).b_layout
     }
 }
 
@@ -982,6 +1030,7 @@ fn unit_shape(d: &KernelDesc, blk: &Blocking, k_pad: usize) -> crate::jit::UnitS
         mr: d.mr,
         nr: d.nr,
         k_pad,
+        a_row_bytes: k_pad * d.a_layout.elem_bytes(),
         ldacc: blk.acc_panels() * d.nr,
     }
 }
@@ -1249,13 +1298,13 @@ unsafe fn compute_unit(
             while p0 < pans.end {
                 let p1 = (p0 + chunk).min(pans.end);
                 for p in p0..p1 {
-                    // SAFETY: panel p has kp·nr bytes; A micro-panel ip has mr·kp bytes; the i32
+                    // SAFETY: panel p has kp·nr bytes; A micro-panel ip has mr·a_row_bytes; the i32
                     // tile (mr × nr at column (p − p0)·nr) is inside the accumulator, which is a
                     // chunk wide.
                     unsafe {
                         kern.run(
                             kp / 4,
-                            a_rows.add(ip * mr * kp),
+                            a_rows.add(ip * mr * shape.a_row_bytes),
                             b.data.as_ptr().add(p * kp * nr),
                             acc.add((p - p0) * nr),
                             shape.ldacc,

@@ -5,6 +5,8 @@
 //! a multiple of 4 (64 for AMX) with zeros. Panel `p` holds, for each K-quad `g`, `NR` columns ×
 //! 4 consecutive K bytes: `data[p·Kp·NR + g·NR·4 + j·4 + t] = B[4g + t, p·NR + j]`. This is what
 //! `vpdpbusd` (one i32 lane = one column) and an AMX B tile row (16 columns × 4 bytes) consume.
+//! The AVX2 kernel's panels hold the same 64 bytes per K-quad in another order
+//! ([`super::BLayout::Pairs`]: K pairs of 8 columns, what `vpmovsxbw` + `vpmaddwd` consume).
 //!
 //! Column sums `colsum[n] = Σ_k B[k, n]` (i32) pay for the activation zero point and for the
 //! +128 shift that turns s8 activations into the u8 operand `vpdpbusd` needs:
@@ -72,7 +74,7 @@ impl PackedI8 {
             )));
         }
         let d = desc(kernel);
-        let nr = d.nr;
+        let (nr, lay) = (d.nr, d.b_layout);
         let k_pad = k.next_multiple_of(d.k_align).max(d.k_align);
         let panels = n.div_ceil(nr);
         let mut data = AlignedBuf::<i8>::for_weights(panels * k_pad * nr);
@@ -94,7 +96,7 @@ impl PackedI8 {
                     for kk in 0..k {
                         let v = at(kk, col);
                         s += v as i32;
-                        data[base + (kk / 4) * nr * 4 + j * 4 + kk % 4] = v;
+                        data[base + (kk / 4) * nr * 4 + lay.offset(nr, j, kk % 4)] = v;
                     }
                     colsum[col] = s;
                 }
@@ -103,9 +105,9 @@ impl PackedI8 {
                 // (column by column, every read would be a row apart; BERT-base took 0.2 s).
                 for kk in 0..k {
                     let src = &b[kk * ldb + cols.start..kk * ldb + cols.end];
-                    let dst = base + (kk / 4) * nr * 4 + kk % 4;
+                    let dst = base + (kk / 4) * nr * 4;
                     for (j, &v) in src.iter().enumerate() {
-                        data[dst + j * 4] = v;
+                        data[dst + lay.offset(nr, j, kk % 4)] = v;
                         colsum[cols.start + j] += v as i32;
                     }
                 }
@@ -142,10 +144,12 @@ impl PackedI8 {
         &self.colsum
     }
 
-    /// Whether `kernel` can run on this packing (same panel width and K padding).
+    /// Whether `kernel` can run on this packing (same panel width, K padding and panel layout).
     pub fn compatible_with(&self, kernel: Int8Kernel) -> bool {
         let d = desc(kernel);
-        d.nr == self.nr && self.k_pad.is_multiple_of(d.k_align)
+        d.nr == self.nr
+            && self.k_pad.is_multiple_of(d.k_align)
+            && d.b_layout == desc(self.kernel).b_layout
     }
 }
 
@@ -168,7 +172,8 @@ pub(crate) fn pack_a(
     #[cfg(target_arch = "x86_64")]
     let fast = layout == ALayout::Quad && mr == 8 && super::super::select::cpu_features().avx512;
     for ip in 0..mpan {
-        let panel = &mut dst[ip * mr * k_pad..(ip + 1) * mr * k_pad];
+        let a_row = k_pad * layout.elem_bytes();
+        let panel = &mut dst[ip * mr * a_row..(ip + 1) * mr * a_row];
         // Whole 8-row panels: 64 K bytes of each row at a time, transposed in registers.
         #[cfg(target_arch = "x86_64")]
         let done = if fast && rows.start + (ip + 1) * mr <= rows.end {
@@ -196,6 +201,15 @@ pub(crate) fn pack_a(
                         *d = s ^ xor;
                     }
                     d[src.len()..].fill(0);
+                }
+                ALayout::QuadU16 => {
+                    for g in 0..k_pad / 4 {
+                        for t in 0..4 {
+                            let v = src.get(4 * g + t).map_or(0, |v| v ^ xor) as u16;
+                            let o = ((g * mr + i) * 4 + t) * 2;
+                            panel[o..o + 2].copy_from_slice(&v.to_ne_bytes());
+                        }
+                    }
                 }
                 ALayout::Quad => {
                     let x32 = u32::from_ne_bytes([xor; 4]);
@@ -294,8 +308,8 @@ unsafe fn quad8_avx512(a: *const u8, lda: usize, k: usize, xor: u8, panel: *mut 
 mod tests {
     use super::*;
 
-    /// The `Quad` packing of whole and partial micro-panels, u8 and s8, rows wider than K,
-    /// against its definition.
+    /// The `Quad` and `QuadU16` packings of whole and partial micro-panels, u8 and s8, rows
+    /// wider than K, against their definition.
     #[test]
     fn quad_packing_matches_its_definition() {
         for (mr, k, lda, m, xor) in [
@@ -305,40 +319,72 @@ mod tests {
             (8, 64, 70, 9, 0x80),
             (8, 20, 23, 8, 0x80),
             (6, 12, 12, 13, 0),
+            (6, 200, 203, 26, 0x80),
             (4, 8, 9, 5, 0x80),
             (5, 16, 16, 11, 0x80),
             (8, 10, 10, 9, 0),
         ] {
-            let k_pad = k.next_multiple_of(4);
-            let a: Vec<u8> = (0..m * lda).map(|i| (i * 37 % 251) as u8).collect();
-            let rows = 1..m;
-            let mpan = rows.len().div_ceil(mr);
-            let mut dst = vec![0xEEu8; mpan * mr * k_pad];
-            pack_a(
-                &a,
-                lda,
-                k,
-                k_pad,
-                rows.clone(),
-                mr,
-                ALayout::Quad,
-                xor,
-                &mut dst,
-            );
-            for ip in 0..mpan {
-                for i in 0..mr {
-                    for kk in 0..k_pad {
-                        let r = rows.start + ip * mr + i;
-                        let want = if r < rows.end && kk < k {
-                            a[r * lda + kk] ^ xor
-                        } else {
-                            0
-                        };
-                        let at = ip * mr * k_pad + ((kk / 4) * mr + i) * 4 + kk % 4;
-                        assert_eq!(dst[at], want, "mr {mr} k {k} panel {ip} row {i} k {kk}");
+            for layout in [ALayout::Quad, ALayout::QuadU16] {
+                let k_pad = k.next_multiple_of(4);
+                let a: Vec<u8> = (0..m * lda).map(|i| (i * 37 % 251) as u8).collect();
+                let rows = 1..m;
+                let mpan = rows.len().div_ceil(mr);
+                let e = layout.elem_bytes();
+                let mut dst = vec![0xEEu8; mpan * mr * k_pad * e];
+                pack_a(&a, lda, k, k_pad, rows.clone(), mr, layout, xor, &mut dst);
+                for ip in 0..mpan {
+                    for i in 0..mr {
+                        for kk in 0..k_pad {
+                            let r = rows.start + ip * mr + i;
+                            let want = if r < rows.end && kk < k {
+                                a[r * lda + kk] ^ xor
+                            } else {
+                                0
+                            };
+                            let at = (ip * mr * k_pad + ((kk / 4) * mr + i) * 4 + kk % 4) * e;
+                            let got = match layout {
+                                ALayout::QuadU16 => u16::from_ne_bytes([dst[at], dst[at + 1]]),
+                                _ => dst[at] as u16,
+                            };
+                            assert_eq!(
+                                got, want as u16,
+                                "{layout:?} mr {mr} k {k} panel {ip} row {i} k {kk}"
+                            );
+                        }
                     }
                 }
             }
         }
+    }
+
+    /// Each weight byte lands where the layout's `offset` says, for both layouts.
+    #[test]
+    fn weight_layouts_place_every_byte() {
+        use super::super::BLayout;
+        let (k, n) = (10usize, 21usize);
+        let w: Vec<i8> = (0..k * n).map(|i| (i % 251) as i8).collect();
+        for kernel in [Int8Kernel::AvxVnni, Int8Kernel::Avx2] {
+            let lay = desc(kernel).b_layout;
+            for transposed in [false, true] {
+                let (src, ld) = if transposed {
+                    let t: Vec<i8> = (0..n * k).map(|i| w[(i % k) * n + i / k]).collect();
+                    (t, k)
+                } else {
+                    (w.clone(), n)
+                };
+                let p = PackedI8::pack_for(kernel, &src, k, n, ld, transposed).unwrap();
+                for col in 0..n {
+                    for kk in 0..p.k_pad {
+                        let (pan, j) = (col / p.nr, col % p.nr);
+                        let at = pan * p.k_pad * p.nr
+                            + (kk / 4) * p.nr * 4
+                            + lay.offset(p.nr, j, kk % 4);
+                        let want = if kk < k { w[kk * n + col] } else { 0 };
+                        assert_eq!(p.data[at], want, "{kernel:?} {lay:?} col {col} k {kk}");
+                    }
+                }
+            }
+        }
+        assert_eq!(BLayout::Pairs.offset(16, 9, 3), 32 + 16 + 2 + 1);
     }
 }
