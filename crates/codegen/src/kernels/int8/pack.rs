@@ -171,6 +171,8 @@ pub(crate) fn pack_a(
     let mpan = rows.len().div_ceil(mr);
     #[cfg(target_arch = "x86_64")]
     let fast = layout == ALayout::Quad && mr == 8 && super::super::select::cpu_features().avx512;
+    #[cfg(target_arch = "x86_64")]
+    let widen_fast = layout == ALayout::QuadU16 && super::super::select::cpu_features().avx2_fma;
     for ip in 0..mpan {
         let a_row = k_pad * layout.elem_bytes();
         let panel = &mut dst[ip * mr * a_row..(ip + 1) * mr * a_row];
@@ -203,7 +205,17 @@ pub(crate) fn pack_a(
                     d[src.len()..].fill(0);
                 }
                 ALayout::QuadU16 => {
-                    for g in 0..k_pad / 4 {
+                    #[cfg(target_arch = "x86_64")]
+                    let done = if widen_fast {
+                        // SAFETY: AVX2 checked; the panel holds mr·k_pad u16, and the function
+                        // writes row i's quads below src.len() / 16 · 4 ≤ k_pad / 4.
+                        unsafe { quads_u16_avx2(src, xor, panel, mr, i) }
+                    } else {
+                        0
+                    };
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let done = 0;
+                    for g in done / 4..k_pad / 4 {
                         for t in 0..4 {
                             let v = src.get(4 * g + t).map_or(0, |v| v ^ xor) as u16;
                             let o = ((g * mr + i) * 4 + t) * 2;
@@ -238,6 +250,43 @@ pub(crate) fn pack_a(
             }
         }
     }
+}
+
+/// Writes row `i` of a `QuadU16` micro-panel (`mr` rows) from the row's bytes `src`, 16 at a
+/// time: one widening per four quads, each quad's 8 bytes stored at its place. Returns how many
+/// K bytes it packed (a multiple of 16, at most `src.len()`).
+///
+/// # Safety
+/// The CPU must have AVX2; `panel` must hold `mr · (src.len() / 16 · 4)` quads of 8 bytes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quads_u16_avx2(src: &[u8], xor: u8, panel: &mut [u8], mr: usize, i: usize) -> usize {
+    use std::arch::x86_64::*;
+    let blocks = src.len() / 16;
+    assert!(blocks == 0 || panel.len() >= ((blocks * 4 - 1) * mr + i + 1) * 8);
+    let flip = _mm_set1_epi8(xor as i8);
+    let out = panel.as_mut_ptr();
+    for blk in 0..blocks {
+        // SAFETY: bytes 16·blk .. 16·blk + 16 of `src`; quads 4·blk .. 4·blk + 4 of row i lie
+        // in the panel (asserted above).
+        unsafe {
+            let bytes = _mm_xor_si128(
+                _mm_loadu_si128(src.as_ptr().add(16 * blk) as *const __m128i),
+                flip,
+            );
+            let wide = _mm256_cvtepu8_epi16(bytes);
+            let (lo, hi) = (
+                _mm256_castsi256_si128(wide),
+                _mm256_extracti128_si256::<1>(wide),
+            );
+            let at = |q: usize| out.add(((4 * blk + q) * mr + i) * 8) as *mut __m128i;
+            _mm_storel_epi64(at(0), lo);
+            _mm_storel_epi64(at(1), _mm_unpackhi_epi64(lo, lo));
+            _mm_storel_epi64(at(2), hi);
+            _mm_storel_epi64(at(3), _mm_unpackhi_epi64(hi, hi));
+        }
+    }
+    blocks * 16
 }
 
 /// Packs the first whole 64-byte K blocks of 8 rows (`a`, stride `lda`) into the `Quad` layout
