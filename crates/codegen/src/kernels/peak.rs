@@ -1,5 +1,5 @@
 //! Measured compute peaks: a `vpdpbusd zmm` loop (`vpdpbusd ymm` where AVX-VNNI is all the CPU
-//! has, `vpmaddwd` and `vpaddd` on AVX2 without VNNI) and an FMA loop, with enough independent
+//! has, `vpmaddwd` on AVX2 without VNNI) and an FMA loop, with enough independent
 //! accumulators each to cover latency × throughput on current cores, and where AMX runs a
 //! `tdpbusd` loop on register tiles, run on 1..n threads of the pool. The roofline fractions in
 //! `hwbench` and the benchmarks divide by these.
@@ -15,7 +15,7 @@ pub struct Peak {
     /// Threads used.
     pub threads: usize,
     /// int8 multiply-accumulates × 2 per second with 512-bit `vpdpbusd` (256-bit AVX-VNNI when
-    /// that is all the CPU has, `vpmaddwd` + `vpaddd` on AVX2: 16 exact products per multiply; 0
+    /// that is all the CPU has, `vpmaddwd` on AVX2: 16 exact products per multiply; 0
     /// without any).
     pub vnni_ops_per_s: f64,
     /// f32 FLOP/s (FMA = 2) with 512-bit FMA (256-bit on AVX2-only CPUs, scalar otherwise).
@@ -81,17 +81,19 @@ mod loops {
         _mm256_extract_epi32::<0>(s)
     }
 
-    /// 12 independent `vpmaddwd ymm` + `vpaddd ymm` chains: the exact int8 product of CPUs
-    /// without VNNI (16-bit products summed in pairs into i32, what the AVX2 kernel runs; the
-    /// saturating `vpmaddubsw` + `vpmaddwd` pair does as many products per multiply). Each chain
-    /// multiplies its own accumulator so that the multiply cannot be hoisted out of the loop.
+    /// 12 independent `vpmaddwd ymm` chains: the multiplier peak of CPUs without VNNI (16
+    /// exact products each, the AVX2 kernel's instruction; the saturating `vpmaddubsw` +
+    /// `vpmaddwd` pair makes as many products per multiply). The kernel's accumulating `vpaddd`
+    /// runs on the other vector pipes, so it is not in the loop: with it, each chain's latency
+    /// (multiply, then add) held the loop to 1.0-1.6 multiplies a cycle on Zen 3, where the
+    /// multiplier does 2 (measured 2026-12-06), and the AVX2 kernel outran its own "peak".
     #[target_feature(enable = "avx2")]
     pub fn madd256(iters: usize) -> i32 {
         let mut acc: [__m256i; 12] = std::array::from_fn(|i| _mm256_set1_epi32(i as i32 + 1));
         let y = _mm256_set1_epi16(3);
         for _ in 0..iters {
             for a in acc.iter_mut() {
-                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(*a, y));
+                *a = _mm256_madd_epi16(*a, y);
             }
         }
         let s = acc
