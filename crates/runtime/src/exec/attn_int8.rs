@@ -48,9 +48,10 @@ pub(crate) fn scores_i8(op: &ScoreOperands<'_>, scores: &mut [f32], m_pad: usize
     scores_portable(op, scores, m_pad, n_pad);
 }
 
-/// [`scores_i8`] on any CPU (the sizes checked by the caller).
+/// [`scores_i8`] on any CPU (the sizes checked by the caller): the integer sums with AVX2
+/// where the CPU has it ([`dot`]).
 fn scores_portable(op: &ScoreOperands<'_>, scores: &mut [f32], m_pad: usize, n_pad: usize) {
-    dot_portable(
+    dot(
         (op.q8, op.ldq),
         (op.kt, n_pad),
         op.dh4,
@@ -61,8 +62,87 @@ fn scores_portable(op: &ScoreOperands<'_>, scores: &mut [f32], m_pad: usize, n_p
     );
 }
 
+/// [`dot_portable`]'s sums and calls, with AVX2 where the CPU has it and the block is whole
+/// 4 × 8 tiles (as every attention block is: rows a multiple of [`IB`], columns of [`JB`]).
+/// Without it, the 8-bit attention ran at half the speed of the f32 one on Zen 3 (2026-12-06):
+/// the portable loop was 44 % of a BERT-base static INT8 run.
+fn dot(
+    (left, ldl): (&[u8], usize),
+    (right, ldr): (&[u32], usize),
+    steps: usize,
+    [m, n]: [usize; 2],
+    mut finish: impl FnMut(usize, usize, i32),
+) {
+    #[cfg(target_arch = "x86_64")]
+    if m.is_multiple_of(4) && n.is_multiple_of(8) && codegen::kernels::cpu_features().avx2_fma {
+        // SAFETY: the CPU has AVX2; the function checks its bounds.
+        return unsafe { dot_avx2((left, ldl), (right, ldr), steps, [m, n], &mut finish) };
+    }
+    dot_portable((left, ldl), (right, ldr), steps, [m, n], finish)
+}
+
+/// [`dot_portable`] with AVX2 on tiles of 4 rows × 8 columns: each 16-byte group of four
+/// columns' K quads widened to i16 (`vpmovsxbw`), each row's quad spread to the i16 pattern
+/// `a0 a1 a2 a3 a0 …` (`vpshufb`), `vpmaddwd` leaving two partial sums per column that one
+/// `vphaddd` adds per tile. Exact: u8 × s8 products in i16, pairs summed in i32.
+///
+/// # Safety
+/// The CPU must have AVX2; `m` a multiple of 4 and `n` of 8.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_avx2(
+    (left, ldl): (&[u8], usize),
+    (right, ldr): (&[u32], usize),
+    steps: usize,
+    [m, n]: [usize; 2],
+    finish: &mut impl FnMut(usize, usize, i32),
+) {
+    use std::arch::x86_64::*;
+    const RB: usize = 4;
+    const CB: usize = 8;
+    assert!(m.is_multiple_of(RB) && n.is_multiple_of(CB));
+    assert!(m == 0 || steps == 0 || left.len() >= (m - 1) * ldl + 4 * steps);
+    assert!(m == 0 || steps == 0 || right.len() >= (steps - 1) * ldr + n);
+    let spread = _mm256_setr_epi8(
+        0, -1, 1, -1, 2, -1, 3, -1, 0, -1, 1, -1, 2, -1, 3, -1, //
+        0, -1, 1, -1, 2, -1, 3, -1, 0, -1, 1, -1, 2, -1, 3, -1,
+    );
+    for i0 in (0..m).step_by(RB) {
+        for j0 in (0..n).step_by(CB) {
+            let mut acc = [[_mm256_setzero_si256(); 2]; RB];
+            for s in 0..steps {
+                // SAFETY: words s·ldr + j0 .. + 8 and bytes (i0 + r)·ldl + 4s .. + 4 lie within
+                // the slices (asserted above).
+                unsafe {
+                    let w = right.as_ptr().add(s * ldr + j0) as *const __m128i;
+                    let w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(w));
+                    let w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.add(1)));
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let quad = (left.as_ptr().add((i0 + r) * ldl + 4 * s) as *const i32)
+                            .read_unaligned();
+                        let a = _mm256_shuffle_epi8(_mm256_set1_epi32(quad), spread);
+                        acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(a, w0));
+                        acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(a, w1));
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                // hadd(columns 0-3, 4-7) = [0 1 4 5 | 2 3 6 7]; the permute orders them.
+                let sums =
+                    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_hadd_epi32(acc[0], acc[1]));
+                let mut out = [0i32; CB];
+                // SAFETY: 8 i32 into an 8-element array.
+                unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, sums) };
+                for (c, v) in out.into_iter().enumerate() {
+                    finish(i0 + r, j0 + c, v);
+                }
+            }
+        }
+    }
+}
+
 /// `finish(i, j, Σ_s Σ_t left[i·ldl + 4s + t]·(byte t of right[s·ldr + j] as i8))` for
-/// `i < m`, `j < n`: the integer product both kernels make, portably.
+/// `i < m`, `j < n`: the integer product every kernel makes, portably.
 fn dot_portable(
     (left, ldl): (&[u8], usize),
     (right, ldr): (&[u32], usize),
@@ -189,7 +269,7 @@ unsafe fn values_portable(
     m_pad: usize,
     dh_pad: usize,
 ) {
-    dot_portable(
+    dot(
         (op.p8, op.ldp),
         (op.v, dh_pad),
         op.n4,
@@ -410,7 +490,7 @@ mod vnni {
 mod tests {
     use super::*;
 
-    /// Both kernels (the picked one and the portable one) against the definition with random
+    /// Both kernels (the picked one and the one without VNNI) against the definition with random
     /// bytes at the extremes of their ranges (q8 up to 255, k8 and v8 down to −128), rows read
     /// at wider strides: bit-exact.
     #[test]
@@ -420,6 +500,43 @@ mod tests {
         for shape in [(16, 45, 24), (24, 96, 64)] {
             kernels_equal_their_definition_with(scores_i8, values_i8, shape);
             kernels_equal_their_definition_with(scores_portable, values_portable, shape);
+        }
+    }
+
+    /// [`dot`] (AVX2 where the CPU has it) gives [`dot_portable`]'s sums, with bytes at the
+    /// ends of their ranges, on whole tiles and on shapes the AVX2 tiles do not cover.
+    #[test]
+    fn dot_equals_the_portable_sums() {
+        let mut r = super::super::lcg24(5);
+        for (m, n, steps) in [
+            (8usize, 32usize, 16usize),
+            (4, 8, 1),
+            (12, 40, 37),
+            (5, 8, 3),
+            (8, 12, 2),
+        ] {
+            let (ldl, ldr) = (4 * steps + 3, n + 5);
+            let left: Vec<u8> = (0..m * ldl)
+                .map(|i| if i % 7 == 0 { 255 } else { r() as u8 })
+                .collect();
+            let right: Vec<u32> = (0..steps * ldr)
+                .map(|i| {
+                    if i % 5 == 0 {
+                        0x8080_8080
+                    } else {
+                        r() ^ (r() << 16)
+                    }
+                })
+                .collect();
+            let mut want = vec![0i32; m * n];
+            dot_portable((&left, ldl), (&right, ldr), steps, [m, n], |i, j, a| {
+                want[i * n + j] = a
+            });
+            let mut got = vec![i32::MIN; m * n];
+            dot((&left, ldl), (&right, ldr), steps, [m, n], |i, j, a| {
+                got[i * n + j] = a
+            });
+            assert_eq!(got, want, "m {m} n {n} steps {steps}");
         }
     }
 
