@@ -728,7 +728,8 @@ def int8_peak(args: argparse.Namespace, encore: Path) -> dict:
                 log(f"note: hwbench's peak loop measured {loop:.1f} GOPS, below its {best['kernel']} kernel's "
                     f"{best['gops']:.1f} GOPS; using the kernel's figure as the peak")
                 return best["gops"], f"hwbench {best['kernel']} kernel GOPS (above the peak loop's {loop:.1f})", extra
-            return loop, f"hwbench {'tdpbusd (AMX)' if best['kernel'] == 'amx' else 'vpdpbusd'} loop, from gops/fraction_of_peak of {best['kernel']}", extra
+            unit = {"amx": "tdpbusd (AMX)", "avx2": "vpmaddwd (AVX2, no VNNI)"}.get(best["kernel"], "vpdpbusd")
+            return loop, f"hwbench {unit} loop, from gops/fraction_of_peak of {best['kernel']}", extra
         return None, "", extra
 
     base = [str(encore), "hwbench", "--json"]

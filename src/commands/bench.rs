@@ -253,6 +253,8 @@ fn gemm_peak(quantized: bool, threads: usize) -> (f64, &'static str, Option<f64>
             "AMX tdpbusd",
             Some(p.vnni_ops_per_s),
         ),
+        // AVX2 without VNNI: the `vpmaddwd` loop (see `measure_peak`).
+        Int8Kernel::Avx2 => (p.vnni_ops_per_s, "vpmaddwd", None),
         kernel => (p.int8_ops_per_s(kernel), "vpdpbusd", None),
     }
 }
