@@ -17,10 +17,11 @@
 //! K pair and then their second, 16 bytes each, which one `vpmovsxbw` turns into the `vpmaddwd`
 //! operand whose i32 lane `c` is column `c`'s pair. Per K-quad: 4 widenings, 6 × 2 broadcasts,
 //! 24 `vpmaddwd` and 24 `vpaddd` into 12 accumulators (6 rows × 16 columns); with the two weight
-//! vectors and one broadcast, 15 of the 16 ymm registers. On Zen 3 this ran at 99 % of the
-//! `vpmaddwd` peak on L2-resident panels, where widening the weights inside a 3×16 kernel of
-//! the [`super::BLayout::Quad`] panels (two lanes per column, 4 accumulators a row) and
-//! spreading the activation bytes with `vpshufb` reached 63 %.
+//! vectors and one broadcast, 15 of the 16 ymm registers. On Zen 3 (2026-12-06) this made 78 %
+//! of the multiplier's two `vpmaddwd` a cycle on L2-resident panels, where widening the weights
+//! inside a 3×16 kernel of the [`super::BLayout::Quad`] panels (two lanes per column, 4
+//! accumulators a row) and spreading the activation bytes with `vpshufb` made 49 %: the vector
+//! pipes' issue rate, not the multiplier, bounds these kernels (`crates/codegen/BENCH.md`).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
