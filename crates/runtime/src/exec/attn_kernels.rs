@@ -2,45 +2,16 @@
 //! and `out = p·v`. Every output is one FMA chain in index order started from 0, in the AVX-512
 //! and AVX2 kernels and in the portable ones alike, so results never depend on the CPU.
 
-/// The instruction sets the products have kernels for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Isa {
-    Avx512,
-    Avx2Fma,
-    Portable,
-}
+use codegen::kernels::F32Kernel;
 
-impl Isa {
-    /// The best the CPU runs.
-    pub(crate) fn best() -> Isa {
-        let f = codegen::kernels::cpu_features();
-        if f.avx512 {
-            Isa::Avx512
-        } else if f.avx2_fma {
-            Isa::Avx2Fma
-        } else {
-            Isa::Portable
-        }
-    }
-
-    /// Whether the CPU has this instruction set.
-    pub(crate) fn runs_here(self) -> bool {
-        let f = codegen::kernels::cpu_features();
-        match self {
-            Isa::Avx512 => f.avx512,
-            Isa::Avx2Fma => f.avx2_fma,
-            Isa::Portable => true,
-        }
-    }
-
-    /// Every instruction set the CPU has (what the tests compare).
-    #[cfg(test)]
-    pub(crate) fn all_here() -> Vec<Isa> {
-        [Isa::Avx512, Isa::Avx2Fma, Isa::Portable]
-            .into_iter()
-            .filter(|i| i.runs_here())
-            .collect()
-    }
+/// The best f32 instruction set the CPU has (the GEMM kernels' levels, without their
+/// `ENCORE_KERNEL` override: attention is not a GEMM kernel one can force).
+fn best_isa() -> F32Kernel {
+    F32Kernel::ALL
+        .into_iter()
+        .rev()
+        .find(|k| k.is_supported())
+        .unwrap_or(F32Kernel::Scalar)
 }
 
 /// Rows per register block.
@@ -62,13 +33,13 @@ pub(crate) fn attn_scores(
     dh: usize,
     scale: f32,
 ) {
-    scores_on(Isa::best(), q, ldq, kt, scores, m_pad, n_pad, dh, scale)
+    scores_on(best_isa(), q, ldq, kt, scores, m_pad, n_pad, dh, scale)
 }
 
 /// [`attn_scores`] on the kernels of `isa` (which the CPU must have: checked).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scores_on(
-    isa: Isa,
+    isa: F32Kernel,
     q: &[f32],
     ldq: usize,
     kt: &[f32],
@@ -78,17 +49,17 @@ pub(crate) fn scores_on(
     dh: usize,
     scale: f32,
 ) {
-    assert!(isa.runs_here(), "{isa:?} kernels on a CPU without them");
+    assert!(isa.is_supported(), "{isa:?} kernels on a CPU without them");
     assert!(m_pad.is_multiple_of(IB) && n_pad.is_multiple_of(JB) && ldq >= dh);
     assert!(m_pad == 0 || q.len() >= (m_pad - 1) * ldq + dh);
     assert!(kt.len() >= dh * n_pad && scores.len() >= m_pad * n_pad);
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has AVX-512F; the sizes were checked above.
-        Isa::Avx512 => unsafe { avx512::scores(q, ldq, kt, scores, m_pad, n_pad, dh, scale) },
+        F32Kernel::Avx512 => unsafe { avx512::scores(q, ldq, kt, scores, m_pad, n_pad, dh, scale) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has AVX2 and FMA; the sizes were checked above.
-        Isa::Avx2Fma => unsafe { avx2::scores(q, ldq, kt, scores, m_pad, n_pad, dh, scale) },
+        F32Kernel::Avx2 => unsafe { avx2::scores(q, ldq, kt, scores, m_pad, n_pad, dh, scale) },
         _ => portable_scores(q, ldq, kt, scores, m_pad, n_pad, dh, scale),
     }
 }
@@ -147,7 +118,7 @@ pub(crate) unsafe fn attn_values(
     dh_pad: usize,
 ) {
     // SAFETY: forwarded caller contract.
-    unsafe { values_on(Isa::best(), p, ldp, v, ldv, out, ldo, m_pad, n, dh_pad) }
+    unsafe { values_on(best_isa(), p, ldp, v, ldv, out, ldo, m_pad, n, dh_pad) }
 }
 
 /// [`attn_values`] on the kernels of `isa` (which the CPU must have: checked).
@@ -156,7 +127,7 @@ pub(crate) unsafe fn attn_values(
 /// As [`attn_values`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn values_on(
-    isa: Isa,
+    isa: F32Kernel,
     p: &[f32],
     ldp: usize,
     v: &[f32],
@@ -167,17 +138,17 @@ pub(crate) unsafe fn values_on(
     n: usize,
     dh_pad: usize,
 ) {
-    assert!(isa.runs_here(), "{isa:?} kernels on a CPU without them");
+    assert!(isa.is_supported(), "{isa:?} kernels on a CPU without them");
     assert!(m_pad.is_multiple_of(IB) && dh_pad.is_multiple_of(JB) && n <= ldp && ldv >= dh_pad);
     assert!(p.len() >= m_pad * ldp && (n == 0 || v.len() >= (n - 1) * ldv + dh_pad));
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has AVX-512F; the input sizes were checked above and the caller
         // vouches for `out`.
-        Isa::Avx512 => unsafe { avx512::values(p, ldp, v, ldv, out, ldo, m_pad, n, dh_pad) },
+        F32Kernel::Avx512 => unsafe { avx512::values(p, ldp, v, ldv, out, ldo, m_pad, n, dh_pad) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has AVX2 and FMA; as above.
-        Isa::Avx2Fma => unsafe { avx2::values(p, ldp, v, ldv, out, ldo, m_pad, n, dh_pad) },
+        F32Kernel::Avx2 => unsafe { avx2::values(p, ldp, v, ldv, out, ldo, m_pad, n, dh_pad) },
         // SAFETY: as above.
         _ => unsafe { portable_values(p, ldp, v, ldv, out, ldo, m_pad, n, dh_pad) },
     }
@@ -232,6 +203,60 @@ mod avx2 {
     /// Columns per AVX2 register block (divides [`super::JB`]).
     const CB: usize = 16;
 
+    /// `out[i·ldo + c] = scale · Σ_t x[i·ldx + t]·y[t·ldy + c]` (no multiply without `scale`)
+    /// for `i < m` (a multiple of [`RB`]) and `c < n` (of [`CB`]), `t < depth`: both products'
+    /// blocks, `q·kᵀ` (y = kᵀ) and `p·v`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `x` holds `m` rows of `depth` at stride `ldx`, `y`
+    /// holds `depth` rows of `n` at stride `ldy`, `out` is writable for `m` rows of `n` at
+    /// stride `ldo`.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn blocks(
+        (x, ldx): (*const f32, usize),
+        (y, ldy): (*const f32, usize),
+        depth: usize,
+        (out, ldo): (*mut f32, usize),
+        [m, n]: [usize; 2],
+        scale: Option<f32>,
+    ) {
+        for i0 in (0..m).step_by(RB) {
+            for c0 in (0..n).step_by(CB) {
+                let mut acc = [[_mm256_setzero_ps(); 2]; RB];
+                for t in 0..depth {
+                    // SAFETY: t < depth, c0 + 16 <= n and i0 + RB <= m: inside `x` and `y`
+                    // (caller contract).
+                    unsafe {
+                        let y0 = _mm256_loadu_ps(y.add(t * ldy + c0));
+                        let y1 = _mm256_loadu_ps(y.add(t * ldy + c0 + 8));
+                        for (r, a) in acc.iter_mut().enumerate() {
+                            let v = _mm256_broadcast_ss(&*x.add((i0 + r) * ldx + t));
+                            a[0] = _mm256_fmadd_ps(v, y0, a[0]);
+                            a[1] = _mm256_fmadd_ps(v, y1, a[1]);
+                        }
+                    }
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    let (a0, a1) = match scale {
+                        Some(s) => (
+                            _mm256_mul_ps(a[0], _mm256_set1_ps(s)),
+                            _mm256_mul_ps(a[1], _mm256_set1_ps(s)),
+                        ),
+                        None => (a[0], a[1]),
+                    };
+                    // SAFETY: row i0 + r < m, columns c0..c0 + 16 <= n of `out` (caller
+                    // contract).
+                    unsafe {
+                        let o = out.add((i0 + r) * ldo + c0);
+                        _mm256_storeu_ps(o, a0);
+                        _mm256_storeu_ps(o.add(8), a1);
+                    }
+                }
+            }
+        }
+    }
+
     /// # Safety
     /// The CPU must support AVX2 and FMA; sizes as checked by [`super::attn_scores`].
     #[target_feature(enable = "avx2,fma")]
@@ -246,33 +271,16 @@ mod avx2 {
         dh: usize,
         scale: f32,
     ) {
-        let (qp, kp, sp) = (q.as_ptr(), kt.as_ptr(), scores.as_mut_ptr());
-        let vs = _mm256_set1_ps(scale);
-        for i0 in (0..m_pad).step_by(RB) {
-            for j0 in (0..n_pad).step_by(CB) {
-                let mut acc = [[_mm256_setzero_ps(); 2]; RB];
-                for d in 0..dh {
-                    // SAFETY: d < dh, j0 + 16 <= n_pad and i0 + RB <= m_pad: inside `kt` and
-                    // `q` (checked by the caller).
-                    unsafe {
-                        let k0 = _mm256_loadu_ps(kp.add(d * n_pad + j0));
-                        let k1 = _mm256_loadu_ps(kp.add(d * n_pad + j0 + 8));
-                        for (r, a) in acc.iter_mut().enumerate() {
-                            let x = _mm256_broadcast_ss(&*qp.add((i0 + r) * ldq + d));
-                            a[0] = _mm256_fmadd_ps(x, k0, a[0]);
-                            a[1] = _mm256_fmadd_ps(x, k1, a[1]);
-                        }
-                    }
-                }
-                for (r, a) in acc.iter().enumerate() {
-                    // SAFETY: row i0 + r < m_pad, columns j0..j0 + 16 <= n_pad of `scores`.
-                    unsafe {
-                        let o = sp.add((i0 + r) * n_pad + j0);
-                        _mm256_storeu_ps(o, _mm256_mul_ps(a[0], vs));
-                        _mm256_storeu_ps(o.add(8), _mm256_mul_ps(a[1], vs));
-                    }
-                }
-            }
+        // SAFETY: the caller checked that `q`, `kt` and `scores` hold these blocks.
+        unsafe {
+            blocks(
+                (q.as_ptr(), ldq),
+                (kt.as_ptr(), n_pad),
+                dh,
+                (scores.as_mut_ptr(), n_pad),
+                [m_pad, n_pad],
+                Some(scale),
+            )
         }
     }
 
@@ -291,32 +299,16 @@ mod avx2 {
         n: usize,
         dh_pad: usize,
     ) {
-        let (pp, vp) = (p.as_ptr(), v.as_ptr());
-        for i0 in (0..m_pad).step_by(RB) {
-            for c0 in (0..dh_pad).step_by(CB) {
-                let mut acc = [[_mm256_setzero_ps(); 2]; RB];
-                for j in 0..n {
-                    // SAFETY: j < n, c0 + 16 <= dh_pad <= ldv and i0 + RB <= m_pad: inside `v`
-                    // and `p` (checked by the caller).
-                    unsafe {
-                        let v0 = _mm256_loadu_ps(vp.add(j * ldv + c0));
-                        let v1 = _mm256_loadu_ps(vp.add(j * ldv + c0 + 8));
-                        for (r, a) in acc.iter_mut().enumerate() {
-                            let x = _mm256_broadcast_ss(&*pp.add((i0 + r) * ldp + j));
-                            a[0] = _mm256_fmadd_ps(x, v0, a[0]);
-                            a[1] = _mm256_fmadd_ps(x, v1, a[1]);
-                        }
-                    }
-                }
-                for (r, a) in acc.iter().enumerate() {
-                    // SAFETY: the caller vouches for `op`'s m_pad rows of dh_pad at stride ldo.
-                    unsafe {
-                        let o = op.add((i0 + r) * ldo + c0);
-                        _mm256_storeu_ps(o, a[0]);
-                        _mm256_storeu_ps(o.add(8), a[1]);
-                    }
-                }
-            }
+        // SAFETY: the caller checked `p` and `v` and vouches for `op`.
+        unsafe {
+            blocks(
+                (p.as_ptr(), ldp),
+                (v.as_ptr(), ldv),
+                n,
+                (op, ldo),
+                [m_pad, dh_pad],
+                None,
+            )
         }
     }
 }
@@ -440,12 +432,12 @@ mod tests {
     /// rows read and written at strides wider than a head (heads in place in `[S, H]`).
     #[test]
     fn kernels_equal_the_sequential_fma_chain() {
-        for isa in Isa::all_here() {
+        for isa in F32Kernel::ALL.into_iter().filter(|k| k.is_supported()) {
             kernels_of_isa_equal_the_sequential_fma_chain(isa);
         }
     }
 
-    fn kernels_of_isa_equal_the_sequential_fma_chain(isa: Isa) {
+    fn kernels_of_isa_equal_the_sequential_fma_chain(isa: F32Kernel) {
         let mut draw = super::super::lcg24(7);
         let mut rnd = || draw() as f32 / (1u32 << 24) as f32 * 2.0 - 1.0;
         let (m_pad, n, dh): (usize, usize, usize) = (16, 45, 24);
